@@ -1,0 +1,350 @@
+"""The top of the stack: encode, decode and validate whole payloads.
+
+These functions join the three lower layers: :mod:`gcodec.arrays` turns user tensors into NumPy
+arrays, a :class:`~gcodec.codecs.base.Codec` turns arrays into sections, and
+:mod:`gcodec.format` turns sections into bytes (and back, with every check of specs/format.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .arrays import DTYPES, as_numpy, dtype_name
+from .codecs.base import Codec
+from .codecs.registry import codec_class, get_codec
+from .errors import ConfigError, FormatError, UnsupportedVersionError
+from .format.container import (
+    MAJOR,
+    ParsedPayload,
+    PendingTensor,
+    TensorEntry,
+    read_payload,
+    write_payload,
+)
+from .limits import Limits, get_limits
+
+__all__ = [
+    "PayloadInfo",
+    "TensorInfo",
+    "decode",
+    "decode_bundle",
+    "encode_bundle",
+    "encode_with",
+    "validate",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# encoding
+
+
+def _pending(codec: Codec, x: Any, name: str | None, lim: Limits) -> PendingTensor:
+    arr = as_numpy(x)
+    dname = dtype_name(arr.dtype)
+    lim.check("ndim", arr.ndim, "max_ndim")
+    lim.check("element count", arr.size, "max_elements")
+    plan = codec.plan(arr)
+    return PendingTensor(
+        codec.codec_id, codec.version, dname, tuple(int(d) for d in arr.shape), plan.params,
+        plan.sections, plan.fill, name,
+    )
+
+
+def encode_with(
+    codec: Codec, x: Any, *, checksum: bool = True, meta: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+) -> memoryview:
+    """Encode one tensor with ``codec`` (what :meth:`Codec.encode` calls)."""
+    lim = limits or get_limits()
+    return write_payload([_pending(codec, x, None, lim)], meta=meta, checksum=checksum, limits=lim)
+
+
+def encode_bundle(
+    tensors: Mapping[str, Any],
+    codec: Codec | str | Mapping[str, Codec | str] = "fp16",
+    *,
+    checksum: bool = True,
+    meta: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+) -> memoryview:
+    """Encode several named tensors into one payload with one header.
+
+    ``codec`` is one codec for all, or a mapping from tensor name to codec (missing names raise).
+    The order of ``tensors`` is the order on the wire.
+    """
+    lim = limits or get_limits()
+    if not tensors:
+        raise ConfigError("encode_bundle needs at least one tensor")
+    pend = []
+    for name, x in tensors.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"bundle tensor names must be strings, got {name!r}")
+        if isinstance(codec, Mapping):
+            if name not in codec:
+                raise ConfigError(f"no codec given for bundle tensor {name!r}")
+            c = get_codec(codec[name])
+        else:
+            c = get_codec(codec)
+        pend.append(_pending(c, x, name, lim))
+    return write_payload(pend, meta=meta, checksum=checksum, limits=lim)
+
+
+# --------------------------------------------------------------------------------------------
+# inspection
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """What one tensor record of a payload declares."""
+
+    name: str | None
+    codec: str
+    codec_version: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    params: dict[str, Any]
+    sections: tuple[tuple[str, str, int, int], ...]  # name, element type, offset, nbytes
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def original_nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class PayloadInfo:
+    """The result of :func:`validate`: what a payload holds, after every check passed.
+
+    For a single-tensor payload ``codec``, ``shape``, ``dtype`` and ``params`` describe that
+    tensor; for a bundle they are those of the first tensor and ``tensors`` lists them all.
+    """
+
+    version: tuple[int, int]
+    nbytes: int
+    header_nbytes: int
+    checksum: bool
+    is_bundle: bool
+    tensors: tuple[TensorInfo, ...]
+    meta: dict[str, str]
+
+    @property
+    def codec(self) -> str:
+        return self.tensors[0].codec
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.tensors[0].shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.tensors[0].dtype
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.tensors[0].params
+
+    @property
+    def original_nbytes(self) -> int:
+        return sum(t.original_nbytes for t in self.tensors)
+
+    @property
+    def ratio(self) -> float:
+        """Original bytes over payload bytes (higher is better)."""
+        return self.original_nbytes / self.nbytes
+
+    @property
+    def bits_per_element(self) -> float:
+        n = sum(t.numel for t in self.tensors)
+        return 8.0 * self.nbytes / n if n else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": f"{self.version[0]}.{self.version[1]}",
+            "nbytes": self.nbytes,
+            "header_nbytes": self.header_nbytes,
+            "checksum": self.checksum,
+            "bundle": self.is_bundle,
+            "original_nbytes": self.original_nbytes,
+            "ratio": self.ratio,
+            "bits_per_element": self.bits_per_element,
+            "meta": self.meta,
+            "tensors": [
+                {
+                    "name": t.name,
+                    "codec": t.codec,
+                    "codec_version": t.codec_version,
+                    "shape": list(t.shape),
+                    "dtype": dtype_name(t.dtype),
+                    "params": t.params,
+                    "sections": [
+                        {"name": s[0], "dtype": s[1], "offset": s[2], "nbytes": s[3]} for s in t.sections
+                    ],
+                }
+                for t in self.tensors
+            ],
+        }
+
+
+def _checked(
+    buf: Any, limits: Limits | None, *, full: bool
+) -> tuple[ParsedPayload, list[tuple[TensorEntry, type[Codec], dict[str, Any]]]]:
+    p = read_payload(buf, limits=limits)
+    strict = p.minor <= 0
+    out = []
+    for i, e in enumerate(p.header.tensors):
+        cls = codec_class(e.codec)
+        where = f"tensors[{i}]"
+        if e.version > cls.version:
+            raise UnsupportedVersionError(
+                f"C0: {where} uses {e.codec!r} codec version {e.version}; this reader knows up to {cls.version}"
+            )
+        if e.version < 1:
+            raise UnsupportedVersionError(f"C0: {where} codec version {e.version} does not exist")
+        params = cls.check_entry(e, where, strict=strict)
+        if full:
+            cls.check_values(params, e, p.views(e))
+        out.append((e, cls, params))
+    return p, out
+
+
+def _info(p: ParsedPayload) -> PayloadInfo:
+    return PayloadInfo(
+        version=(MAJOR, p.minor),
+        nbytes=int(p.buffer.shape[0]),
+        header_nbytes=p.header_length,
+        checksum=p.checksummed,
+        is_bundle=p.header.is_bundle,
+        tensors=tuple(
+            TensorInfo(
+                e.name, e.codec, e.version, e.shape, DTYPES[e.dtype], dict(e.params),
+                tuple((s.name, s.dtype, s.offset, s.nbytes) for s in e.sections),
+            )
+            for e in p.header.tensors
+        ),
+        meta=dict(p.header.meta),
+    )
+
+
+def validate(buf: Any, *, limits: Limits | None = None) -> PayloadInfo:
+    """Run every structural and semantic check of the spec; return what the payload declares.
+
+    Raises a :class:`~gcodec.GcodecError` subclass naming the first broken rule.
+    """
+    p, _ = _checked(buf, limits, full=True)
+    return _info(p)
+
+
+def inspect_header(buf: Any, *, limits: Limits | None = None) -> PayloadInfo:
+    """Check only the container (not codec rules or values) and describe it. Used by ``gcodec inspect``."""
+    return _info(read_payload(buf, limits=limits))
+
+
+# --------------------------------------------------------------------------------------------
+# decoding
+
+_KERNEL_OUT = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _decode_entry(
+    p: ParsedPayload,
+    e: TensorEntry,
+    cls: type[Codec],
+    params: dict[str, Any],
+    out: np.ndarray | None,
+    accumulate: bool,
+) -> np.ndarray:
+    dtype = DTYPES[e.dtype]
+    if out is None:
+        if accumulate:
+            raise ConfigError("accumulate=True needs out=")
+        result = np.empty(e.shape, dtype=dtype)
+    else:
+        if not isinstance(out, np.ndarray):
+            raise ConfigError(f"out= must be a numpy array, got {type(out).__name__}")
+        if out.size != e.numel:
+            raise ConfigError(f"out= has {out.size} elements; the payload's tensor has shape {list(e.shape)}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ConfigError("out= must be C-contiguous and writeable")
+        if out.dtype not in DTYPES.values():
+            raise ConfigError(f"out= dtype {out.dtype} is not one of float32/float16/bfloat16/float64")
+        result = out
+    flat = result.reshape(-1)
+    views = p.views(e)
+    if flat.dtype in _KERNEL_OUT:
+        cls.decode_into(params, e, views, flat, accumulate)
+    else:  # 16-bit outputs: decode in float32, then round once into the output
+        tmp = np.empty(flat.size, np.float32)
+        if accumulate:
+            tmp[...] = flat
+        cls.decode_into(params, e, views, tmp, accumulate)
+        flat[...] = tmp
+    return result
+
+
+def decode(
+    buf: Any,
+    out: np.ndarray | Mapping[str, np.ndarray] | None = None,
+    *,
+    accumulate: bool = False,
+    limits: Limits | None = None,
+) -> np.ndarray | dict[str, np.ndarray]:
+    """Decode a payload; the codec and its params come from the header.
+
+    A single-tensor payload gives an array of the original dtype and shape; a bundle gives a dict
+    from name to array. ``out`` (an array, or for bundles a dict of arrays) receives the result;
+    with ``accumulate=True`` the decoded values are *added* to ``out`` without a temporary, so
+    summing N workers' payloads costs one pass each. All checks run before ``out`` is touched.
+    """
+    p, checked = _checked(buf, limits, full=False)
+    if not p.header.is_bundle:
+        if isinstance(out, Mapping):
+            raise ConfigError("out= is a dict but the payload holds a single tensor")
+        e, cls, params = checked[0]
+        return _decode_entry(p, e, cls, params, out, accumulate)
+    return _decode_many(p, checked, out, accumulate)
+
+
+def decode_single(
+    buf: Any, *, out: np.ndarray | None, accumulate: bool, expect_codec: str | None = None
+) -> np.ndarray:
+    p, checked = _checked(buf, None, full=False)
+    if p.header.is_bundle:
+        raise FormatError("payload is a bundle; use gcodec.decode_bundle")
+    e, cls, params = checked[0]
+    if expect_codec is not None and e.codec != expect_codec:
+        raise ConfigError(f"payload was written by codec {e.codec!r}, not {expect_codec!r}")
+    return _decode_entry(p, e, cls, params, out, accumulate)
+
+
+def decode_bundle(
+    buf: Any, out: Mapping[str, np.ndarray] | None = None, *, accumulate: bool = False,
+    limits: Limits | None = None,
+) -> dict[str, np.ndarray]:
+    """Decode any payload into ``{name: array}``; a single-tensor payload's name is ``""``."""
+    p, checked = _checked(buf, limits, full=False)
+    return _decode_many(p, checked, out, accumulate)
+
+
+def _decode_many(
+    p: ParsedPayload,
+    checked: list[tuple[TensorEntry, type[Codec], dict[str, Any]]],
+    out: Mapping[str, np.ndarray] | None,
+    accumulate: bool,
+) -> dict[str, np.ndarray]:
+    if out is not None and not isinstance(out, Mapping):
+        raise ConfigError("out= must be a dict of arrays for decode_bundle")
+    result = {}
+    for e, cls, params in checked:
+        name = e.name if e.name is not None else ""
+        o = out.get(name) if out is not None else None
+        if accumulate and o is None:
+            raise ConfigError(f"accumulate=True needs out[{name!r}]")
+        result[name] = _decode_entry(p, e, cls, params, o, accumulate)
+    return result

@@ -1,0 +1,83 @@
+"""Layer 1: array backends and dtypes.
+
+Everything above this module works on NumPy arrays in host memory. This module turns what a user
+hands in (NumPy, ml_dtypes bfloat16 arrays, torch tensors, anything with ``__array__`` or DLPack)
+into a C-contiguous NumPy array without copying when it can, and names the four floating dtypes
+the wire format knows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = [
+    "BFLOAT16",
+    "DTYPES",
+    "dtype_from_name",
+    "dtype_name",
+    "as_numpy",
+]
+
+BFLOAT16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+
+#: Wire names of the tensor dtypes a payload may declare, and their NumPy dtypes.
+DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": BFLOAT16,
+    "float64": np.dtype(np.float64),
+}
+_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def dtype_name(dtype: Any) -> str:
+    """The wire name of a NumPy dtype, or ConfigError when it is not one of the four floats."""
+    dt = np.dtype(dtype)
+    try:
+        return _NAMES[dt]
+    except KeyError:
+        raise ConfigError(
+            f"unsupported dtype {dt}; gcodec encodes float32, float16, bfloat16 and float64"
+        ) from None
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    return DTYPES[name]
+
+
+def _torch_to_numpy(x: Any) -> np.ndarray:
+    import torch
+
+    t = x.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    return t.numpy()
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    """A C-contiguous NumPy view (or, when unavoidable, copy) of ``x`` in host memory."""
+    if isinstance(x, np.ndarray):
+        arr = x
+    elif type(x).__module__.startswith("torch"):
+        arr = _torch_to_numpy(x)
+    elif hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):
+        arr = x.get()  # CuPy: device kernels arrive with the GPU issue; copy to host for now
+    elif isinstance(x, np.generic):
+        arr = np.asarray(x)
+    elif hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
+        arr = np.asarray(x)
+    elif hasattr(x, "__dlpack__"):
+        arr = np.from_dlpack(x)
+    else:
+        raise ConfigError(f"cannot encode object of type {type(x).__name__}: expected an array")
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr

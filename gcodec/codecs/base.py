@@ -1,0 +1,226 @@
+"""The codec base class, its parameter schema, and the aggregation kinds.
+
+A codec is a small pure algorithm. Encoding turns an array into *sections* (named raw arrays)
+plus the *params* a decoder needs; decoding turns sections and params back into an array. A codec
+never sees bytes, headers or transports: ``gcodec.format`` lays its sections out on the wire and
+hands them back as NumPy views.
+
+To add a codec, subclass :class:`Codec`, set ``codec_id``, ``PARAMS`` and ``aggregation``, and
+implement :meth:`Codec.plan`, :meth:`Codec.expected_sections` and :meth:`Codec.decode_into`.
+Register it with :func:`gcodec.register_codec` or the ``gcodec.codecs`` entry point group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import ConfigError, HeaderError, SizeMismatchError
+from ..format.container import SectionSpec, TensorEntry
+
+__all__ = ["Aggregation", "Codec", "EncodePlan", "Param", "check_params"]
+
+
+class Aggregation(str, enum.Enum):
+    """How payloads from several workers combine.
+
+    ``SUMMABLE``: workers' sections can be added elementwise and decoded once (the encoding is
+    linear given shared params, e.g. fp16, shared-seed Random-K, PowerSGD factors).
+    ``GATHER``: each payload must be decoded on its own and the results summed (per-worker scales,
+    data-dependent indices).
+    """
+
+    SUMMABLE = "summable"
+    GATHER = "gather"
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One codec parameter: its type, default, allowed values, and what it does."""
+
+    kind: type | tuple[type, ...]
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] | None = None
+    min: float | None = None
+    max: float | None = None
+
+    def check(self, name: str, value: Any, err: type[Exception], where: str) -> Any:
+        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        ok = any(
+            (type(value) is bool) if k is bool else (isinstance(value, k) and not isinstance(value, bool))
+            for k in kinds
+        )
+        if float in kinds and type(value) is int:
+            value, ok = float(value), True
+        if not ok:
+            names = "/".join(k.__name__ for k in kinds)
+            raise err(f"{where}{name} must be {names}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise err(f"{where}{name}={value!r} is not one of {list(self.choices)}")
+        if self.min is not None and value < self.min:
+            raise err(f"{where}{name}={value!r} is below the minimum {self.min}")
+        if self.max is not None and value > self.max:
+            raise err(f"{where}{name}={value!r} is above the maximum {self.max}")
+        if isinstance(value, float) and not np.isfinite(value):
+            raise err(f"{where}{name} must be finite, got {value!r}")
+        return value
+
+
+def check_params(
+    schema: Mapping[str, Param],
+    given: Mapping[str, Any],
+    err: type[Exception],
+    where: str = "",
+    *,
+    fill_defaults: bool,
+    allow_unknown: bool = False,
+) -> dict[str, Any]:
+    """Check ``given`` against ``schema``; raise ``err`` naming the field on the first problem."""
+    unknown = sorted(set(given) - set(schema))
+    if unknown and not allow_unknown:
+        raise err(f"{where}unknown parameter(s) {unknown}; known: {sorted(schema)}")
+    out: dict[str, Any] = {}
+    for name, p in schema.items():
+        if name in given:
+            out[name] = p.check(name, given[name], err, where)
+        elif fill_defaults:
+            out[name] = p.default
+        else:
+            raise err(f"{where}missing parameter {name!r}")
+    return out
+
+
+@dataclasses.dataclass
+class EncodePlan:
+    """What :meth:`Codec.plan` returns: header params, section list, and the function that fills them."""
+
+    params: dict[str, Any]
+    sections: Sequence[SectionSpec]
+    fill: Callable[[Mapping[str, np.ndarray]], None]
+
+
+class Codec(ABC):
+    """Base class of every codec.
+
+    Subclasses declare:
+
+    * ``codec_id``: the registry id written into headers;
+    * ``version``: bumped when the codec's wire layout changes incompatibly;
+    * ``PARAMS``: the parameter schema (used for construction and for header checking);
+    * ``aggregation``: a :class:`Aggregation`.
+    """
+
+    codec_id: ClassVar[str]
+    version: ClassVar[int] = 1
+    PARAMS: ClassVar[dict[str, Param]] = {}
+    aggregation: ClassVar[Aggregation] = Aggregation.GATHER
+
+    def __init__(self, **params: Any) -> None:
+        self._params = check_params(
+            self.PARAMS, params, ConfigError, f"{self.codec_id}: ", fill_defaults=True
+        )
+        self._check_config(self._params, ConfigError, f"{self.codec_id}: ")
+
+    # ---- configuration -------------------------------------------------------------------
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self._params)
+
+    def get_config(self) -> dict[str, Any]:
+        """A JSON-safe dict ``{"id": ..., **params}`` that :meth:`from_config` turns back into an equal codec."""
+        return {"id": self.codec_id, **self._params}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Codec:
+        cfg = dict(config)
+        cid = cfg.pop("id", cls.codec_id)
+        if cid != cls.codec_id:
+            raise ConfigError(f"config id {cid!r} does not match codec {cls.codec_id!r}")
+        return cls(**cfg)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Codec) and self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.get_config(), sort_keys=True))
+
+    def __repr__(self) -> str:
+        args = "".join(f", {k}={v!r}" for k, v in self._params.items())
+        return f"gcodec.get_codec({self.codec_id!r}{args})"
+
+    @classmethod
+    def _check_config(cls, params: dict[str, Any], err: type[Exception], where: str) -> None:
+        """Cross-parameter rules; override when a codec has them."""
+
+    # ---- the algorithm -------------------------------------------------------------------
+    @abstractmethod
+    def plan(self, x: np.ndarray) -> EncodePlan:
+        """Decide the header params and sections for ``x`` (C-contiguous, one of the four floats)."""
+
+    @classmethod
+    @abstractmethod
+    def expected_sections(cls, params: dict[str, Any], shape: tuple[int, ...]) -> list[tuple[str, str, int]]:
+        """The (name, element type, byte length) list a payload with these params must carry."""
+
+    @classmethod
+    @abstractmethod
+    def decode_into(
+        cls,
+        params: dict[str, Any],
+        entry: TensorEntry,
+        views: Mapping[str, np.ndarray],
+        out: np.ndarray,
+        accumulate: bool,
+    ) -> None:
+        """Write (or add, when ``accumulate``) the decoded values into ``out``: flat float32 or float64."""
+
+    @classmethod
+    def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
+        """Value-level rules (raise PayloadValueError). Decoding checks what it must anyway."""
+
+    # ---- header checking -----------------------------------------------------------------
+    @classmethod
+    def wire_schema(cls) -> dict[str, Param]:
+        """The schema of the header's params (defaults to ``PARAMS``)."""
+        return cls.PARAMS
+
+    @classmethod
+    def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
+        """Check a header entry's params and section table against this codec (rules C1-C3)."""
+        params = check_params(
+            cls.wire_schema(), entry.params, HeaderError, f"C1: {where}.params: ",
+            fill_defaults=False, allow_unknown=not strict,
+        )
+        cls._check_config(params, HeaderError, f"C1: {where}.params: ")
+        want = cls.expected_sections(params, entry.shape)
+        got = [(s.name, s.dtype, s.nbytes) for s in entry.sections]
+        if [w[:2] for w in want] != [g[:2] for g in got]:
+            raise SizeMismatchError(
+                f"C2: {where}.sections are {[g[:2] for g in got]}; codec {cls.codec_id!r} needs {[w[:2] for w in want]}"
+            )
+        for (name, _, nb_want), (_, _, nb_got) in zip(want, got):
+            if nb_want != nb_got:
+                raise SizeMismatchError(
+                    f"C3: {where} section {name!r} is {nb_got} bytes; shape {list(entry.shape)} and params imply {nb_want}"
+                )
+        return params
+
+    # ---- convenience ---------------------------------------------------------------------
+    def encode(self, x: Any, *, checksum: bool = True, meta: Mapping[str, str] | None = None) -> memoryview:
+        """Encode ``x`` into a complete, self-describing payload."""
+        from ..api import encode_with
+
+        return encode_with(self, x, checksum=checksum, meta=meta)
+
+    def decode(self, buf: Any, out: np.ndarray | None = None, *, accumulate: bool = False) -> np.ndarray:
+        """Decode a payload written by a codec of this id (any params; they come from the header)."""
+        from ..api import decode_single
+
+        return decode_single(buf, out=out, accumulate=accumulate, expect_codec=self.codec_id)

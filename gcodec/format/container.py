@@ -1,0 +1,477 @@
+"""Wire format v1: preamble, canonical msgpack header, aligned raw sections, CRC32C.
+
+This module knows bytes, not algorithms. A codec describes the sections it wants (name, element
+type, byte length) and fills them; this module lays them out, checks them and hands them back as
+zero-copy NumPy views. ``specs/format.md`` is the normative description; the rule numbers in
+error messages (``F7``) refer to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..checksum import crc32c
+from ..errors import (
+    ChecksumError,
+    FormatError,
+    HeaderError,
+    LayoutError,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+)
+from ..limits import Limits, get_limits
+from .header import pack_canonical, unpack_strict
+
+__all__ = [
+    "MAGIC",
+    "MAJOR",
+    "MINOR",
+    "FLAG_PAYLOAD_CRC",
+    "PREAMBLE_SIZE",
+    "ALIGN",
+    "SECTION_DTYPES",
+    "KNOWN_FEATURES",
+    "SectionSpec",
+    "SectionInfo",
+    "TensorEntry",
+    "Header",
+    "PendingTensor",
+    "ParsedPayload",
+    "write_payload",
+    "read_payload",
+    "align_up",
+]
+
+MAGIC = b"GCDC"
+MAJOR = 1
+MINOR = 0
+FLAG_PAYLOAD_CRC = 0x0001
+_KNOWN_FLAGS = FLAG_PAYLOAD_CRC
+PREAMBLE_SIZE = 16
+ALIGN = 8
+_PREAMBLE = struct.Struct("<4sBBHII")
+
+#: Element types a section may declare: little-endian NumPy type codes.
+SECTION_DTYPES: dict[str, np.dtype] = {
+    code: np.dtype("<" + code) if code[1] != "1" else np.dtype(code)
+    for code in ("u1", "i1", "u2", "i2", "f2", "u4", "i4", "f4", "u8", "i8", "f8")
+}
+
+#: Required features this reader implements (none are defined in format 1.0).
+KNOWN_FEATURES: frozenset[str] = frozenset()
+
+_TENSOR_KEYS = frozenset({"codec", "version", "dtype", "shape", "params", "sections", "name"})
+_TOP_KEYS = frozenset({"tensors", "data_length", "features", "meta"})
+_TENSOR_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclasses.dataclass(frozen=True)
+class SectionSpec:
+    """A section a codec asks for: its name, element type code and byte length."""
+
+    name: str
+    dtype: str
+    nbytes: int
+
+    @property
+    def count(self) -> int:
+        return self.nbytes // SECTION_DTYPES[self.dtype].itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class SectionInfo:
+    """A section as laid out in a payload: ``offset`` is relative to the start of the data area."""
+
+    name: str
+    dtype: str
+    offset: int
+    nbytes: int
+
+    @property
+    def count(self) -> int:
+        return self.nbytes // SECTION_DTYPES[self.dtype].itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    """One tensor's record in the header."""
+
+    codec: str
+    version: int
+    dtype: str
+    shape: tuple[int, ...]
+    params: dict[str, Any]
+    sections: tuple[SectionInfo, ...]
+    name: str | None = None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def section(self, name: str) -> SectionInfo:
+        for s in self.sections:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def to_wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "codec": self.codec,
+            "version": self.version,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "params": self.params,
+            "sections": [[s.name, s.dtype, s.offset, s.nbytes] for s in self.sections],
+        }
+        if self.name is not None:
+            d["name"] = self.name
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    tensors: tuple[TensorEntry, ...]
+    data_length: int
+    features: tuple[str, ...] = ()
+    meta: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_bundle(self) -> bool:
+        return bool(self.tensors) and self.tensors[0].name is not None
+
+    def to_wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "tensors": [t.to_wire() for t in self.tensors],
+            "data_length": self.data_length,
+        }
+        if self.features:
+            d["features"] = list(self.features)
+        if self.meta:
+            d["meta"] = dict(self.meta)
+        return d
+
+
+@dataclasses.dataclass
+class PendingTensor:
+    """What a codec hands the writer: the header record (without offsets) and a fill callback.
+
+    ``fill`` receives a mapping from section name to a writable NumPy view of exactly the declared
+    length and element type, and must write every element.
+    """
+
+    codec: str
+    version: int
+    dtype: str
+    shape: tuple[int, ...]
+    params: dict[str, Any]
+    sections: Sequence[SectionSpec]
+    fill: Callable[[Mapping[str, np.ndarray]], None]
+    name: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# writing
+
+
+def write_payload(
+    tensors: Sequence[PendingTensor],
+    *,
+    meta: Mapping[str, str] | None = None,
+    checksum: bool = True,
+    limits: Limits | None = None,
+) -> memoryview:
+    """Lay out and fill a payload; returns a writable ``memoryview`` of its bytes."""
+    lim = limits or get_limits()
+    # Step 1: section offsets, packed in order at ALIGN-byte boundaries of the data area.
+    entries: list[TensorEntry] = []
+    pos = 0
+    for t in tensors:
+        infos = []
+        for s in t.sections:
+            if s.dtype not in SECTION_DTYPES or s.nbytes % SECTION_DTYPES[s.dtype].itemsize:
+                raise ValueError(f"codec {t.codec} declared a bad section {s}")
+            pos = align_up(pos)
+            infos.append(SectionInfo(s.name, s.dtype, pos, s.nbytes))
+            pos += s.nbytes
+        entries.append(
+            TensorEntry(t.codec, t.version, t.dtype, tuple(t.shape), dict(t.params), tuple(infos), t.name)
+        )
+    data_length = align_up(pos)
+    header = Header(tuple(entries), data_length, (), dict(meta or {}))
+    _check_header(header, lim, writing=True)
+    hbytes = pack_canonical(header.to_wire())
+    lim.check("header length", len(hbytes), "max_header_bytes")
+
+    # Step 2: one allocation for the whole payload; zero exactly the padding bytes.
+    data_start = align_up(PREAMBLE_SIZE + len(hbytes))
+    total = data_start + data_length + (4 if checksum else 0)
+    lim.check("payload size", total, "max_payload_bytes")
+    buf = np.empty(total, dtype=np.uint8)
+    flags = FLAG_PAYLOAD_CRC if checksum else 0
+    pre = _PREAMBLE.pack(MAGIC, MAJOR, MINOR, flags, len(hbytes), 0)
+    hcrc = crc32c(hbytes, crc32c(pre[:12]))
+    buf[:PREAMBLE_SIZE] = np.frombuffer(_PREAMBLE.pack(MAGIC, MAJOR, MINOR, flags, len(hbytes), hcrc), np.uint8)
+    buf[PREAMBLE_SIZE : PREAMBLE_SIZE + len(hbytes)] = np.frombuffer(hbytes, np.uint8)
+    buf[PREAMBLE_SIZE + len(hbytes) : data_start] = 0
+    data = buf[data_start : data_start + data_length]
+    end = 0
+    for t, e in zip(tensors, entries):
+        views = {}
+        for s in e.sections:
+            data[end : s.offset] = 0
+            views[s.name] = data[s.offset : s.offset + s.nbytes].view(SECTION_DTYPES[s.dtype])
+            end = s.offset + s.nbytes
+        t.fill(views)
+    data[end:] = 0
+
+    # Step 3: the payload checksum covers everything after the header.
+    if checksum:
+        c = crc32c(buf[PREAMBLE_SIZE + len(hbytes) : data_start + data_length])
+        buf[total - 4 :] = np.frombuffer(struct.pack("<I", c), np.uint8)
+    return memoryview(buf)
+
+
+# --------------------------------------------------------------------------------------------
+# reading
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedPayload:
+    """A payload whose container has been checked; sections are views into ``buffer``."""
+
+    header: Header
+    buffer: np.ndarray  # the whole payload as uint8
+    data_start: int
+    minor: int
+    flags: int
+    header_length: int
+
+    @property
+    def checksummed(self) -> bool:
+        return bool(self.flags & FLAG_PAYLOAD_CRC)
+
+    def view(self, section: SectionInfo) -> np.ndarray:
+        start = self.data_start + section.offset
+        raw = self.buffer[start : start + section.nbytes]
+        return raw.view(SECTION_DTYPES[section.dtype])
+
+    def views(self, entry: TensorEntry) -> dict[str, np.ndarray]:
+        return {s.name: self.view(s) for s in entry.sections}
+
+
+def _as_bytes_array(buf: Any) -> np.ndarray:
+    if isinstance(buf, np.ndarray):
+        if buf.dtype != np.uint8 or buf.ndim != 1:
+            if not buf.flags.c_contiguous:
+                raise FormatError("payload buffer must be contiguous")
+            buf = buf.reshape(-1).view(np.uint8)
+        return buf
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        raise FormatError(f"payload must be a bytes-like object, not {type(buf).__name__}") from None
+    if not mv.c_contiguous:
+        raise FormatError("payload buffer must be contiguous")
+    return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, dtype=np.uint8)
+
+
+def read_payload(buf: Any, *, limits: Limits | None = None, verify_checksum: bool = True) -> ParsedPayload:
+    """Check the container (rules F1-F16 of specs/format.md) and parse the header."""
+    lim = limits or get_limits()
+    b = _as_bytes_array(buf)
+    n = b.shape[0]
+    lim.check("payload size", n, "max_payload_bytes")
+    # F1-F4: preamble.
+    if n < PREAMBLE_SIZE:
+        raise FormatError(f"F1: payload is {n} bytes, shorter than the {PREAMBLE_SIZE}-byte preamble")
+    magic, major, minor, flags, hlen, hcrc = _PREAMBLE.unpack(b[:PREAMBLE_SIZE].tobytes())
+    if magic != MAGIC:
+        raise FormatError(f"F2: bad magic {magic!r} @ byte 0 (expected {MAGIC!r})")
+    if major != MAJOR:
+        raise UnsupportedVersionError(f"F3: format version {major}.{minor} @ byte 4; this reader supports {MAJOR}.x")
+    if flags & ~_KNOWN_FLAGS:
+        raise UnsupportedFeatureError(f"F4: unknown flag bits 0x{flags & ~_KNOWN_FLAGS:04x} @ byte 6")
+    # F5-F7: header bytes and their checksum.
+    if hlen == 0:
+        raise HeaderError("F5: header length is 0 @ byte 8")
+    lim.check("header length", hlen, "max_header_bytes", "byte 8")
+    if PREAMBLE_SIZE + hlen > n:
+        raise LayoutError(f"F6: header of {hlen} bytes runs past the end of a {n}-byte payload")
+    hbytes = b[PREAMBLE_SIZE : PREAMBLE_SIZE + hlen].tobytes()
+    got = crc32c(hbytes, crc32c(b[:12].tobytes()))
+    if got != hcrc:
+        raise ChecksumError(f"F7: header CRC32C mismatch @ byte 12: stored 0x{hcrc:08x}, computed 0x{got:08x}")
+    # F8-F11: header content.
+    raw = unpack_strict(hbytes, lim)
+    header = _parse_header(raw, lim, strict_keys=minor <= MINOR)
+    unknown = [f for f in header.features if f not in KNOWN_FEATURES]
+    if unknown:
+        raise UnsupportedFeatureError(f"F10: payload requires unknown feature(s) {unknown}")
+    if minor <= MINOR and pack_canonical(header.to_wire()) != hbytes:
+        raise HeaderError("F11: header is not in canonical form (key order, integer or float width, or defaults)")
+    # F12-F13: layout.
+    _check_layout(header)
+    data_start = align_up(PREAMBLE_SIZE + hlen)
+    expected = data_start + header.data_length + (4 if flags & FLAG_PAYLOAD_CRC else 0)
+    if n < expected:
+        raise LayoutError(f"F13: payload truncated: {n} bytes, header declares {expected}")
+    if n > expected:
+        raise LayoutError(f"F13: {n - expected} unexpected trailing byte(s) after byte {expected}")
+    # F14: payload checksum.
+    if flags & FLAG_PAYLOAD_CRC and verify_checksum:
+        (stored,) = struct.unpack("<I", b[n - 4 :].tobytes())
+        got = crc32c(b[PREAMBLE_SIZE + hlen : n - 4])
+        if got != stored:
+            raise ChecksumError(
+                f"F14: payload CRC32C mismatch @ byte {n - 4}: stored 0x{stored:08x}, computed 0x{got:08x}"
+            )
+    # F15: padding is zero.
+    parsed = ParsedPayload(header, b, data_start, minor, flags, hlen)
+    _check_padding(parsed)
+    return parsed
+
+
+def _check_padding(p: ParsedPayload) -> None:
+    gaps = [(PREAMBLE_SIZE + p.header_length, p.data_start)]
+    end = 0
+    for t in p.header.tensors:
+        for s in t.sections:
+            gaps.append((p.data_start + end, p.data_start + s.offset))
+            end = s.offset + s.nbytes
+    gaps.append((p.data_start + end, p.data_start + p.header.data_length))
+    for lo, hi in gaps:
+        if hi > lo and p.buffer[lo:hi].any():
+            bad = lo + int(np.flatnonzero(p.buffer[lo:hi])[0])
+            raise LayoutError(f"F15: non-zero padding byte @ byte {bad}")
+
+
+def _check_layout(h: Header) -> None:
+    pos = 0
+    for i, t in enumerate(h.tensors):
+        for j, s in enumerate(t.sections):
+            where = f"tensors[{i}].sections[{j}] ({s.name!r})"
+            want = align_up(pos)
+            if s.offset < pos:
+                raise LayoutError(f"F12: {where} at offset {s.offset} overlaps the previous section ending at {pos}")
+            if s.offset != want:
+                raise LayoutError(f"F12: {where} at offset {s.offset} leaves a gap; expected offset {want}")
+            pos = s.offset + s.nbytes
+    if h.data_length != align_up(pos):
+        raise LayoutError(f"F12: data_length {h.data_length} does not match the sections' end {align_up(pos)}")
+
+
+def _want(cond: bool, msg: str) -> None:
+    if not cond:
+        raise HeaderError(msg)
+
+
+def _uint(v: Any, where: str) -> int:
+    _want(type(v) is int and v >= 0, f"F9: {where} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def _parse_header(raw: Any, lim: Limits, *, strict_keys: bool) -> Header:
+    """F9: the header's schema. Unknown keys are an error unless the payload's minor is newer."""
+    _want(isinstance(raw, dict), "F9: header must be a msgpack map")
+    if strict_keys:
+        extra = sorted(set(raw) - _TOP_KEYS)
+        _want(not extra, f"F9: unknown header key(s) {extra}")
+    _want("tensors" in raw, "F9: header lacks 'tensors'")
+    _want("data_length" in raw, "F9: header lacks 'data_length'")
+    data_length = _uint(raw["data_length"], "data_length")
+    lim.check("data_length", data_length, "max_payload_bytes", "data_length")
+    features = raw.get("features", [])
+    _want(isinstance(features, list) and all(isinstance(f, str) for f in features), "F9: features must be a list of strings")
+    if "features" in raw:
+        _want(bool(features), "F9: an empty 'features' list must be omitted")
+    meta = raw.get("meta", {})
+    _want(isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()), "F9: meta must map text to text")
+    if "meta" in raw:
+        _want(bool(meta), "F9: an empty 'meta' map must be omitted")
+    tensors = raw["tensors"]
+    _want(isinstance(tensors, list) and len(tensors) >= 1, "F9: tensors must be a non-empty list")
+    lim.check("tensor count", len(tensors), "max_tensors", "tensors")
+    entries = tuple(_parse_tensor(t, i, lim, strict_keys) for i, t in enumerate(tensors))
+    named = [e.name is not None for e in entries]
+    _want(all(named) or not any(named), "F9: either every tensor has a name (bundle) or none does")
+    _want(all(named) or len(entries) == 1, "F9: a payload of several tensors must name each one")
+    if all(named):
+        names = [e.name for e in entries]
+        _want(len(set(names)) == len(names), "F9: tensor names in a bundle must be unique")
+    nsec = sum(len(e.sections) for e in entries)
+    lim.check("section count", nsec, "max_sections", "tensors[*].sections")
+    total_out = sum(e.numel * np.dtype(_np_dtype(e.dtype)).itemsize for e in entries)
+    lim.check("decoded size in bytes", total_out, "max_output_bytes")
+    return Header(entries, data_length, tuple(features), dict(meta))
+
+
+def _np_dtype(name: str) -> Any:
+    from ..arrays import DTYPES
+
+    return DTYPES[name]
+
+
+def _parse_tensor(t: Any, i: int, lim: Limits, strict_keys: bool) -> TensorEntry:
+    w = f"tensors[{i}]"
+    _want(isinstance(t, dict), f"F9: {w} must be a map")
+    if strict_keys:
+        extra = sorted(set(t) - _TENSOR_KEYS)
+        _want(not extra, f"F9: unknown key(s) {extra} in {w}")
+    for k in ("codec", "version", "dtype", "shape", "params", "sections"):
+        _want(k in t, f"F9: {w} lacks {k!r}")
+    codec = t["codec"]
+    _want(isinstance(codec, str) and codec != "", f"F9: {w}.codec must be a non-empty string")
+    version = _uint(t["version"], f"{w}.version")
+    dtype = t["dtype"]
+    _want(dtype in _TENSOR_DTYPES, f"F9: {w}.dtype {dtype!r} is not one of {list(_TENSOR_DTYPES)}")
+    shape = t["shape"]
+    _want(isinstance(shape, list), f"F9: {w}.shape must be a list")
+    lim.check("ndim", len(shape), "max_ndim", f"{w}.shape")
+    numel = 1
+    for j, d in enumerate(shape):
+        _uint(d, f"{w}.shape[{j}]")
+        lim.check("dimension", d, "max_elements", f"{w}.shape[{j}]")
+        numel *= d
+    lim.check("element count", numel, "max_elements", f"{w}.shape")
+    params = t["params"]
+    _want(isinstance(params, dict), f"F9: {w}.params must be a map")
+    name = t.get("name")
+    _want(name is None or isinstance(name, str), f"F9: {w}.name must be a string")
+    secs = t["sections"]
+    _want(isinstance(secs, list), f"F9: {w}.sections must be a list")
+    lim.check("section count", len(secs), "max_sections", f"{w}.sections")
+    infos = []
+    seen = set()
+    for j, s in enumerate(secs):
+        sw = f"{w}.sections[{j}]"
+        _want(isinstance(s, list) and len(s) == 4, f"F9: {sw} must be [name, dtype, offset, nbytes]")
+        sname, sdt, off, nb = s
+        _want(isinstance(sname, str) and sname != "", f"F9: {sw} name must be a non-empty string")
+        _want(sname not in seen, f"F9: {sw} repeats section name {sname!r}")
+        seen.add(sname)
+        _want(sdt in SECTION_DTYPES, f"F9: {sw} element type {sdt!r} is not one of {list(SECTION_DTYPES)}")
+        _uint(off, f"{sw} offset")
+        _uint(nb, f"{sw} nbytes")
+        if nb % SECTION_DTYPES[sdt].itemsize:
+            raise LayoutError(f"F12: {sw} length {nb} is not a multiple of its element size")
+        infos.append(SectionInfo(sname, sdt, off, nb))
+    return TensorEntry(codec, version, dtype, tuple(shape), params, tuple(infos), name)
+
+
+def _check_header(h: Header, lim: Limits, *, writing: bool) -> None:
+    lim.check("tensor count", len(h.tensors), "max_tensors")
+    for i, t in enumerate(h.tensors):
+        lim.check("ndim", len(t.shape), "max_ndim", f"tensors[{i}].shape")
+        lim.check("element count", t.numel, "max_elements", f"tensors[{i}].shape")

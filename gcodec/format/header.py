@@ -1,0 +1,95 @@
+"""Canonical msgpack for the payload header: one way to write it, a strict way to read it.
+
+Canonical form (specs/format.md §3): maps have text keys sorted by their UTF-8 bytes with no
+duplicates; integers use the shortest msgpack encoding; floats are float64; strings are msgpack
+``str`` (never ``bin``); no ext types. Two headers with the same content are therefore byte-equal,
+and a reader can detect a non-canonical header by re-encoding what it parsed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from ..errors import HeaderError, LimitExceededError
+from ..limits import Limits
+
+__all__ = ["pack_canonical", "unpack_strict", "canonical"]
+
+
+def canonical(obj: Any, depth: int = 0) -> Any:
+    """Return ``obj`` with every dict's keys sorted by UTF-8 bytes (recursively)."""
+    if isinstance(obj, dict):
+        items = []
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise HeaderError(f"header map keys must be text, got {type(k).__name__}")
+            items.append((k.encode("utf-8"), k, canonical(v, depth + 1)))
+        items.sort(key=lambda t: t[0])
+        return {k: v for _, k, v in items}
+    if isinstance(obj, (list, tuple)):
+        return [canonical(v, depth + 1) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj
+    raise HeaderError(f"value of type {type(obj).__name__} cannot go in a header")
+
+
+def pack_canonical(obj: Any) -> bytes:
+    """Encode ``obj`` as canonical msgpack."""
+    try:
+        return msgpack.packb(canonical(obj), use_bin_type=True, use_single_float=False, strict_types=False)
+    except (OverflowError, ValueError, TypeError) as e:
+        if isinstance(e, HeaderError):
+            raise
+        raise HeaderError(f"header cannot be encoded: {e}") from None
+
+
+def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise HeaderError(f"duplicate key {k!r} in header map")
+        out[k] = v
+    return out
+
+
+def _depth(obj: Any, limit: int, depth: int = 0) -> None:
+    if depth > limit:
+        raise LimitExceededError(f"header nesting deeper than max_nesting={limit}")
+    if isinstance(obj, dict):
+        for v in obj.values():
+            _depth(v, limit, depth + 1)
+    elif isinstance(obj, list):
+        for v in obj:
+            _depth(v, limit, depth + 1)
+
+
+def unpack_strict(data: bytes | memoryview, limits: Limits) -> Any:
+    """Parse one msgpack object, refusing duplicates, ext, bin, trailing bytes and deep nesting."""
+    n = len(data)
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            object_pairs_hook=_no_duplicates,
+            max_str_len=n,
+            max_bin_len=0,
+            max_array_len=min(n, limits.max_sections * 4 + 16),
+            max_map_len=n,
+            max_ext_len=0,
+        )
+    except HeaderError:
+        raise
+    except msgpack.ExtraData:
+        raise HeaderError("header has bytes after its msgpack object") from None
+    except UnicodeDecodeError as e:
+        raise HeaderError(f"header string is not valid UTF-8 at header byte {e.start}") from None
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as e:
+        raise HeaderError(f"header is not valid msgpack: {e}") from None
+    _depth(obj, limits.max_nesting)
+    return obj

@@ -1,0 +1,79 @@
+"""Configurable size limits, checked before anything is allocated.
+
+A payload comes from another machine and must be treated as untrusted. Every size it declares
+(header length, number of tensors and sections, dimensions, elements, output bytes) is checked
+against a :class:`Limits` object before memory is reserved for it. The same limits apply on encode, so
+a sender cannot produce a payload its peers would refuse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .errors import LimitExceededError
+
+__all__ = ["Limits", "get_limits", "set_limits", "limits"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Upper bounds on what one payload may declare.
+
+    The defaults admit any realistic gradient (2**34 elements, 64 GiB decoded) while refusing
+    absurd headers at once.
+
+    Attributes:
+        max_header_bytes: largest msgpack header accepted (1 MiB).
+        max_tensors: most tensors in one bundle.
+        max_sections: most sections in one payload, all tensors together.
+        max_ndim: most dimensions of one tensor.
+        max_elements: most elements of one tensor.
+        max_output_bytes: most bytes the decoded tensors of one payload may take, all together.
+        max_payload_bytes: largest payload accepted or produced.
+        max_nesting: deepest nesting of maps and arrays inside the header.
+    """
+
+    max_header_bytes: int = 1 << 20
+    max_tensors: int = 65536
+    max_sections: int = 1 << 18
+    max_ndim: int = 32
+    max_elements: int = 1 << 34
+    max_output_bytes: int = 1 << 36
+    max_payload_bytes: int = 1 << 37
+    max_nesting: int = 8
+
+    def check(self, what: str, value: int, limit_name: str, where: str = "") -> None:
+        """Raise :class:`LimitExceededError` when ``value`` exceeds the named limit."""
+        limit = getattr(self, limit_name)
+        if value > limit:
+            loc = f" at {where}" if where else ""
+            raise LimitExceededError(f"{what} {value} exceeds {limit_name}={limit}{loc}")
+
+
+_current = Limits()
+
+
+def get_limits() -> Limits:
+    """The limits in force for calls that do not pass their own."""
+    return _current
+
+
+def set_limits(new: Limits) -> Limits:
+    """Replace the process-wide limits; returns the previous ones."""
+    global _current
+    if not isinstance(new, Limits):
+        raise TypeError("set_limits expects a gcodec.Limits")
+    old, _current = _current, new
+    return old
+
+
+@contextmanager
+def limits(**changes: int) -> Iterator[Limits]:
+    """Temporarily change some limits: ``with gcodec.limits(max_elements=10**6): ...``."""
+    old = set_limits(dataclasses.replace(_current, **changes))
+    try:
+        yield _current
+    finally:
+        set_limits(old)
