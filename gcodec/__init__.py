@@ -36,6 +36,7 @@ from .errors import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
+from .feedback import ErrorFeedback
 from .limits import Limits, get_limits, limits, set_limits
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "ChecksumError",
     "Codec",
     "ConfigError",
+    "ErrorFeedback",
     "FormatError",
     "GcodecError",
     "HeaderError",

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .arrays import DTYPES, as_numpy, dtype_name
-from .codecs.base import Codec
+from .codecs.base import Codec, EncodeContext
 from .codecs.registry import codec_class, get_codec
 from .errors import ConfigError, FormatError, UnsupportedVersionError
 from .format.container import (
@@ -42,12 +42,12 @@ __all__ = [
 # encoding
 
 
-def _pending(codec: Codec, x: Any, name: str | None, lim: Limits) -> PendingTensor:
+def _pending(codec: Codec, x: Any, name: str | None, lim: Limits, ctx: EncodeContext) -> PendingTensor:
     arr = as_numpy(x)
     dname = dtype_name(arr.dtype)
     lim.check("ndim", arr.ndim, "max_ndim")
     lim.check("element count", arr.size, "max_elements")
-    plan = codec.plan(arr)
+    plan = codec.plan(arr, ctx)
     return PendingTensor(
         codec.codec_id, codec.version, dname, tuple(int(d) for d in arr.shape), plan.params,
         plan.sections, plan.fill, name,
@@ -55,18 +55,25 @@ def _pending(codec: Codec, x: Any, name: str | None, lim: Limits) -> PendingTens
 
 
 def encode_with(
-    codec: Codec, x: Any, *, checksum: bool = True, meta: Mapping[str, str] | None = None,
+    codec: Codec,
+    x: Any,
+    *,
+    ctx: EncodeContext | None = None,
+    checksum: bool = True,
+    meta: Mapping[str, str] | None = None,
     limits: Limits | None = None,
 ) -> memoryview:
     """Encode one tensor with ``codec`` (what :meth:`Codec.encode` calls)."""
     lim = limits or get_limits()
-    return write_payload([_pending(codec, x, None, lim)], meta=meta, checksum=checksum, limits=lim)
+    pend = _pending(codec, x, None, lim, ctx or EncodeContext())
+    return write_payload([pend], meta=meta, checksum=checksum, limits=lim)
 
 
 def encode_bundle(
     tensors: Mapping[str, Any],
     codec: Codec | str | Mapping[str, Codec | str] = "fp16",
     *,
+    step: int | None = None,
     checksum: bool = True,
     meta: Mapping[str, str] | None = None,
     limits: Limits | None = None,
@@ -74,7 +81,7 @@ def encode_bundle(
     """Encode several named tensors into one payload with one header.
 
     ``codec`` is one codec for all, or a mapping from tensor name to codec (missing names raise).
-    The order of ``tensors`` is the order on the wire.
+    The order of ``tensors`` is the order on the wire. Each tensor's name is its state ``key``.
     """
     lim = limits or get_limits()
     if not tensors:
@@ -89,7 +96,7 @@ def encode_bundle(
             c = get_codec(codec[name])
         else:
             c = get_codec(codec)
-        pend.append(_pending(c, x, name, lim))
+        pend.append(_pending(c, x, name, lim, EncodeContext(name, step)))
     return write_payload(pend, meta=meta, checksum=checksum, limits=lim)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import ConfigError, HeaderError, SizeMismatchError
 from ..format.container import SectionSpec, TensorEntry
 
-__all__ = ["Aggregation", "Codec", "EncodePlan", "Param", "check_params"]
+__all__ = ["Aggregation", "Codec", "EncodeContext", "EncodePlan", "Param", "check_params"]
 
 
 class Aggregation(str, enum.Enum):
@@ -97,6 +97,20 @@ def check_params(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class EncodeContext:
+    """Per-call facts a stateful codec may use.
+
+    ``key`` names the tensor (a parameter name, a bundle entry) so that per-tensor state (a step
+    counter, PowerSGD's warm-start Q) is kept apart. ``step``, when given, fixes the random stream
+    of a stochastic codec for this call (all workers pass the same step to draw the same stream);
+    when ``None`` a stochastic codec uses and advances its own per-key counter.
+    """
+
+    key: str | None = None
+    step: int | None = None
+
+
 @dataclasses.dataclass
 class EncodePlan:
     """What :meth:`Codec.plan` returns: header params, section list, and the function that fills them."""
@@ -161,7 +175,7 @@ class Codec(ABC):
 
     # ---- the algorithm -------------------------------------------------------------------
     @abstractmethod
-    def plan(self, x: np.ndarray) -> EncodePlan:
+    def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         """Decide the header params and sections for ``x`` (C-contiguous, one of the four floats)."""
 
     @classmethod
@@ -213,11 +227,23 @@ class Codec(ABC):
         return params
 
     # ---- convenience ---------------------------------------------------------------------
-    def encode(self, x: Any, *, checksum: bool = True, meta: Mapping[str, str] | None = None) -> memoryview:
-        """Encode ``x`` into a complete, self-describing payload."""
+    def encode(
+        self,
+        x: Any,
+        *,
+        key: str | None = None,
+        step: int | None = None,
+        checksum: bool = True,
+        meta: Mapping[str, str] | None = None,
+    ) -> memoryview:
+        """Encode ``x`` into a complete, self-describing payload.
+
+        ``key`` and ``step`` matter only to stateful or stochastic codecs (see :class:`EncodeContext`).
+        ``checksum=False`` drops the payload CRC32C (the header CRC stays) for trusted paths.
+        """
         from ..api import encode_with
 
-        return encode_with(self, x, checksum=checksum, meta=meta)
+        return encode_with(self, x, ctx=EncodeContext(key, step), checksum=checksum, meta=meta)
 
     def decode(self, buf: Any, out: np.ndarray | None = None, *, accumulate: bool = False) -> np.ndarray:
         """Decode a payload written by a codec of this id (any params; they come from the header)."""

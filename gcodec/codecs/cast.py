@@ -14,7 +14,7 @@ import numpy as np
 
 from ..format.container import SectionSpec, TensorEntry
 from ..kernels import cast_cpu
-from .base import Aggregation, Codec, EncodePlan
+from .base import Aggregation, Codec, EncodeContext, EncodePlan
 from .registry import register_codec
 
 __all__ = ["FP16", "BF16"]
@@ -34,7 +34,7 @@ class _Cast16(Codec):
     _encode_kernel: Any
     _decode_kernel: Any
 
-    def plan(self, x: np.ndarray) -> EncodePlan:
+    def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = _as_kernel_input(x)
         enc = type(self)._encode_kernel
 

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import PayloadValueError
 from ..format.container import SectionSpec, TensorEntry
 from ..kernels import quant_cpu
-from .base import Aggregation, Codec, EncodePlan, Param
+from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
 from .registry import register_codec
 
 __all__ = ["Uniform"]
@@ -48,7 +48,7 @@ class Uniform(Codec):
         "rounding": Param(str, "nearest", "rounding rule", choices=("nearest",)),
     }
 
-    def plan(self, x: np.ndarray) -> EncodePlan:
+    def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = x.reshape(-1)
         if flat.dtype not in (np.float32, np.float64):
             flat = flat.astype(np.float32)
