@@ -49,8 +49,14 @@ def _pending(codec: Codec, x: Any, name: str | None, lim: Limits, ctx: EncodeCon
     lim.check("element count", arr.size, "max_elements")
     plan = codec.plan(arr, ctx)
     return PendingTensor(
-        codec.codec_id, codec.version, dname, tuple(int(d) for d in arr.shape), plan.params,
-        plan.sections, plan.fill, name,
+        codec.codec_id,
+        codec.version,
+        dname,
+        tuple(int(d) for d in arr.shape),
+        plan.params,
+        plan.sections,
+        plan.fill,
+        name,
     )
 
 
@@ -190,9 +196,7 @@ class PayloadInfo:
                     "shape": list(t.shape),
                     "dtype": dtype_name(t.dtype),
                     "params": t.params,
-                    "sections": [
-                        {"name": s[0], "dtype": s[1], "offset": s[2], "nbytes": s[3]} for s in t.sections
-                    ],
+                    "sections": [{"name": s[0], "dtype": s[1], "offset": s[2], "nbytes": s[3]} for s in t.sections],
                 }
                 for t in self.tensors
             ],
@@ -230,7 +234,12 @@ def _info(p: ParsedPayload) -> PayloadInfo:
         is_bundle=p.header.is_bundle,
         tensors=tuple(
             TensorInfo(
-                e.name, e.codec, e.version, e.shape, DTYPES[e.dtype], dict(e.params),
+                e.name,
+                e.codec,
+                e.version,
+                e.shape,
+                DTYPES[e.dtype],
+                dict(e.params),
                 tuple((s.name, s.dtype, s.offset, s.nbytes) for s in e.sections),
             )
             for e in p.header.tensors
@@ -315,12 +324,12 @@ def decode(
             raise ConfigError("out= is a dict but the payload holds a single tensor")
         e, cls, params = checked[0]
         return _decode_entry(p, e, cls, params, out, accumulate)
+    if out is not None and not isinstance(out, Mapping):
+        raise ConfigError("out= must be a dict of arrays for a bundle payload")
     return _decode_many(p, checked, out, accumulate)
 
 
-def decode_single(
-    buf: Any, *, out: np.ndarray | None, accumulate: bool, expect_codec: str | None = None
-) -> np.ndarray:
+def decode_single(buf: Any, *, out: np.ndarray | None, accumulate: bool, expect_codec: str | None = None) -> np.ndarray:
     p, checked = _checked(buf, None, full=False)
     if p.header.is_bundle:
         raise FormatError("payload is a bundle; use gcodec.decode_bundle")
@@ -331,7 +340,10 @@ def decode_single(
 
 
 def decode_bundle(
-    buf: Any, out: Mapping[str, np.ndarray] | None = None, *, accumulate: bool = False,
+    buf: Any,
+    out: Mapping[str, np.ndarray] | None = None,
+    *,
+    accumulate: bool = False,
     limits: Limits | None = None,
 ) -> dict[str, np.ndarray]:
     """Decode any payload into ``{name: array}``; a single-tensor payload's name is ``""``."""

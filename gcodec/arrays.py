@@ -18,9 +18,9 @@ from .errors import ConfigError
 __all__ = [
     "BFLOAT16",
     "DTYPES",
+    "as_numpy",
     "dtype_from_name",
     "dtype_name",
-    "as_numpy",
 ]
 
 BFLOAT16: np.dtype = np.dtype(ml_dtypes.bfloat16)
@@ -41,9 +41,7 @@ def dtype_name(dtype: Any) -> str:
     try:
         return _NAMES[dt]
     except KeyError:
-        raise ConfigError(
-            f"unsupported dtype {dt}; gcodec encodes float32, float16, bfloat16 and float64"
-        ) from None
+        raise ConfigError(f"unsupported dtype {dt}; gcodec encodes float32, float16, bfloat16 and float64") from None
 
 
 def dtype_from_name(name: str) -> np.dtype:

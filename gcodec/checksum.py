@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["crc32c", "crc32c_software", "HARDWARE"]
+__all__ = ["HARDWARE", "crc32c", "crc32c_software"]
 
 _POLY = 0x82F63B78
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from .errors import LimitExceededError
 
-__all__ = ["Limits", "get_limits", "set_limits", "limits"]
+__all__ = ["Limits", "get_limits", "limits", "set_limits"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -137,9 +137,7 @@ class Codec(ABC):
     aggregation: ClassVar[Aggregation] = Aggregation.GATHER
 
     def __init__(self, **params: Any) -> None:
-        self._params = check_params(
-            self.PARAMS, params, ConfigError, f"{self.codec_id}: ", fill_defaults=True
-        )
+        self._params = check_params(self.PARAMS, params, ConfigError, f"{self.codec_id}: ", fill_defaults=True)
         self._check_config(self._params, ConfigError, f"{self.codec_id}: ")
 
     # ---- configuration -------------------------------------------------------------------
@@ -172,6 +170,7 @@ class Codec(ABC):
     @classmethod
     def _check_config(cls, params: dict[str, Any], err: type[Exception], where: str) -> None:
         """Cross-parameter rules; override when a codec has them."""
+        return None
 
     # ---- the algorithm -------------------------------------------------------------------
     @abstractmethod
@@ -198,6 +197,7 @@ class Codec(ABC):
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         """Value-level rules (raise PayloadValueError). Decoding checks what it must anyway."""
+        return None
 
     # ---- header checking -----------------------------------------------------------------
     @classmethod
@@ -209,8 +209,12 @@ class Codec(ABC):
     def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
         """Check a header entry's params and section table against this codec (rules C1-C3)."""
         params = check_params(
-            cls.wire_schema(), entry.params, HeaderError, f"C1: {where}.params: ",
-            fill_defaults=False, allow_unknown=not strict,
+            cls.wire_schema(),
+            entry.params,
+            HeaderError,
+            f"C1: {where}.params: ",
+            fill_defaults=False,
+            allow_unknown=not strict,
         )
         cls._check_config(params, HeaderError, f"C1: {where}.params: ")
         want = cls.expected_sections(params, entry.shape)
@@ -222,7 +226,8 @@ class Codec(ABC):
         for (name, _, nb_want), (_, _, nb_got) in zip(want, got):
             if nb_want != nb_got:
                 raise SizeMismatchError(
-                    f"C3: {where} section {name!r} is {nb_got} bytes; shape {list(entry.shape)} and params imply {nb_want}"
+                    f"C3: {where} section {name!r} is {nb_got} bytes; "
+                    f"shape {list(entry.shape)} and params imply {nb_want}"
                 )
         return params
 

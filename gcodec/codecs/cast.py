@@ -17,7 +17,7 @@ from ..kernels import cast_cpu
 from .base import Aggregation, Codec, EncodeContext, EncodePlan
 from .registry import register_codec
 
-__all__ = ["FP16", "BF16"]
+__all__ = ["BF16", "FP16"]
 
 
 def _as_kernel_input(x: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import ConfigError, UnknownCodecError
 from .base import Codec
 
-__all__ = ["register_codec", "get_codec", "codec_class", "list_codecs"]
+__all__ = ["codec_class", "get_codec", "list_codecs", "register_codec"]
 
 _REGISTRY: dict[str, type[Codec]] = {}
 _entry_points_loaded = False

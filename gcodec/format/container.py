@@ -28,23 +28,23 @@ from ..limits import Limits, get_limits
 from .header import pack_canonical, unpack_strict
 
 __all__ = [
+    "ALIGN",
+    "FLAG_PAYLOAD_CRC",
+    "KNOWN_FEATURES",
     "MAGIC",
     "MAJOR",
     "MINOR",
-    "FLAG_PAYLOAD_CRC",
     "PREAMBLE_SIZE",
-    "ALIGN",
     "SECTION_DTYPES",
-    "KNOWN_FEATURES",
-    "SectionSpec",
-    "SectionInfo",
-    "TensorEntry",
     "Header",
-    "PendingTensor",
     "ParsedPayload",
-    "write_payload",
-    "read_payload",
+    "PendingTensor",
+    "SectionInfo",
+    "SectionSpec",
+    "TensorEntry",
     "align_up",
+    "read_payload",
+    "write_payload",
 ]
 
 MAGIC = b"GCDC"
@@ -205,9 +205,7 @@ def write_payload(
             pos = align_up(pos)
             infos.append(SectionInfo(s.name, s.dtype, pos, s.nbytes))
             pos += s.nbytes
-        entries.append(
-            TensorEntry(t.codec, t.version, t.dtype, tuple(t.shape), dict(t.params), tuple(infos), t.name)
-        )
+        entries.append(TensorEntry(t.codec, t.version, t.dtype, tuple(t.shape), dict(t.params), tuple(infos), t.name))
     data_length = align_up(pos)
     header = Header(tuple(entries), data_length, (), dict(meta or {}))
     _check_header(header, lim, writing=True)
@@ -229,10 +227,10 @@ def write_payload(
     end = 0
     for t, e in zip(tensors, entries):
         views = {}
-        for s in e.sections:
-            data[end : s.offset] = 0
-            views[s.name] = data[s.offset : s.offset + s.nbytes].view(SECTION_DTYPES[s.dtype])
-            end = s.offset + s.nbytes
+        for si in e.sections:
+            data[end : si.offset] = 0
+            views[si.name] = data[si.offset : si.offset + si.nbytes].view(SECTION_DTYPES[si.dtype])
+            end = si.offset + si.nbytes
         t.fill(views)
     data[end:] = 0
 
@@ -240,7 +238,7 @@ def write_payload(
     if checksum:
         c = crc32c(buf[PREAMBLE_SIZE + len(hbytes) : data_start + data_length])
         buf[total - 4 :] = np.frombuffer(struct.pack("<I", c), np.uint8)
-    return memoryview(buf)
+    return buf.data
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,7 +391,10 @@ def _parse_header(raw: Any, lim: Limits, *, strict_keys: bool) -> Header:
     data_length = _uint(raw["data_length"], "data_length")
     lim.check("data_length", data_length, "max_payload_bytes", "data_length")
     features = raw.get("features", [])
-    _want(isinstance(features, list) and all(isinstance(f, str) for f in features), "F9: features must be a list of strings")
+    _want(
+        isinstance(features, list) and all(isinstance(f, str) for f in features),
+        "F9: features must be a list of strings",
+    )
     if "features" in raw:
         _want(bool(features), "F9: an empty 'features' list must be omitted")
     meta = raw.get("meta", {})

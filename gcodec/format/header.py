@@ -15,7 +15,7 @@ import msgpack
 from ..errors import HeaderError, LimitExceededError
 from ..limits import Limits
 
-__all__ = ["pack_canonical", "unpack_strict", "canonical"]
+__all__ = ["canonical", "pack_canonical", "unpack_strict"]
 
 
 def canonical(obj: Any, depth: int = 0) -> Any:

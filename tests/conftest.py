@@ -1,0 +1,28 @@
+"""Shared fixtures: deterministic test arrays of every dtype and awkward shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gcodec
+from gcodec.arrays import DTYPES
+
+SHAPES = [(), (0,), (1,), (7,), (63,), (65,), (3, 5), (2, 0, 3), (4, 33, 2), (10007,)]
+
+
+def make_array(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
+    """Heavy-ish tailed values (Student-t) of the given shape and wire dtype."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_t(4, size=shape).astype(np.float64)
+    return x.astype(DTYPES[dtype])
+
+
+@pytest.fixture(params=list(DTYPES))
+def dtype_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def codecs_default() -> list[gcodec.Codec]:
+    return [gcodec.get_codec(c) for c in ("fp16", "bf16", "uniform")]

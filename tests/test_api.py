@@ -1,0 +1,204 @@
+"""The public API: registry, configs, out= and accumulate, errors on misuse."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import gcodec
+from gcodec.arrays import BFLOAT16
+from gcodec.codecs import registry
+
+
+def test_error_hierarchy():
+    names = [
+        "FormatError", "UnsupportedVersionError", "UnsupportedFeatureError", "UnknownCodecError", "HeaderError",
+        "LimitExceededError", "LayoutError", "SizeMismatchError", "ChecksumError", "PayloadValueError", "ConfigError",
+    ]  # fmt: skip
+    assert issubclass(gcodec.GcodecError, ValueError)
+    for n in names:
+        assert issubclass(getattr(gcodec, n), gcodec.GcodecError), n
+
+
+@pytest.mark.parametrize("cid", ["fp16", "bf16", "uniform"])
+def test_config_roundtrip_eq_repr(cid):
+    c = gcodec.get_codec(cid)
+    cfg = c.get_config()
+    assert json.loads(json.dumps(cfg)) == cfg
+    assert gcodec.get_codec(cfg) == c
+    assert type(c).from_config(cfg) == c
+    assert eval(repr(c), {"gcodec": gcodec}) == c
+    assert hash(eval(repr(c), {"gcodec": gcodec})) == hash(c)
+
+
+def test_equality_is_by_config():
+    assert gcodec.get_codec("uniform", bits=4) == gcodec.get_codec({"id": "uniform", "bits": 4})
+    assert gcodec.get_codec("uniform", bits=4) != gcodec.get_codec("uniform", bits=8)
+    assert gcodec.get_codec("fp16") != gcodec.get_codec("bf16")
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"bits": 3}, "bits"),
+        ({"bits": "8"}, "bits"),
+        ({"bits": True}, "bits"),
+        ({"group_size": 0}, "group_size"),
+        ({"rounding": "up"}, "rounding"),
+        ({"colour": "red"}, "unknown parameter"),
+    ],
+)
+def test_bad_config(params, match):
+    with pytest.raises(gcodec.ConfigError, match=match):
+        gcodec.get_codec("uniform", **params)
+
+
+def test_unknown_codec():
+    with pytest.raises(gcodec.UnknownCodecError, match="nope"):
+        gcodec.get_codec("nope")
+
+
+def test_aggregation_declared():
+    for cid in gcodec.list_codecs():
+        assert isinstance(gcodec.codec_class(cid).aggregation, gcodec.Aggregation)
+    assert gcodec.codec_class("fp16").aggregation is gcodec.Aggregation.SUMMABLE
+    assert gcodec.codec_class("uniform").aggregation is gcodec.Aggregation.GATHER
+
+
+def test_entry_point_registration(tmp_path, monkeypatch):
+    (tmp_path / "gcodec_fake_plugin.py").write_text(
+        textwrap.dedent(
+            """
+            from gcodec.codecs.cast import FP16
+
+            class Fake(FP16):
+                codec_id = "fake16"
+            """
+        )
+    )
+    dist = tmp_path / "gcodec_fake_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gcodec-fake-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[gcodec.codecs]\nfake16 = gcodec_fake_plugin:Fake\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    c = gcodec.get_codec("fake16")
+    x = np.arange(5, dtype=np.float32)
+    buf = c.encode(x)
+    assert gcodec.validate(buf).codec == "fake16"
+    np.testing.assert_array_equal(gcodec.decode(buf), x)
+    sys.modules.pop("gcodec_fake_plugin", None)
+
+
+def test_decoding_payload_of_unregistered_codec(monkeypatch):
+    buf = gcodec.get_codec("fp16").encode(np.ones(3, np.float32))
+    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if k != "fp16"})
+    monkeypatch.setattr(registry, "_entry_points_loaded", True)
+    with pytest.raises(gcodec.UnknownCodecError, match="fp16"):
+        gcodec.decode(buf)
+
+
+@pytest.mark.parametrize("cid", ["fp16", "bf16", "uniform"])
+@pytest.mark.parametrize("out_dtype", [np.float32, np.float64, np.float16, BFLOAT16])
+def test_accumulate_sums_workers(cid, out_dtype):
+    rng = np.random.default_rng(0)
+    codec = gcodec.get_codec(cid)
+    xs = [rng.standard_normal((13, 17)).astype(np.float32) for _ in range(4)]
+    bufs = [codec.encode(x) for x in xs]
+    out = np.zeros((13, 17), out_dtype)
+    for b in bufs:
+        gcodec.decode(b, out=out, accumulate=True)
+    expect = np.zeros((13, 17), np.float64)
+    for b in bufs:
+        expect += gcodec.decode(b).astype(np.float64)
+    tol = 1e-5 if out_dtype in (np.float32, np.float64) else 0.1
+    np.testing.assert_allclose(out.astype(np.float64), expect, atol=tol)
+
+
+def test_accumulate_no_temporary_for_float32():
+    x = np.ones(1 << 20, np.float32)
+    buf = gcodec.get_codec("uniform").encode(x)
+    out = np.zeros(1 << 20, np.float32)
+    import tracemalloc
+
+    gcodec.decode(buf, out=out, accumulate=True)  # warm up the kernels
+    tracemalloc.start()
+    gcodec.decode(buf, out=out, accumulate=True)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < (1 << 20)  # far below the 4 MiB a temporary array would take
+    np.testing.assert_allclose(out, 2.0, rtol=1e-6)
+
+
+def test_bad_out():
+    buf = gcodec.get_codec("fp16").encode(np.ones((2, 3), np.float32))
+    with pytest.raises(gcodec.ConfigError, match="elements"):
+        gcodec.decode(buf, out=np.empty(5, np.float32))
+    with pytest.raises(gcodec.ConfigError, match="contiguous"):
+        gcodec.decode(buf, out=np.empty((3, 4), np.float32)[:2, :3])
+    with pytest.raises(gcodec.ConfigError, match="dtype"):
+        gcodec.decode(buf, out=np.empty(6, np.int32))
+    with pytest.raises(gcodec.ConfigError, match="out="):
+        gcodec.decode(buf, accumulate=True)
+    # a flat out of the right size is fine
+    o = np.empty(6, np.float32)
+    gcodec.decode(buf, out=o)
+    np.testing.assert_array_equal(o, 1.0)
+
+
+def test_bad_payload_leaves_accumulator_untouched():
+    x = np.ones(100, np.float32)
+    buf = bytearray(gcodec.get_codec("uniform").encode(x))
+    buf[-10] ^= 0xFF
+    out = np.full(100, 7.0, np.float32)
+    with pytest.raises(gcodec.ChecksumError):
+        gcodec.decode(buf, out=out, accumulate=True)
+    np.testing.assert_array_equal(out, 7.0)
+
+
+def test_codec_decode_checks_codec_id():
+    buf = gcodec.get_codec("fp16").encode(np.ones(3, np.float32))
+    np.testing.assert_array_equal(gcodec.get_codec("fp16").decode(buf), 1.0)
+    with pytest.raises(gcodec.ConfigError, match="fp16"):
+        gcodec.get_codec("bf16").decode(buf)
+
+
+def test_unsupported_input_dtype():
+    with pytest.raises(gcodec.ConfigError, match="int32"):
+        gcodec.get_codec("fp16").encode(np.ones(3, np.int32))
+    with pytest.raises(gcodec.ConfigError):
+        gcodec.get_codec("fp16").encode("abc")
+
+
+def test_non_contiguous_and_torch_inputs():
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2]
+    y = gcodec.decode(gcodec.get_codec("fp16").encode(x))
+    np.testing.assert_array_equal(y, x)
+    torch = pytest.importorskip("torch")
+    t = torch.arange(10, dtype=torch.bfloat16)
+    y = gcodec.decode(gcodec.get_codec("bf16").encode(t))
+    assert y.dtype == BFLOAT16
+    np.testing.assert_array_equal(y.astype(np.float32), np.arange(10, dtype=np.float32))
+
+
+def test_info_fields():
+    x = np.zeros((8, 8), np.float64)
+    buf = gcodec.get_codec("uniform", bits=4).encode(x, meta={"step": "12"})
+    info = gcodec.validate(buf)
+    assert info.codec == "uniform" and info.shape == (8, 8) and info.dtype == np.float64
+    assert info.params["bits"] == 4 and info.nbytes == len(buf) and info.meta == {"step": "12"}
+    assert info.ratio == pytest.approx(8 * 64 / len(buf))
+    d = info.to_dict()
+    assert json.loads(json.dumps(d)) == d
+
+
+def test_limits_on_encode():
+    with gcodec.limits(max_elements=100), pytest.raises(gcodec.LimitExceededError):
+        gcodec.get_codec("fp16").encode(np.ones(101, np.float32))
+    with gcodec.limits(max_ndim=2), pytest.raises(gcodec.LimitExceededError):
+        gcodec.get_codec("fp16").encode(np.ones((1, 1, 1), np.float32))
