@@ -19,6 +19,7 @@ from .codecs.registry import codec_class, get_codec
 from .errors import ConfigError, FormatError, UnsupportedVersionError
 from .format.container import (
     MAJOR,
+    MINOR,
     ParsedPayload,
     PendingTensor,
     TensorEntry,
@@ -207,7 +208,7 @@ def _checked(
     buf: Any, limits: Limits | None, *, full: bool
 ) -> tuple[ParsedPayload, list[tuple[TensorEntry, type[Codec], dict[str, Any]]]]:
     p = read_payload(buf, limits=limits)
-    strict = p.minor <= 0
+    strict = p.minor <= MINOR
     out = []
     for i, e in enumerate(p.header.tensors):
         cls = codec_class(e.codec)
@@ -316,7 +317,11 @@ def decode(
     A single-tensor payload gives an array of the original dtype and shape; a bundle gives a dict
     from name to array. ``out`` (an array, or for bundles a dict of arrays) receives the result;
     with ``accumulate=True`` the decoded values are *added* to ``out`` without a temporary, so
-    summing N workers' payloads costs one pass each. All checks run before ``out`` is touched.
+    summing N workers' payloads costs one pass each. Every container, header and
+    section-size check runs before ``out`` is touched; with ``accumulate=True`` every value check
+    runs first too, so a bad payload never half-updates a sum. Without ``accumulate``, a value
+    rule that a kernel checks while it decodes (e.g. a forbidden uniform code) may raise after
+    ``out`` was partly overwritten.
     """
     p, checked = _checked(buf, limits, full=False)
     if not p.header.is_bundle:

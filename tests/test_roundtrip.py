@@ -145,3 +145,19 @@ def test_decode_bundle_of_single_payload():
     d = gcodec.decode_bundle(gcodec.get_codec("fp16").encode(x))
     assert list(d) == [""]
     np.testing.assert_array_equal(d[""], x)
+
+
+@pytest.mark.parametrize(
+    "codec_id, bits_in, expect",
+    [
+        ("bf16", 0x7FA00000, 0x7FC0),  # signalling NaN with payload -> canonical quiet NaN
+        ("bf16", 0xFFC12345, 0xFFC0),  # sign kept
+        ("fp16", 0x7FA00000, 0x7E00),
+        ("fp16", 0xFFC12345, 0xFE00),
+    ],
+)
+def test_nan_encodes_canonically(codec_id, bits_in, expect):
+    x = np.array([bits_in], np.uint32).view(np.float32)
+    buf = gcodec.get_codec(codec_id).encode(x)
+    p = gcodec.format.read_payload(buf)
+    assert int(p.view(p.header.tensors[0].sections[0])[0]) == expect

@@ -271,9 +271,9 @@ class ParsedPayload:
 
 def _as_bytes_array(buf: Any) -> np.ndarray:
     if isinstance(buf, np.ndarray):
+        if not buf.flags.c_contiguous:
+            raise FormatError("payload buffer must be contiguous")
         if buf.dtype != np.uint8 or buf.ndim != 1:
-            if not buf.flags.c_contiguous:
-                raise FormatError("payload buffer must be contiguous")
             buf = buf.reshape(-1).view(np.uint8)
         return buf
     try:
@@ -286,7 +286,7 @@ def _as_bytes_array(buf: Any) -> np.ndarray:
 
 
 def read_payload(buf: Any, *, limits: Limits | None = None, verify_checksum: bool = True) -> ParsedPayload:
-    """Check the container (rules F1-F16 of specs/format.md) and parse the header."""
+    """Check the container (rules F1-F15 of specs/format.md) and parse the header."""
     lim = limits or get_limits()
     b = _as_bytes_array(buf)
     n = b.shape[0]
@@ -398,7 +398,10 @@ def _parse_header(raw: Any, lim: Limits, *, strict_keys: bool) -> Header:
     if "features" in raw:
         _want(bool(features), "F9: an empty 'features' list must be omitted")
     meta = raw.get("meta", {})
-    _want(isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()), "F9: meta must map text to text")
+    _want(
+        isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()),
+        "F9: meta must map text to text",
+    )
     if "meta" in raw:
         _want(bool(meta), "F9: an empty 'meta' map must be omitted")
     tensors = raw["tensors"]

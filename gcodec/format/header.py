@@ -51,20 +51,28 @@ def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise HeaderError(f"duplicate key {k!r} in header map")
+            raise HeaderError(f"F8: duplicate key {k!r} in header map")
         out[k] = v
     return out
 
 
-def _depth(obj: Any, limit: int, depth: int = 0) -> None:
+def _check_tree(obj: Any, limit: int, depth: int = 0) -> None:
+    """F8: nesting depth within ``limit``; only nil, bool, int, float, str, array and map (text keys)."""
     if depth > limit:
-        raise LimitExceededError(f"header nesting deeper than max_nesting={limit}")
+        raise LimitExceededError(f"F8: header nesting deeper than max_nesting={limit}")
     if isinstance(obj, dict):
-        for v in obj.values():
-            _depth(v, limit, depth + 1)
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise HeaderError(f"F8: header map key {k!r} is not text")
+            _check_tree(v, limit, depth + 1)
     elif isinstance(obj, list):
         for v in obj:
-            _depth(v, limit, depth + 1)
+            _check_tree(v, limit, depth + 1)
+    elif not (obj is None or isinstance(obj, (bool, int, float, str))):
+        raise HeaderError(
+            f"F8: header holds a msgpack {type(obj).__name__}; only nil, bool, int, float, str, "
+            "array and map are allowed"
+        )
 
 
 def unpack_strict(data: bytes | memoryview, limits: Limits) -> Any:
@@ -86,10 +94,10 @@ def unpack_strict(data: bytes | memoryview, limits: Limits) -> Any:
     except HeaderError:
         raise
     except msgpack.ExtraData:
-        raise HeaderError("header has bytes after its msgpack object") from None
+        raise HeaderError("F8: header has bytes after its msgpack object") from None
     except UnicodeDecodeError as e:
-        raise HeaderError(f"header string is not valid UTF-8 at header byte {e.start}") from None
+        raise HeaderError(f"F8: a header string is not valid UTF-8 (byte {e.start} of that string)") from None
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as e:
-        raise HeaderError(f"header is not valid msgpack: {e}") from None
-    _depth(obj, limits.max_nesting)
+        raise HeaderError(f"F8: header is not valid msgpack: {e}") from None
+    _check_tree(obj, limits.max_nesting)
     return obj

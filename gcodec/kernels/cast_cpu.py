@@ -43,8 +43,8 @@ def f16_bits_to_f32(h: np.uint16) -> np.float32:  # pragma: no cover - jitted
 @njit(cache=True, inline="always")
 def f32_to_bf16_bits(x: np.float32) -> np.uint16:  # pragma: no cover - jitted
     u = np.float32(x).view(np.uint32)
-    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN: keep sign, make quiet
-        return np.uint16((u >> np.uint32(16)) | np.uint32(0x0040))
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN: the quiet NaN 0x7FC0, sign kept
+        return np.uint16(((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0))
     odd = (u >> np.uint32(16)) & np.uint32(1)
     return np.uint16((u + np.uint32(0x7FFF) + odd) >> np.uint32(16))
 
