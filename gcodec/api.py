@@ -26,6 +26,7 @@ from .format.container import (
     read_payload,
     write_payload,
 )
+from .kernels import threads_for
 from .limits import Limits, get_limits
 
 __all__ = [
@@ -48,7 +49,14 @@ def _pending(codec: Codec, x: Any, name: str | None, lim: Limits, ctx: EncodeCon
     dname = dtype_name(arr.dtype)
     lim.check("ndim", arr.ndim, "max_ndim")
     lim.check("element count", arr.size, "max_elements")
-    plan = codec.plan(arr, ctx)
+    with threads_for(arr.size):
+        plan = codec.plan(arr, ctx)
+    fill = plan.fill
+
+    def fill_sized(views: Mapping[str, np.ndarray]) -> None:
+        with threads_for(arr.size):
+            fill(views)
+
     return PendingTensor(
         codec.codec_id,
         codec.version,
@@ -56,7 +64,7 @@ def _pending(codec: Codec, x: Any, name: str | None, lim: Limits, ctx: EncodeCon
         tuple(int(d) for d in arr.shape),
         plan.params,
         plan.sections,
-        plan.fill,
+        fill_sized,
         name,
     )
 
@@ -258,9 +266,12 @@ def validate(buf: Any, *, limits: Limits | None = None) -> PayloadInfo:
     return _info(p)
 
 
-def inspect_header(buf: Any, *, limits: Limits | None = None) -> PayloadInfo:
-    """Check only the container (not codec rules or values) and describe it. Used by ``gcodec inspect``."""
-    return _info(read_payload(buf, limits=limits))
+def inspect_header(buf: Any, *, limits: Limits | None = None, verify_checksum: bool = True) -> PayloadInfo:
+    """Check only the container (not codec rules or values) and describe it. Used by ``gcodec inspect``.
+
+    ``verify_checksum=False`` skips the payload CRC (rule F14), to describe a damaged payload.
+    """
+    return _info(read_payload(buf, limits=limits, verify_checksum=verify_checksum))
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,14 +305,15 @@ def _decode_entry(
         result = out
     flat = result.reshape(-1)
     views = p.views(e)
-    if flat.dtype in _KERNEL_OUT:
-        cls.decode_into(params, e, views, flat, accumulate)
-    else:  # 16-bit outputs: decode in float32, then round once into the output
-        tmp = np.empty(flat.size, np.float32)
-        if accumulate:
-            tmp[...] = flat
-        cls.decode_into(params, e, views, tmp, accumulate)
-        flat[...] = tmp
+    with threads_for(flat.size):
+        if flat.dtype in _KERNEL_OUT:
+            cls.decode_into(params, e, views, flat, accumulate)
+        else:  # 16-bit outputs: decode in float32, then round once into the output
+            tmp = np.empty(flat.size, np.float32)
+            if accumulate:
+                tmp[...] = flat
+            cls.decode_into(params, e, views, tmp, accumulate)
+            flat[...] = tmp
     return result
 
 

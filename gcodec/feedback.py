@@ -17,10 +17,13 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
-from .arrays import as_numpy
-from .codecs.base import Codec
+from .arrays import as_numpy, dtype_name
+from .codecs.base import Codec, EncodeContext, EncodePlan
 from .codecs.registry import get_codec
 from .errors import ConfigError, PayloadValueError
+from .format.container import PendingTensor, write_payload
+from .kernels import threads_for
+from .limits import get_limits
 
 __all__ = ["ErrorFeedback"]
 
@@ -35,6 +38,26 @@ def _residual_inplace(corrected, decoded):  # pragma: no cover - jitted
         corrected[i] = r
         bad += not (abs(r) <= 1.7976931348623157e308)
     return bad
+
+
+def _write_one(
+    codec: Codec, arr: np.ndarray, plan: EncodePlan, checksum: bool, meta: Mapping[str, str] | None
+) -> memoryview:
+    """Write a single-tensor payload from a plan (what ``gcodec.api.encode_with`` does after ``plan``)."""
+    lim = get_limits()
+    lim.check("ndim", arr.ndim, "max_ndim")
+    lim.check("element count", arr.size, "max_elements")
+    pend = PendingTensor(
+        codec.codec_id,
+        codec.version,
+        dtype_name(arr.dtype),
+        tuple(int(d) for d in arr.shape),
+        plan.params,
+        plan.sections,
+        plan.fill,
+        None,
+    )
+    return write_payload([pend], meta=meta, checksum=checksum, limits=lim)
 
 
 class ErrorFeedback:
@@ -71,7 +94,10 @@ class ErrorFeedback:
         checksum: bool = True,
         meta: Mapping[str, str] | None = None,
     ) -> memoryview:
-        """Encode ``x + residual[key]`` and keep the new residual. Returns the payload."""
+        """Encode ``x + residual[key]`` and keep the new residual. Returns the payload.
+
+        If encoding fails (non-finite values), the residual is left as it was.
+        """
         from .api import decode
 
         arr = as_numpy(x)
@@ -81,16 +107,36 @@ class ErrorFeedback:
         e = self._residuals.get(key)
         if e is not None and e.shape != arr.shape:
             raise ConfigError(f"error feedback key {key!r}: shape {arr.shape} differs from its residual's {e.shape}")
-        corrected = arr.astype(wd, copy=True)
-        if e is not None:
-            corrected += e
-        buf = self.codec.encode(corrected, key=key, step=step, checksum=checksum, meta=meta)
+        if e is not None and e.dtype != wd:
+            e = e.astype(wd)
         scratch = self._scratch.get(key)
         if scratch is None or scratch.shape != arr.shape or scratch.dtype != wd:
             scratch = np.empty(arr.shape, dtype=wd)
-            self._scratch[key] = scratch
+        # Fast path: a codec with a fused kernel reads x and e once and writes the new residual
+        # into the scratch buffer (bit-identical to the generic path below); then the two swap.
+        fused = getattr(self.codec, "plan_feedback", None)
+        if fused is not None and arr.dtype == wd:
+            plan = fused(arr, e, scratch, EncodeContext(key, step))
+            if plan is not None:
+                buf = _write_one(self.codec, arr, plan, checksum, meta)
+                self._residuals[key] = scratch
+                if e is not None:
+                    self._scratch[key] = e
+                else:
+                    self._scratch.pop(key, None)
+                return buf
+        # Generic path: corrected = x + e; encode it; e <- corrected - decode(payload).
+        if e is not None and arr.dtype == wd:
+            corrected = np.add(arr, e)
+        else:
+            corrected = arr.astype(wd, copy=True)
+            if e is not None:
+                corrected += e
+        buf = self.codec.encode(corrected, key=key, step=step, checksum=checksum, meta=meta)
+        self._scratch[key] = scratch
         decode(buf, out=scratch)
-        bad = _residual_inplace(corrected.reshape(-1), scratch.reshape(-1))
+        with threads_for(arr.size):
+            bad = _residual_inplace(corrected.reshape(-1), scratch.reshape(-1))
         if bad:
             raise PayloadValueError(
                 f"error feedback key {key!r}: {bad} residual value(s) would be NaN or infinite "

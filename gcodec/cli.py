@@ -1,0 +1,471 @@
+"""The ``gcodec`` command line: inspect, validate, encode, decode, list codecs, run the demo.
+
+Exit status: 0 success; 1 a payload is invalid or an operation on valid arguments failed; 2 a
+usage error (bad arguments, unknown codec or parameter, a missing or unreadable file).
+
+bfloat16 arrays: NumPy stores them in ``.npy`` files as raw 2-byte records (``|V2``). ``decode``
+writes them that way and ``encode`` reads ``|V2`` arrays as bfloat16 (view them with
+``ml_dtypes.bfloat16``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import numpy as np
+
+from . import __version__
+from .api import PayloadInfo, decode, decode_bundle, encode_bundle, inspect_header, validate
+from .arrays import BFLOAT16
+from .codecs.registry import codec_class, get_codec, list_codecs
+from .errors import ConfigError, GcodecError, UnknownCodecError
+from .format.container import FLAG_PAYLOAD_CRC, MAJOR, MINOR, PREAMBLE_SIZE
+from .limits import get_limits
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad arguments or files: exit status 2."""
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _print_json(obj: Any, out: TextIO) -> None:
+    from .demo import json_safe  # NaN and infinities (e.g. bits/element of an empty tensor) become null
+
+    json.dump(json_safe(obj), out, indent=2, default=str, allow_nan=False)
+    out.write("\n")
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def _read_payload_file(path: str) -> np.ndarray:
+    """The file's bytes as a uint8 array; UsageError when it is missing or unreadable."""
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file")
+    size = os.path.getsize(path)
+    lim = get_limits()
+    if size > lim.max_payload_bytes:
+        raise UsageError(f"{path}: {size} bytes exceeds max_payload_bytes={lim.max_payload_bytes}")
+    try:
+        return np.fromfile(path, dtype=np.uint8)
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from None
+
+
+def _as_wire_dtype(a: np.ndarray) -> np.ndarray:
+    """C-contiguous, 0-d arrays kept 0-d (np.ascontiguousarray would make them 1-d); |V2 read as bfloat16."""
+    if not a.flags.c_contiguous:
+        a = a.copy(order="C")
+    if a.dtype == np.dtype("V2"):  # how np.save stores bfloat16
+        return a.view(BFLOAT16)
+    return a
+
+
+def _load_arrays(path: str) -> tuple[dict[str, np.ndarray], bool]:
+    """({name: array}, is_npz) from a ``.npy`` or ``.npz`` file; a ``.npy`` array's name is ``""``."""
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                arrays = {k: _as_wire_dtype(loaded[k]) for k in loaded.files}
+            if not arrays:
+                raise UsageError(f"{path}: the .npz file holds no arrays")
+            return arrays, True
+    except (OSError, ValueError, EOFError) as e:
+        raise UsageError(f"{path}: cannot read as .npy/.npz: {e}") from None
+    if not isinstance(loaded, np.ndarray):
+        raise UsageError(f"{path}: not a .npy array")
+    return {"": _as_wire_dtype(loaded)}, False
+
+
+def _parse_param(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise UsageError(f"--param {text!r}: expected KEY=VALUE")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+# --------------------------------------------------------------------------------------------
+# inspect
+
+
+def _preamble(data: np.ndarray) -> dict[str, Any] | None:
+    if data.shape[0] < PREAMBLE_SIZE:
+        return None
+    magic, major, minor, flags, hlen, hcrc = struct.unpack("<4sBBHII", data[:PREAMBLE_SIZE].tobytes())
+    return {
+        "magic": magic.decode("latin-1"),
+        "version": f"{major}.{minor}",
+        "flags": flags,
+        "payload_crc": bool(flags & FLAG_PAYLOAD_CRC),
+        "header_length": hlen,
+        "header_crc32c": f"0x{hcrc:08x}",
+    }
+
+
+def _tensor_extras(info: PayloadInfo) -> list[dict[str, Any]]:
+    out = []
+    for t in info.tensors:
+        sect = sum(s[3] for s in t.sections)
+        out.append(
+            {
+                "numel": t.numel,
+                "original_nbytes": t.original_nbytes,
+                "section_nbytes": sect,
+                "bits_per_element": 8.0 * sect / t.numel if t.numel else None,
+            }
+        )
+    return out
+
+
+def inspect_payload(data: np.ndarray) -> dict[str, Any]:
+    """Everything ``gcodec inspect`` reports, as a JSON-safe dict.
+
+    The container is described whenever its header can be read, even when the payload checksum
+    or a codec rule fails; ``valid`` and ``error`` then say what full validation found.
+    """
+    res: dict[str, Any] = {"file_nbytes": int(data.shape[0]), "preamble": _preamble(data)}
+    info: PayloadInfo | None = None
+    container_error: str | None = None
+    try:
+        info = inspect_header(data)
+    except GcodecError as e:
+        container_error = _err(e)
+        try:  # a payload checksum mismatch still leaves a readable header: describe it
+            info = inspect_header(data, verify_checksum=False)
+        except GcodecError:
+            info = None
+    res["container_ok"] = container_error is None
+    res["container_error"] = container_error
+    if info is not None:
+        d = info.to_dict()
+        for t, extra in zip(d["tensors"], _tensor_extras(info)):
+            t.update(extra)
+        res["payload"] = d
+    else:
+        res["payload"] = None
+    try:
+        validate(data)
+        res["valid"], res["error"] = True, None
+    except GcodecError as e:
+        res["valid"] = False
+        res["error"] = {"class": type(e).__name__, "message": str(e)}
+    return res
+
+
+def _fmt_params(p: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in p.items()) or "-"
+
+
+def _print_inspect(path: str, r: dict[str, Any], out: TextIO) -> None:
+    w = out.write
+    w(f"file: {path} ({r['file_nbytes']:,} bytes)\n")
+    pre = r["preamble"]
+    if pre is not None:
+        w(
+            f"preamble: magic {pre['magic']!r}, format {pre['version']}, flags 0x{pre['flags']:04x} "
+            f"(payload CRC32C: {'yes' if pre['payload_crc'] else 'no'}), header {pre['header_length']} bytes, "
+            f"header CRC32C {pre['header_crc32c']}\n"
+        )
+    if r["container_error"]:
+        w(f"container: FAIL {r['container_error']}\n")
+    p = r["payload"]
+    if p is not None:
+        kind = f"bundle of {len(p['tensors'])} tensors" if p["bundle"] else "single tensor"
+        w(f"format {p['version']}, {kind}, header {p['header_nbytes']} bytes, meta {p['meta'] or '{}'}\n")
+        for i, t in enumerate(p["tensors"]):
+            name = t["name"] if t["name"] is not None else "(unnamed)"
+            bpe = t["bits_per_element"]
+            w(
+                f"tensor [{i}] {name}: codec {t['codec']} v{t['codec_version']}, {t['dtype']} "
+                f"{t['shape']} ({t['numel']:,} elements), params: {_fmt_params(t['params'])}\n"
+                f"    original {t['original_nbytes']:,} bytes, sections {t['section_nbytes']:,} bytes"
+                + (f" ({bpe:.3f} bits/element)" if bpe is not None else "")
+                + "\n"
+            )
+            w(f"    {'section':<12} {'type':<5} {'offset':>12} {'nbytes':>12}\n")
+            for s in t["sections"]:
+                w(f"    {s['name']:<12} {s['dtype']:<5} {s['offset']:>12,} {s['nbytes']:>12,}\n")
+        ratio, bpe_all = p["ratio"], p["bits_per_element"]
+        w(
+            f"payload {p['nbytes']:,} bytes, original {p['original_nbytes']:,} bytes, ratio "
+            + (f"{ratio:.3f}x" if ratio is not None else "n/a")
+            + (f", {bpe_all:.3f} bits/element\n" if bpe_all is not None and np.isfinite(bpe_all) else "\n")
+        )
+    if r["valid"]:
+        w("validation: OK\n")
+    else:
+        w(f"validation: FAIL {r['error']['class']}: {r['error']['message']}\n")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    data = _read_payload_file(args.file)
+    r = inspect_payload(data)
+    if args.json:
+        _print_json({"file": args.file, **r}, sys.stdout)
+    else:
+        _print_inspect(args.file, r, sys.stdout)
+    return EXIT_OK if r["valid"] else EXIT_INVALID
+
+
+# --------------------------------------------------------------------------------------------
+# validate
+
+
+def _describe(info: PayloadInfo) -> str:
+    if info.is_bundle:
+        codecs = ",".join(sorted({t.codec for t in info.tensors}))
+        dtypes = ",".join(sorted({str(t.dtype) for t in info.tensors}))
+        n = sum(t.numel for t in info.tensors)
+        what = f"bundle[{len(info.tensors)}]:{codecs} {n} elements {dtypes}"
+    else:
+        what = f"{info.codec} {list(info.shape)} {info.dtype}"
+    return f"{what} {info.ratio:.3f}x"
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    status = EXIT_OK
+    for path in args.files:
+        try:
+            data = _read_payload_file(path)
+        except UsageError as e:
+            print(f"FAIL {path}: {e}", file=sys.stderr)
+            status = max(status, EXIT_USAGE)
+            continue
+        try:
+            info = validate(data)
+        except GcodecError as e:
+            print(f"FAIL {path}: {_err(e)}", file=sys.stderr)
+            status = max(status, EXIT_INVALID)
+            continue
+        print(f"OK {path}: {_describe(info)}")
+    return status
+
+
+# --------------------------------------------------------------------------------------------
+# encode / decode
+
+
+def cmd_encode(args: argparse.Namespace) -> int:
+    params = dict(_parse_param(p) for p in args.param or [])
+    try:
+        codec = get_codec(args.codec, **params)
+    except (UnknownCodecError, ConfigError) as e:
+        raise UsageError(_err(e)) from None
+    arrays, is_npz = _load_arrays(args.input)
+    try:
+        if is_npz:
+            buf = encode_bundle(arrays, codec, checksum=not args.no_checksum)
+        else:
+            buf = codec.encode(arrays[""], checksum=not args.no_checksum)
+    except GcodecError as e:
+        print(f"error: {args.input}: {_err(e)}", file=sys.stderr)
+        return EXIT_INVALID
+    _write_bytes(args.output, buf)
+    info = validate(buf)
+    print(f"wrote {args.output}: {_describe(info)}, {info.nbytes:,} bytes")
+    return EXIT_OK
+
+
+def _write_bytes(path: str, buf: Any) -> None:
+    try:
+        with open(path, "wb") as f:
+            f.write(buf)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    data = _read_payload_file(args.input)
+    try:
+        info = validate(data)
+        arrays = decode_bundle(data) if info.is_bundle else {"": decode(data)}
+    except GcodecError as e:
+        print(f"FAIL {args.input}: {_err(e)}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        if info.is_bundle:
+            if args.output.endswith(".npy"):
+                raise UsageError(f"{args.input} is a bundle of {len(arrays)} tensors: give an .npz output")
+            with open(args.output, "wb") as f:
+                np.savez(f, **arrays)
+        else:
+            with open(args.output, "wb") as f:
+                arr = arrays[""]
+                assert isinstance(arr, np.ndarray)
+                np.save(f, arr, allow_pickle=False)
+    except OSError as e:
+        raise UsageError(f"{args.output}: cannot write: {e.strerror or e}") from None
+    if any(t.dtype == BFLOAT16 for t in info.tensors):
+        print("note: bfloat16 is stored as raw 2-byte records (|V2); view with ml_dtypes.bfloat16", file=sys.stderr)
+    print(f"wrote {args.output}: {_describe(info)}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------
+# codecs, demo
+
+
+def _param_type(kind: Any) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return "|".join(k.__name__ for k in kinds)
+
+
+def codecs_table() -> list[dict[str, Any]]:
+    """Every registered codec with its aggregation kind and parameter schema (JSON-safe)."""
+    out: list[dict[str, Any]] = []
+    for cid in list_codecs():
+        try:
+            cls = codec_class(cid)
+        except GcodecError as e:
+            out.append({"id": cid, "error": _err(e)})
+            continue
+        params = []
+        for name, p in cls.PARAMS.items():
+            d: dict[str, Any] = {"name": name, "type": _param_type(p.kind), "default": p.default, "doc": p.doc}
+            if p.choices is not None:
+                d["choices"] = list(p.choices)
+            if p.min is not None:
+                d["min"] = p.min
+            if p.max is not None:
+                d["max"] = p.max
+            params.append(d)
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        summary = doc.split(". ")[0].rstrip(".") + "." if doc else ""
+        out.append(
+            {
+                "id": cid,
+                "version": cls.version,
+                "aggregation": cls.aggregation.value,
+                "summary": summary,
+                "params": params,
+            }
+        )
+    return out
+
+
+def cmd_codecs(args: argparse.Namespace) -> int:
+    table = codecs_table()
+    if args.json:
+        _print_json(table, sys.stdout)
+        return EXIT_OK
+    for c in table:
+        if "error" in c:
+            print(f"{c['id']}: cannot load ({c['error']})")
+            continue
+        print(f"{c['id']} (v{c['version']}, aggregation: {c['aggregation']}): {c['summary']}")
+        for p in c["params"]:
+            extra = ""
+            if "choices" in p:
+                extra = f", one of {p['choices']}"
+            elif "min" in p or "max" in p:
+                extra = f", in [{p.get('min', '-inf')}, {p.get('max', 'inf')}]"
+            print(f"    {p['name']}: {p['type']} = {p['default']!r}{extra}  {p['doc']}")
+        if not c["params"]:
+            print("    (no parameters)")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    if args.json:
+        result = run_demo(quick=args.quick)
+        _print_json(result, sys.stdout)
+    else:
+
+        def emit(text: str) -> None:
+            print(text, flush=True)
+
+        result = run_demo(quick=args.quick, emit=emit)
+    failed = [c for c in result["codecs"] if not c["ok"]]
+    return EXIT_INVALID if failed and len(failed) == len(result["codecs"]) else EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------
+# the parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="gcodec",
+        description="Gradient-compression codecs with a versioned, validated wire format.",
+        epilog="Exit status: 0 ok, 1 invalid payload or failed operation, 2 usage error or missing file.",
+    )
+    ap.add_argument("--version", action="version", version=f"gcodec {__version__} (wire format {MAJOR}.{MINOR})")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("inspect", help="describe a payload: header, tensors, sections, sizes, validity")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("validate", help="run every check of the spec on payload files")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("encode", help="compress a .npy array (or a .npz of arrays, as one bundle)")
+    p.add_argument("input", metavar="IN.npy|IN.npz")
+    p.add_argument("output", metavar="OUT.gcd")
+    p.add_argument("--codec", required=True, help="codec id (see `gcodec codecs`)")
+    p.add_argument(
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="codec parameter; VALUE is read as JSON when it parses, else as a string (repeatable)",
+    )
+    p.add_argument("--no-checksum", action="store_true", help="leave out the payload CRC32C (the header keeps its)")
+    p.set_defaults(func=cmd_encode)
+
+    p = sub.add_parser("decode", help="decompress a payload to .npy (a bundle to .npz)")
+    p.add_argument("input", metavar="IN.gcd")
+    p.add_argument("output", metavar="OUT.npy|OUT.npz")
+    p.set_defaults(func=cmd_decode)
+
+    p = sub.add_parser("codecs", help="list the registered codecs and their parameters")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_codecs)
+
+    p = sub.add_parser("demo", help="tour every codec on real gradients: sizes, errors, speeds, training")
+    p.add_argument("--quick", action="store_true", help="small sizes (seconds; used by the tests)")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.set_defaults(func=cmd_demo)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
+    try:
+        return int(args.func(args))
+    except UsageError as e:
+        print(f"gcodec {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # e.g. `gcodec inspect x | head`
+        sys.stderr.close()
+        return EXIT_OK
