@@ -16,7 +16,7 @@ import numpy as np
 from .arrays import DTYPES, as_numpy, dtype_name
 from .codecs.base import Codec, EncodeContext
 from .codecs.registry import codec_class, get_codec
-from .errors import ConfigError, FormatError, UnsupportedVersionError
+from .errors import ConfigError, FormatError, LimitExceededError, UnsupportedVersionError
 from .format.container import (
     MAJOR,
     MINOR,
@@ -47,7 +47,7 @@ __all__ = [
 def _pending(codec: Codec, x: Any, name: str | None, lim: Limits, ctx: EncodeContext) -> PendingTensor:
     arr = as_numpy(x)
     dname = dtype_name(arr.dtype)
-    lim.check("ndim", arr.ndim, "max_ndim")
+    lim.check_ndim(arr.ndim)
     lim.check("element count", arr.size, "max_elements")
     with threads_for(arr.size):
         plan = codec.plan(arr, ctx)
@@ -280,6 +280,18 @@ def inspect_header(buf: Any, *, limits: Limits | None = None, verify_checksum: b
 _KERNEL_OUT = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def _alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """np.empty, but running out of memory is a LimitExceededError (the size came from a header)."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except MemoryError:
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        raise LimitExceededError(
+            f"cannot allocate {nbytes} bytes for the decoded tensor; lower max_output_bytes to refuse such "
+            "payloads up front"
+        ) from None
+
+
 def _decode_entry(
     p: ParsedPayload,
     e: TensorEntry,
@@ -292,7 +304,7 @@ def _decode_entry(
     if out is None:
         if accumulate:
             raise ConfigError("accumulate=True needs out=")
-        result = np.empty(e.shape, dtype=dtype)
+        result = _alloc(e.shape, dtype)
     else:
         if not isinstance(out, np.ndarray):
             raise ConfigError(f"out= must be a numpy array, got {type(out).__name__}")
@@ -309,7 +321,7 @@ def _decode_entry(
         if flat.dtype in _KERNEL_OUT:
             cls.decode_into(params, e, views, flat, accumulate)
         else:  # 16-bit outputs: decode in float32, then round once into the output
-            tmp = np.empty(flat.size, np.float32)
+            tmp = _alloc((flat.size,), np.dtype(np.float32))
             if accumulate:
                 tmp[...] = flat
             cls.decode_into(params, e, views, tmp, accumulate)

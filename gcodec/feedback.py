@@ -172,12 +172,17 @@ class ErrorFeedback:
         return list(self._residuals)
 
     def state_dict(self) -> dict[str, Any]:
-        """Residuals (copied), disabled keys and the codec config; restorable with load_state_dict."""
-        return {
+        """Residuals (copied), disabled keys, the codec config and, for stochastic codecs, each key's
+        next random stream; restorable with load_state_dict (``torch.save`` / pickle friendly)."""
+        state: dict[str, Any] = {
             "codec": self.codec.get_config(),
             "residuals": {k: v.copy() for k, v in self._residuals.items()},
             "disabled": sorted(self._disabled),
         }
+        streams = getattr(self.codec, "stream_state", None)
+        if streams is not None:  # stochastic codecs: where each key's random stream continues
+            state["streams"] = streams()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         try:
@@ -193,6 +198,9 @@ class ErrorFeedback:
             if a.dtype not in (np.float32, np.float64):
                 raise ConfigError(f"residual {k!r} has dtype {a.dtype}; expected float32 or float64")
             new[k] = a
+        streams = state.get("streams")
+        if streams is not None and hasattr(self.codec, "load_stream_state"):
+            self.codec.load_stream_state(streams)
         self._residuals = new
         self._scratch.clear()
         self._disabled = set(disabled)

@@ -12,9 +12,14 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import LimitExceededError
+import numpy as np
 
-__all__ = ["Limits", "get_limits", "limits", "set_limits"]
+from .errors import ConfigError, LimitExceededError
+
+__all__ = ["NUMPY_MAXDIMS", "Limits", "get_limits", "limits", "set_limits"]
+
+#: The most dimensions a NumPy array can have (64 since NumPy 2.0, 32 before).
+NUMPY_MAXDIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +48,19 @@ class Limits:
     max_output_bytes: int = 1 << 36
     max_payload_bytes: int = 1 << 37
     max_nesting: int = 8
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if type(v) is not int or v < 0:
+                raise ConfigError(f"Limits.{f.name} must be a non-negative integer, got {v!r}")
+
+    def check_ndim(self, ndim: int, where: str = "") -> None:
+        """``max_ndim``, capped at what NumPy can represent whatever the configured value."""
+        self.check("ndim", ndim, "max_ndim", where)
+        if ndim > NUMPY_MAXDIMS:
+            loc = f" at {where}" if where else ""
+            raise LimitExceededError(f"ndim {ndim} exceeds NumPy's {NUMPY_MAXDIMS} dimensions{loc}")
 
     def check(self, what: str, value: int, limit_name: str, where: str = "") -> None:
         """Raise :class:`LimitExceededError` when ``value`` exceeds the named limit."""

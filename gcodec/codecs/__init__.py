@@ -1,6 +1,16 @@
 """Layer 2: codecs, pure algorithms from arrays to sections. Importing this registers the built-ins."""
 
-from . import cast, uniform  # noqa: F401  (registration side effect)
+from . import (  # noqa: F401  (registration side effect)
+    cast,
+    powersgd,
+    qsgd,
+    randomk,
+    sign,
+    terngrad,
+    threshold,
+    topk,
+    uniform,
+)
 from .base import Aggregation, Codec, EncodePlan, Param
 from .registry import codec_class, get_codec, list_codecs, register_codec
 

@@ -206,10 +206,19 @@ class Codec(ABC):
         return cls.PARAMS
 
     @classmethod
+    def wire_schema_for(cls, params: Mapping[str, Any]) -> dict[str, Param]:
+        """The header schema for a header with these (not yet checked) params.
+
+        Defaults to :meth:`wire_schema`; a codec whose header fields depend on a mode (``uniform``
+        records ``stream`` only when ``rounding="stochastic"``) overrides this.
+        """
+        return cls.wire_schema()
+
+    @classmethod
     def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
         """Check a header entry's params and section table against this codec (rules C1-C3)."""
         params = check_params(
-            cls.wire_schema(),
+            cls.wire_schema_for(entry.params),
             entry.params,
             HeaderError,
             f"C1: {where}.params: ",

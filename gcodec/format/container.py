@@ -25,7 +25,7 @@ from ..errors import (
     UnsupportedVersionError,
 )
 from ..limits import Limits, get_limits
-from .header import pack_canonical, unpack_strict
+from .header import check_tree, pack_canonical, unpack_strict
 
 __all__ = [
     "ALIGN",
@@ -208,7 +208,7 @@ def write_payload(
         entries.append(TensorEntry(t.codec, t.version, t.dtype, tuple(t.shape), dict(t.params), tuple(infos), t.name))
     data_length = align_up(pos)
     header = Header(tuple(entries), data_length, (), dict(meta or {}))
-    _check_header(header, lim, writing=True)
+    _check_header(header, lim)
     hbytes = pack_canonical(header.to_wire())
     lim.check("header length", len(hbytes), "max_header_bytes")
 
@@ -416,12 +416,12 @@ def _parse_header(raw: Any, lim: Limits, *, strict_keys: bool) -> Header:
         _want(len(set(names)) == len(names), "F9: tensor names in a bundle must be unique")
     nsec = sum(len(e.sections) for e in entries)
     lim.check("section count", nsec, "max_sections", "tensors[*].sections")
-    total_out = sum(e.numel * np.dtype(_np_dtype(e.dtype)).itemsize for e in entries)
+    total_out = sum(e.numel * _np_dtype(e.dtype).itemsize for e in entries)
     lim.check("decoded size in bytes", total_out, "max_output_bytes")
     return Header(entries, data_length, tuple(features), dict(meta))
 
 
-def _np_dtype(name: str) -> Any:
+def _np_dtype(name: str) -> np.dtype:
     from ..arrays import DTYPES
 
     return DTYPES[name]
@@ -442,7 +442,7 @@ def _parse_tensor(t: Any, i: int, lim: Limits, strict_keys: bool) -> TensorEntry
     _want(dtype in _TENSOR_DTYPES, f"F9: {w}.dtype {dtype!r} is not one of {list(_TENSOR_DTYPES)}")
     shape = t["shape"]
     _want(isinstance(shape, list), f"F9: {w}.shape must be a list")
-    lim.check("ndim", len(shape), "max_ndim", f"{w}.shape")
+    lim.check_ndim(len(shape), f"{w}.shape")
     numel = 1
     for j, d in enumerate(shape):
         _uint(d, f"{w}.shape[{j}]")
@@ -465,7 +465,10 @@ def _parse_tensor(t: Any, i: int, lim: Limits, strict_keys: bool) -> TensorEntry
         _want(isinstance(sname, str) and sname != "", f"F9: {sw} name must be a non-empty string")
         _want(sname not in seen, f"F9: {sw} repeats section name {sname!r}")
         seen.add(sname)
-        _want(sdt in SECTION_DTYPES, f"F9: {sw} element type {sdt!r} is not one of {list(SECTION_DTYPES)}")
+        _want(
+            isinstance(sdt, str) and sdt in SECTION_DTYPES,
+            f"F9: {sw} element type {sdt!r} is not one of {list(SECTION_DTYPES)}",
+        )
         _uint(off, f"{sw} offset")
         _uint(nb, f"{sw} nbytes")
         if nb % SECTION_DTYPES[sdt].itemsize:
@@ -474,8 +477,13 @@ def _parse_tensor(t: Any, i: int, lim: Limits, strict_keys: bool) -> TensorEntry
     return TensorEntry(codec, version, dtype, tuple(shape), params, tuple(infos), name)
 
 
-def _check_header(h: Header, lim: Limits, *, writing: bool) -> None:
+def _check_header(h: Header, lim: Limits) -> None:
+    """On encode: every limit a reader applies (F5, F8, F9), so peers never refuse what we write."""
     lim.check("tensor count", len(h.tensors), "max_tensors")
     for i, t in enumerate(h.tensors):
-        lim.check("ndim", len(t.shape), "max_ndim", f"tensors[{i}].shape")
+        lim.check_ndim(len(t.shape), f"tensors[{i}].shape")
         lim.check("element count", t.numel, "max_elements", f"tensors[{i}].shape")
+    lim.check("section count", sum(len(t.sections) for t in h.tensors), "max_sections")
+    total_out = sum(t.numel * _np_dtype(t.dtype).itemsize for t in h.tensors)
+    lim.check("decoded size in bytes", total_out, "max_output_bytes")
+    check_tree(h.to_wire(), lim.max_nesting)

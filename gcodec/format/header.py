@@ -56,7 +56,7 @@ def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     return out
 
 
-def _check_tree(obj: Any, limit: int, depth: int = 0) -> None:
+def check_tree(obj: Any, limit: int, depth: int = 0) -> None:
     """F8: nesting depth within ``limit``; only nil, bool, int, float, str, array and map (text keys)."""
     if depth > limit:
         raise LimitExceededError(f"F8: header nesting deeper than max_nesting={limit}")
@@ -64,10 +64,10 @@ def _check_tree(obj: Any, limit: int, depth: int = 0) -> None:
         for k, v in obj.items():
             if not isinstance(k, str):
                 raise HeaderError(f"F8: header map key {k!r} is not text")
-            _check_tree(v, limit, depth + 1)
+            check_tree(v, limit, depth + 1)
     elif isinstance(obj, list):
         for v in obj:
-            _check_tree(v, limit, depth + 1)
+            check_tree(v, limit, depth + 1)
     elif not (obj is None or isinstance(obj, (bool, int, float, str))):
         raise HeaderError(
             f"F8: header holds a msgpack {type(obj).__name__}; only nil, bool, int, float, str, "
@@ -99,5 +99,5 @@ def unpack_strict(data: bytes | memoryview, limits: Limits) -> Any:
         raise HeaderError(f"F8: a header string is not valid UTF-8 (byte {e.start} of that string)") from None
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as e:
         raise HeaderError(f"F8: header is not valid msgpack: {e}") from None
-    _check_tree(obj, limits.max_nesting)
+    check_tree(obj, limits.max_nesting)
     return obj

@@ -1,0 +1,561 @@
+"""``powersgd``: rank-r approximation M ~ P Q^T by power iteration (specs/codecs/powersgd.md).
+
+PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019) views a gradient as a matrix M (m x n: the
+first dimension by the product of the rest, as torch's ``powerSGD_hook`` does) and sends two thin
+factors, P (m x r, orthonormal columns) and Q (n x r), instead of its m*n entries. A 4096 x 4096
+layer at rank 4 shrinks 512-fold. The approximation is biased, so train with error feedback
+(:class:`gcodec.ErrorFeedback` for single payloads; the distributed protocol below keeps its own).
+
+One step, as in torch (``iterations`` repeats the three middle lines):
+
+1. Q <- the warm-start Q of this key (or the spec's random initial Q), orthogonalised;
+2. P <- M Q;                     ............  (allreduce P: round 1)
+3. P <- orthogonalise(P);
+4. Q <- M^T P;                   ............  (allreduce Q: round 2)
+5. M_hat = P Q^T.
+
+Orthogonalisation is Gram-Schmidt for rank <= 2 (with ``epsilon`` keeping zero columns at zero)
+and Householder QR (LAPACK) above, as torch chooses. The products stream M once each
+(:mod:`gcodec.kernels.lowrank_cpu`).
+
+**Single payloads** (``codec.encode``) carry P and Q of one worker: decode gives P Q^T. They are
+gather-only: P1 Q1^T + P2 Q2^T is not (P1 + P2)(Q1 + Q2)^T.
+
+**Distributed** (the two-round protocol, sums of factors): :meth:`PowerSGD.begin` returns a
+:class:`LowRankRound`; a transport allreduces ``round.p`` (sum), calls ``round.compute_q()``,
+allreduces the returned Q (sum) and calls ``round.decompress(out, scale=1/world)``. Every rank gets
+the same P and summed Q, hence the same result, and the warm-start Q (the summed Q, as in torch) is
+kept per key.
+
+**Small tensors**: vectors, scalars, empty tensors and matrices where ``m*n / ((m+n)*r)`` does not
+exceed ``min_compression_rate`` are sent as plain fp32 or fp16 (``passthrough``); the header's
+``mode`` says which.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..arrays import as_numpy
+from ..errors import ConfigError, HeaderError, PayloadValueError
+from ..format.container import SectionSpec, TensorEntry
+from ..kernels import cast_cpu, lowrank_cpu, sparse_cpu
+from ..rng import random_u32
+from . import compose
+from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
+from .quantizer import SEED_PARAM, StreamCounter
+from .registry import register_codec
+from .topk import check_nested, key_bits
+
+__all__ = [
+    "LowRankRound",
+    "PowerSGD",
+    "compute_p",
+    "compute_q",
+    "decompress",
+    "initial_q",
+    "matrix_shape",
+    "orthogonalize",
+    "should_compress",
+]
+
+_NONE = type(None)
+_MODES = ("lowrank", "fp32", "fp16")
+
+
+# --------------------------------------------------------------------------------------------
+# the steps (public: transports call them for the two-round protocol)
+
+
+def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """(m, n) = (shape[0], product of the rest) for tensors of 2+ dims, else None (torch's rule)."""
+    if len(shape) < 2:
+        return None
+    m = int(shape[0])
+    n = 1
+    for d in shape[1:]:
+        n *= int(d)
+    return m, n
+
+
+def should_compress(m: int, n: int, rank: int, min_compression_rate: float) -> bool:
+    """torch's ``_should_compress``: (m + n) * r * min_compression_rate < m * n, and m, n, r >= 1."""
+    r = min(rank, m, n)
+    return m > 0 and n > 0 and r > 0 and (m + n) * r * min_compression_rate < m * n
+
+
+def _refuse_overflow(data: np.ndarray, dtype_name: str) -> None:
+    """Pass-through data must be finite (rule P3): a finite input that overflows binary16 (|x| >= 65520)
+    or binary32 (float64 input) is refused rather than sent as infinity."""
+    bad = sparse_cpu.count_nonfinite(*key_bits(data.reshape(-1), dtype_name))
+    if bad:
+        raise PayloadValueError(
+            f"powersgd: {bad} value(s) overflow {dtype_name} in the pass-through (finite input, infinite result)"
+        )
+
+
+def initial_q(n: int, rank: int, seed: int, stream: int, dtype: Any = np.float32) -> np.ndarray:
+    """The spec's initial Q (n x rank): ``Q[j, c] = 2 * u - 1`` with u the uniform01 of word ``j*rank + c``.
+
+    Word w of the Philox stream (specs/rng.md) gives ``u = (w >> 8) * 2**-24``; every rank with the
+    same seed and stream builds the same Q, bit for bit.
+    """
+    w = random_u32(seed, stream, n * rank)
+    u = (w >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
+    q = (np.float32(2.0) * u - np.float32(1.0)).reshape(n, rank)
+    return q.astype(dtype, copy=False)
+
+
+def orthogonalize(a: np.ndarray, epsilon: float = 1e-8) -> np.ndarray:
+    """Orthonormalise the columns of ``a`` (m x r) in place and return it.
+
+    Gram-Schmidt for r <= 2 (a zero column stays zero: it is divided by ``norm + epsilon``),
+    Householder QR above (LAPACK's reduced Q). This is torch's choice in ``_orthogonalize``.
+    """
+    r = a.shape[1]
+    if r == 0 or a.shape[0] == 0:
+        return a
+    if r <= 2:
+        lowrank_cpu.gram_schmidt(a, float(epsilon))
+    else:
+        q, _ = np.linalg.qr(a)
+        a[...] = q
+    return a
+
+
+def _padded_t(a: np.ndarray, dtype: Any) -> np.ndarray:
+    """a (k x r) transposed into a (rp x k) C-contiguous array, rp = r rounded up to 4, zero rows added."""
+    k, r = a.shape
+    rp = (r + 3) // 4 * 4
+    t = np.zeros((rp, k), dtype)
+    t[:r] = a.T
+    return t
+
+
+def compute_p(m: np.ndarray, q: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """P = M Q (M: m x n, Q: n x r) in one streaming pass over M (BLAS above rank 8)."""
+    rows, r = m.shape[0], q.shape[1]
+    if r > lowrank_cpu.MAX_KERNEL_RANK:
+        return np.matmul(m, q.astype(m.dtype, copy=False), out=out)
+    qt = _padded_t(q, m.dtype)
+    p = np.empty((rows, qt.shape[0]), m.dtype)
+    lowrank_cpu.mat_q(m, qt, p)
+    if out is None:
+        return np.ascontiguousarray(p[:, :r])
+    out[...] = p[:, :r]
+    return out
+
+
+def compute_q(m: np.ndarray, p: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Q = M^T P (M: m x n, P: m x r) in one streaming pass over M (BLAS above rank 8)."""
+    n, r = m.shape[1], p.shape[1]
+    if r > lowrank_cpu.MAX_KERNEL_RANK:
+        return np.matmul(m.T, p.astype(m.dtype, copy=False), out=out)
+    rp = (r + 3) // 4 * 4
+    pp = np.zeros((m.shape[0], rp), m.dtype)
+    pp[:, :r] = p
+    qt = np.empty((rp, n), m.dtype)
+    lowrank_cpu.mat_tp(m, pp, qt, lowrank_cpu.tp_cols(n))
+    if out is None:
+        return np.ascontiguousarray(qt[:r].T)
+    out[...] = qt[:r].T
+    return out
+
+
+def decompress(p: np.ndarray, q: np.ndarray, out: np.ndarray, *, accumulate: bool = False, scale: float = 1.0) -> None:
+    """out (+)= scale * P Q^T, written row by row into ``out`` (m*n elements, float32/float64).
+
+    No temporary of the output's size: rank <= 8 runs the row kernel, larger ranks multiply
+    blocks of 64 rows with BLAS into a block-sized buffer.
+    """
+    flat = out.reshape(-1)
+    m, r = p.shape
+    n = q.shape[0]
+    if flat.shape[0] != m * n:
+        raise ConfigError(f"out has {flat.shape[0]} elements; P Q^T has {m} x {n}")
+    dt = flat.dtype
+    ps = p.astype(dt, copy=True) if scale != 1.0 else p.astype(dt, copy=False)
+    if scale != 1.0:
+        ps *= dt.type(scale)
+    if r <= lowrank_cpu.MAX_KERNEL_RANK:
+        lowrank_cpu.reconstruct(
+            np.ascontiguousarray(ps), np.ascontiguousarray(q.T.astype(dt, copy=False)), flat, accumulate
+        )
+        return
+    out2 = flat.reshape(m, n)
+    qt = np.ascontiguousarray(q.T.astype(dt, copy=False))
+    block = max(1, (1 << 16) // max(n, 1))
+    tmp = np.empty((min(block, m), n), dt) if accumulate else None
+    for i0 in range(0, m, block):
+        i1 = min(i0 + block, m)
+        if accumulate:
+            assert tmp is not None
+            np.matmul(ps[i0:i1], qt, out=tmp[: i1 - i0])
+            out2[i0:i1] += tmp[: i1 - i0]
+        else:
+            np.matmul(ps[i0:i1], qt, out=out2[i0:i1])
+
+
+class LowRankRound:
+    """One tensor's pass through the two-round distributed protocol (see the module docstring).
+
+    Attributes:
+        p: the local P = M Q (m x r), to be summed across ranks in place (round 1).
+        q: after :meth:`compute_q`, the local Q = M^T P_hat (n x r), to be summed in place (round 2).
+    """
+
+    def __init__(self, codec: PowerSGD, key: str | None, m: np.ndarray, q: np.ndarray) -> None:
+        self._codec = codec
+        self._key = key
+        self._m = m
+        self.p = compute_p(m, q)
+        self.q: np.ndarray | None = None
+
+    def compute_q(self) -> np.ndarray:
+        """Orthogonalise the (summed) P in place, then compute and return the local Q = M^T P."""
+        orthogonalize(self.p, self._codec.params["epsilon"])
+        self.q = compute_q(self._m, self.p)
+        return self.q
+
+    def decompress(self, out: np.ndarray | None = None, *, scale: float = 1.0, accumulate: bool = False) -> np.ndarray:
+        """Write ``scale * P Q^T`` (Q summed) into ``out`` (shape of M) and keep Q as this key's warm start."""
+        if self.q is None:
+            raise ConfigError("call compute_q() (and allreduce its result) before decompress()")
+        if out is None:
+            out = np.empty(self._m.shape, self._m.dtype)
+        decompress(self.p, self.q, out, accumulate=accumulate, scale=scale)
+        if self._codec.params["warm_start"]:
+            self._codec._store_q(self._key, self.q)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# the codec
+
+
+@register_codec
+class PowerSGD(Codec):
+    """Rank-r power iteration with warm start.
+
+    Parameters:
+        rank: r, the number of columns of P and Q. 1-4 is typical with error feedback (torch's
+            default is 1; 4 is a good balance for CNNs and transformers); the payload grows
+            linearly with r.
+        iterations: power iterations per encode (default 1, as in torch; with warm start one
+            iteration per step tracks the dominant subspace over time). More iterations get closer
+            to the best rank-r error of this one matrix at one more pass over M each.
+        warm_start: reuse the previous Q of the same key (torch's default). False draws a fresh
+            random Q every call.
+        min_compression_rate: compress only when m*n / ((m+n)*r) exceeds this (torch's default 2).
+        passthrough: ``"fp32"`` or ``"fp16"``: how tensors that are not compressed travel.
+        epsilon: added to column norms in Gram-Schmidt so zero columns stay zero (default 1e-8).
+        seed: Philox key of the initial Q; every rank must use the same seed.
+        factors: ``None`` sends P and Q as float32; a codec config such as ``{"id": "fp16"}`` or
+            ``{"id": "uniform", "bits": 8}`` encodes both factors with that codec (a hybrid).
+
+    State (warm-start Q per key, initial-Q stream counters) is saved by :meth:`state_dict` and
+    restored by :meth:`load_state_dict`, like torch's ``PowerSGDState``.
+    """
+
+    codec_id = "powersgd"
+    aggregation = Aggregation.GATHER
+    NESTED_ROLES = ("p", "q")
+    PARAMS = {
+        "rank": Param(int, 4, "rank of the approximation", min=1, max=1 << 16),
+        "iterations": Param(int, 1, "power iterations per encode", min=1, max=64),
+        "warm_start": Param(bool, True, "reuse Q of the previous call of the same key"),
+        "min_compression_rate": Param(float, 2.0, "compress only above this rate", min=0.0),
+        "passthrough": Param(str, "fp32", "how uncompressed tensors travel", choices=("fp32", "fp16")),
+        "epsilon": Param(float, 1e-8, "Gram-Schmidt norm epsilon", min=0.0),
+        "seed": SEED_PARAM,
+        "factors": Param((dict, str, _NONE), None, "codec config for P and Q, or None for float32"),
+    }
+    WIRE = {
+        "mode": Param(str, "lowrank", "lowrank, or the passthrough form", choices=_MODES),
+        "rank": Param(int, 0, "rank r of P and Q (0 when passed through)", min=0),
+        "p": Param((dict, _NONE), None, "nested codec of P, or nil"),
+        "q": Param((dict, _NONE), None, "nested codec of Q, or nil"),
+    }
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        nested = compose.nested_codec_from_config("factors", self._params["factors"], self.codec_id)
+        self._nested = nested
+        self._params["factors"] = None if nested is None else nested.get_config()
+        self._q: dict[str | None, np.ndarray] = {}
+        self._streams = StreamCounter()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def wire_schema(cls) -> dict[str, Param]:
+        return cls.WIRE
+
+    # ---- state ---------------------------------------------------------------------------
+    def _take_q(self, key: str | None, n: int, r: int, dtype: Any, ctx: EncodeContext) -> np.ndarray:
+        """The Q to start from: the warm one of this key when it fits, else a fresh initial Q."""
+        with self._lock:
+            q = self._q.get(key) if self._params["warm_start"] else None
+        if q is not None and q.shape == (n, r):
+            return q.astype(dtype, copy=True)
+        stream = self._streams.take(ctx)
+        return initial_q(n, r, self._params["seed"], stream, dtype)
+
+    def _store_q(self, key: str | None, q: np.ndarray) -> None:
+        with self._lock:
+            self._q[key] = np.array(q, copy=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Warm-start Qs (copied) and initial-Q stream counters, with the codec config."""
+        with self._lock:
+            qs = {k: v.copy() for k, v in self._q.items()}
+        return {"codec": self.get_config(), "q": qs, "streams": self._streams.__getstate__()["next"]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        try:
+            qs = state["q"]
+            streams = state.get("streams", {})
+        except (KeyError, TypeError):
+            raise ConfigError("state dict lacks 'q'") from None
+        if "codec" in state and state["codec"] != self.get_config():
+            raise ConfigError(f"state was saved with codec {state['codec']}, not {self.get_config()}")
+        new = {}
+        for k, v in qs.items():
+            a = np.array(v, copy=True)
+            if a.ndim != 2 or a.dtype not in (np.float32, np.float64):
+                raise ConfigError(f"warm-start Q of {k!r} must be a 2-D float32/float64 array")
+            new[k] = a
+        with self._lock:
+            self._q = new
+        self._streams.__setstate__({"next": dict(streams)})
+
+    def reset(self, key: str | None = None) -> None:
+        """Forget the warm-start Q of ``key`` (all keys when None)."""
+        with self._lock:
+            if key is None:
+                self._q.clear()
+            else:
+                self._q.pop(key, None)
+
+    # ---- the distributed protocol --------------------------------------------------------
+    def compresses(self, shape: tuple[int, ...]) -> bool:
+        """Whether a tensor of this shape is compressed (else it passes through)."""
+        mn = matrix_shape(tuple(shape))
+        return mn is not None and should_compress(
+            mn[0], mn[1], self._params["rank"], self._params["min_compression_rate"]
+        )
+
+    def begin(self, x: Any, *, key: str | None = None, step: int | None = None) -> LowRankRound:
+        """Start the two-round protocol for one tensor: returns a round whose ``p`` is to be allreduced.
+
+        Raises ConfigError for tensors that :meth:`compresses` rejects (send those uncompressed).
+        """
+        arr = as_numpy(x)
+        if not self.compresses(arr.shape):
+            raise ConfigError(f"powersgd: shape {arr.shape} is not compressed at rank {self._params['rank']}")
+        mat = self._matrix(arr)
+        m, n = mat.shape
+        r = min(self._params["rank"], m, n)
+        q = self._take_q(key, n, r, mat.dtype, EncodeContext(key, step))
+        orthogonalize(q, self._params["epsilon"])
+        return LowRankRound(self, key, mat, q)
+
+    @staticmethod
+    def _matrix(arr: np.ndarray) -> np.ndarray:
+        mn = matrix_shape(arr.shape)
+        assert mn is not None
+        wd = np.float64 if arr.dtype == np.float64 else np.float32
+        flat = arr.reshape(-1)
+        if flat.dtype != wd:
+            flat = flat.astype(wd)
+        return flat.reshape(mn)
+
+    # ---- encoding ------------------------------------------------------------------------
+    def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
+        if not self.compresses(x.shape):
+            return self._plan_passthrough(x)
+        mat = self._matrix(x)
+        m, n = mat.shape
+        r = min(self._params["rank"], m, n)
+        eps = self._params["epsilon"]
+        q = self._take_q(ctx.key, n, r, mat.dtype, ctx)
+        for _ in range(self._params["iterations"]):
+            orthogonalize(q, eps)
+            p = compute_p(mat, q)
+            orthogonalize(p, eps)
+            q = compute_q(mat, p)
+        bad = lowrank_cpu.count_nonfinite(p) + lowrank_cpu.count_nonfinite(q)
+        if bad:
+            raise PayloadValueError(f"powersgd: input has NaN or infinite values ({bad} non-finite factor entries)")
+        if self._params["warm_start"]:
+            self._store_q(ctx.key, q)
+        params: dict[str, Any] = {"mode": "lowrank", "rank": r, "p": None, "q": None}
+        sections: list[SectionSpec] = []
+        fills = []
+        raw: dict[str, np.ndarray] = {}
+        for role, f in (("p", p), ("q", q)):
+            if self._nested is None:
+                raw[role] = np.ascontiguousarray(f, dtype=np.float32).reshape(-1)
+                sections.append(SectionSpec(role, "f4", 4 * raw[role].size))
+            else:
+                wire, secs, fill = compose.plan_nested(role, self._nested, f.reshape(-1), ctx)
+                params[role] = wire
+                sections += secs
+                fills.append(fill)
+
+        def fill_all(views: Mapping[str, np.ndarray]) -> None:
+            for role, f32 in raw.items():
+                views[role][:] = f32
+            for fn in fills:
+                fn(views)
+
+        return EncodePlan(params, sections, fill_all)
+
+    def _plan_passthrough(self, x: np.ndarray) -> EncodePlan:
+        from ..arrays import dtype_name
+
+        flat = x.reshape(-1)
+        bad = sparse_cpu.count_nonfinite(*key_bits(flat, dtype_name(flat.dtype)))
+        if bad:
+            raise PayloadValueError(f"powersgd: input has NaN or infinite values ({bad} found)")
+        mode = self._params["passthrough"]
+        params = {"mode": mode, "rank": 0, "p": None, "q": None}
+        n = flat.shape[0]
+        if mode == "fp32":
+
+            def fill(views: Mapping[str, np.ndarray]) -> None:
+                with np.errstate(over="ignore"):  # overflow is refused just below
+                    views["data"][:] = flat.astype(np.float32, copy=False)
+                _refuse_overflow(views["data"], "float32")
+
+            return EncodePlan(params, [SectionSpec("data", "f4", 4 * n)], fill)
+
+        def fill16(views: Mapping[str, np.ndarray]) -> None:
+            dst = views["data"].view(np.uint16)
+            if flat.dtype == np.float16:
+                dst[:] = flat.view(np.uint16)
+            else:
+                src = flat if flat.dtype in (np.float32, np.float64) else flat.astype(np.float32)
+                cast_cpu.encode_f16(src, dst)
+            _refuse_overflow(views["data"], "float16")
+
+        return EncodePlan(params, [SectionSpec("data", "f2", 2 * n)], fill16)
+
+    # ---- header ----------------------------------------------------------------------------
+    @classmethod
+    def _factor_specs(cls, params: dict[str, Any]) -> dict[str, compose.NestedSpec | None]:
+        return {
+            role: None if params[role] is None else compose.parse_nested(params[role], role, strict=False)
+            for role in ("p", "q")
+        }
+
+    @classmethod
+    def expected_sections(cls, params: dict[str, Any], shape: tuple[int, ...]) -> list[tuple[str, str, int]]:
+        mode, r = params["mode"], params["rank"]
+        numel = 1
+        for d in shape:
+            numel *= d
+        if mode != "lowrank":
+            if r != 0 or params["p"] is not None or params["q"] is not None:
+                raise HeaderError(f"P2: mode {mode!r} needs rank 0 and nil p, q; got rank {r}")
+            return [("data", "f4" if mode == "fp32" else "f2", (4 if mode == "fp32" else 2) * numel)]
+        mn = matrix_shape(shape)
+        if mn is None or numel == 0:
+            raise HeaderError(
+                f"P1: mode 'lowrank' needs a non-empty tensor of 2 or more dimensions; shape is {list(shape)}"
+            )
+        m, n = mn
+        if not 1 <= r <= min(m, n):
+            raise HeaderError(f"P1: rank {r} must lie in [1, min(m, n) = {min(m, n)}] for the {m} x {n} matrix")
+        out: list[tuple[str, str, int]] = []
+        for role, rows in (("p", m), ("q", n)):
+            raw = params[role]
+            if raw is None:
+                out.append((role, "f4", 4 * rows * r))
+            else:
+                out += compose.nested_expected_sections(role, compose.parse_nested(raw, role, strict=False), rows * r)
+        return out
+
+    @classmethod
+    def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
+        for role in ("p", "q"):
+            raw = entry.params.get(role)
+            if raw is not None:
+                compose.parse_nested(raw, f"{where}.params.{role}", strict=strict)
+        params = super().check_entry(entry, where, strict=strict)
+        if params["mode"] == "lowrank":
+            mn = matrix_shape(entry.shape)
+            assert mn is not None
+            counts = {role: rows * params["rank"] for role, rows in (("p", mn[0]), ("q", mn[1]))}
+            check_nested(entry, {k: v for k, v in counts.items() if params[k] is not None}, where, strict)
+        return params
+
+    # ---- decoding --------------------------------------------------------------------------
+    @classmethod
+    def _factors(
+        cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        mn = matrix_shape(entry.shape)
+        assert mn is not None
+        r = params["rank"]
+        wd = np.float64 if entry.dtype == "float64" else np.float32
+        out = []
+        for role, rows in (("p", mn[0]), ("q", mn[1])):
+            raw = params[role]
+            if raw is None:
+                f = views[role]
+                bad = lowrank_cpu.count_nonfinite(f)
+                if bad:
+                    raise PayloadValueError(f"P3: factor {role.upper()} holds {bad} NaN or infinite value(s)")
+            else:
+                spec = compose.parse_nested(raw, role, strict=False)
+                f = compose.decode_nested(role, spec, entry, views, rows * r, wd)
+            out.append(f.reshape(rows, r))
+        return out[0], out[1]
+
+    @classmethod
+    def _passthrough_data(cls, params: dict[str, Any], views: Mapping[str, np.ndarray]) -> np.ndarray:
+        data = views["data"]
+        bad = sparse_cpu.count_nonfinite(*key_bits(data, "float32" if params["mode"] == "fp32" else "float16"))
+        if bad:
+            raise PayloadValueError(f"P3: pass-through data holds {bad} NaN or infinite value(s)")
+        return data
+
+    @classmethod
+    def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
+        if params["mode"] != "lowrank":
+            cls._passthrough_data(params, views)
+            return
+        mn = matrix_shape(entry.shape)
+        assert mn is not None
+        for role, rows in (("p", mn[0]), ("q", mn[1])):
+            if params[role] is not None:
+                spec = compose.parse_nested(params[role], role, strict=False)
+                compose.check_nested_values(role, spec, entry, views, rows * params["rank"])
+        cls._factors(params, entry, views)
+
+    @classmethod
+    def decode_into(
+        cls,
+        params: dict[str, Any],
+        entry: TensorEntry,
+        views: Mapping[str, np.ndarray],
+        out: np.ndarray,
+        accumulate: bool,
+    ) -> None:
+        mode = params["mode"]
+        if mode != "lowrank":
+            data = cls._passthrough_data(params, views)
+            if mode == "fp32":
+                if accumulate:
+                    out += data
+                else:
+                    out[:] = data
+            else:
+                cast_cpu.decode_f16(data.view(np.uint16), out, accumulate)
+            return
+        p, q = cls._factors(params, entry, views)
+        decompress(p, q, out, accumulate=accumulate)

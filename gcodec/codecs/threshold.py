@@ -1,0 +1,115 @@
+"""``threshold``: keep every element with ``|x| >= t`` (specs/codecs/threshold.md).
+
+The DGC-style sparsifier (Lin et al. 2018, "Deep Gradient Compression"; Strom 2015): no sort, no
+selection, one counting pass and one collecting pass. The number of kept elements follows the
+data, so payload sizes differ between steps and between workers; transports must gather
+variable-size payloads (``allgatherv``), and the count is in the header (``k``). Indices and values
+are coded exactly as in ``topk`` (delta-coded blocks, or raw uint32; values raw or through a nested
+codec). Train with :class:`gcodec.ErrorFeedback`: what stays below the threshold accumulates in
+the residual until it crosses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arrays import DTYPES
+from ..arrays import dtype_name as _dtype_name
+from ..errors import PayloadValueError
+from ..kernels import sparse_cpu
+from .base import EncodeContext, EncodePlan, Param
+from .registry import register_codec
+from .topk import SparseIndexCodec, key_bits
+
+__all__ = ["Threshold", "threshold_key"]
+
+_NONE = type(None)
+
+
+def threshold_key(t: float, dtype_name: str) -> int:
+    """The smallest magnitude key whose value is >= t (float64 compare); the infinity key if none.
+
+    Magnitude keys order like the values they encode, so ``|x| >= t`` iff ``key(x) >= threshold_key``
+    for every non-NaN x. Found by bisection over the keys [0, inf key].
+    """
+    dt = DTYPES[dtype_name]
+    ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[dt.itemsize]
+    inf_key = int(np.array(np.inf, dt).view(ut))
+
+    def value(key: int) -> float:
+        return float(np.array(key, ut).view(dt).astype(np.float64))
+
+    lo, hi = 0, inf_key  # value(hi) = inf >= t always
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if value(mid) >= t:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@register_codec
+class Threshold(SparseIndexCodec):
+    """Keep all elements whose magnitude reaches ``threshold``.
+
+    Parameters:
+        threshold: keep ``|x| >= threshold`` (compared in float64). Pick it from the gradient
+            scale: DGC samples ~0.1-1 % of a layer to find the value that keeps the target
+            fraction. 0 keeps everything.
+        index_coding: ``"delta"`` (default) or ``"raw"``, as in ``topk``.
+        values: ``None`` (raw, input dtype) or a nested codec config, as in ``topk``.
+
+    NaN or infinite input raises :class:`~gcodec.PayloadValueError`.
+    """
+
+    codec_id = "threshold"
+    RULE = "TH"
+    PARAMS = {
+        "threshold": Param(float, 1e-3, "keep |x| >= threshold", min=0.0),
+        "index_coding": Param(str, "delta", "how indices are stored", choices=("delta", "raw")),
+        "values": Param((dict, str, _NONE), None, "codec config for the kept values, or None for raw"),
+    }
+    WIRE = {
+        "threshold": Param(float, 0.0, "the threshold used", min=0.0),
+        "k": Param(int, 0, "number of kept elements", min=0),
+        "index_coding": Param(str, "delta", "index coding", choices=("delta", "raw")),
+        "index_bytes": Param(int, 0, "bytes of the indices section", min=0),
+        "values": Param((dict, _NONE), None, "nested value codec, or nil for raw values"),
+    }
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._init_values()
+
+    @classmethod
+    def wire_schema(cls) -> dict[str, Param]:
+        return cls.WIRE
+
+    def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
+        flat = x.reshape(-1)
+        dname = _dtype_name(flat.dtype)
+        t = self._params["threshold"]
+        bits, mask, infkey = key_bits(flat, dname)
+        kt = bits.dtype.type(threshold_key(t, dname))
+        count, nan = sparse_cpu.count_ge(bits, mask, infkey, kt)
+        if nan:
+            raise PayloadValueError(
+                f"threshold: input has NaN or infinite values ({nan} found); see specs/codecs/threshold.md"
+            )
+        slack = 64  # the collecting pass writes whole blocks
+        idx = np.empty(count + slack, np.int64)
+        vbits = np.empty(count + slack, bits.dtype)
+        c = sparse_cpu.collect_ge(bits, mask, kt, idx, vbits)
+        assert c == count
+        return self._plan_selected(flat, dname, idx[:count], {"threshold": t}, ctx, vbits[:count])
+
+    @classmethod
+    def _check_decoded_values(cls, params: dict[str, Any], vals: np.ndarray) -> None:
+        j = sparse_cpu.first_below(vals, params["threshold"])
+        if j >= 0:
+            raise PayloadValueError(
+                f"TH4: value {j} ({vals[j]!r}) is not finite or lies below the threshold {params['threshold']!r}"
+            )

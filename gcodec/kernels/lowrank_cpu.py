@@ -1,0 +1,181 @@
+"""PowerSGD's products and reconstruction for small ranks, memory-bound (specs/codecs/powersgd.md).
+
+For rank r <= 8 a skinny product is limited by reading M once, and general BLAS does poorly on it
+(it repacks M, and torch's ``bmm`` with a transposed M is ~10x slower than one streaming pass).
+These kernels stream M once per product, with the factor held transposed (``Qt``: r x n, rows
+contiguous) and the rank padded to a multiple of 4 so that four accumulators share each load of
+M:
+
+* :func:`mat_q`: ``P = M @ Qt.T`` (m x rp), four dot products per row of M, parallel over rows.
+* :func:`mat_tp`: ``Qt = P.T @ M`` (rp x n), axpy updates over column chunks that stay in L1,
+  four rows of M at a time, parallel over column chunks (no reduction between threads).
+* :func:`reconstruct`: ``out (+)= P @ Qt`` into the caller's buffer, row by row, no temporary.
+* :func:`gram_schmidt`: in-place column orthonormalisation with an epsilon for zero columns.
+
+Floating-point results depend on summation order (``reassoc`` is allowed); PowerSGD's factors are
+not bit-reproducible across backends, and the spec does not ask them to be.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_FM = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: NaN and inf propagate as usual
+MAX_KERNEL_RANK = 8  # above this, callers use BLAS
+
+
+@njit(cache=True, parallel=True, fastmath=_FM)
+def mat_q(M, Qt, P):  # pragma: no cover - jitted
+    """P[i, c] = sum_j M[i, j] * Qt[c, j] for c < rp (rp = Qt.shape[0], a multiple of 4)."""
+    m, n = M.shape
+    rp = Qt.shape[0]
+    for i in prange(m):
+        for c0 in range(0, rp, 4):
+            a0 = M.dtype.type(0)
+            a1 = M.dtype.type(0)
+            a2 = M.dtype.type(0)
+            a3 = M.dtype.type(0)
+            for j in range(n):
+                v = M[i, j]
+                a0 += v * Qt[c0, j]
+                a1 += v * Qt[c0 + 1, j]
+                a2 += v * Qt[c0 + 2, j]
+                a3 += v * Qt[c0 + 3, j]
+            P[i, c0] = a0
+            P[i, c0 + 1] = a1
+            P[i, c0 + 2] = a2
+            P[i, c0 + 3] = a3
+
+
+@njit(cache=True, fastmath=_FM, inline="never")
+def _tp_chunk(M, P, Qt, j0_, j1_):  # pragma: no cover - jitted
+    """Columns j0 .. j1-1 of Qt = P.T @ M. Unsigned column indices: no wraparound code, so LLVM vectorises."""
+    m = M.shape[0]
+    rp = P.shape[1]
+    j0 = np.uint64(j0_)
+    j1 = np.uint64(j1_)
+    m4 = m - m % 4
+    for c in range(rp):
+        for j in range(j0, j1):
+            Qt[c, j] = 0
+    for c0 in range(0, rp, 4):
+        for i0 in range(0, m4, 4):
+            p00 = P[i0, c0]
+            p01 = P[i0, c0 + 1]
+            p02 = P[i0, c0 + 2]
+            p03 = P[i0, c0 + 3]
+            p10 = P[i0 + 1, c0]
+            p11 = P[i0 + 1, c0 + 1]
+            p12 = P[i0 + 1, c0 + 2]
+            p13 = P[i0 + 1, c0 + 3]
+            p20 = P[i0 + 2, c0]
+            p21 = P[i0 + 2, c0 + 1]
+            p22 = P[i0 + 2, c0 + 2]
+            p23 = P[i0 + 2, c0 + 3]
+            p30 = P[i0 + 3, c0]
+            p31 = P[i0 + 3, c0 + 1]
+            p32 = P[i0 + 3, c0 + 2]
+            p33 = P[i0 + 3, c0 + 3]
+            for j in range(j0, j1):
+                v0 = M[i0, j]
+                v1 = M[i0 + 1, j]
+                v2 = M[i0 + 2, j]
+                v3 = M[i0 + 3, j]
+                Qt[c0, j] += v0 * p00 + v1 * p10 + v2 * p20 + v3 * p30
+                Qt[c0 + 1, j] += v0 * p01 + v1 * p11 + v2 * p21 + v3 * p31
+                Qt[c0 + 2, j] += v0 * p02 + v1 * p12 + v2 * p22 + v3 * p32
+                Qt[c0 + 3, j] += v0 * p03 + v1 * p13 + v2 * p23 + v3 * p33
+        for i in range(m4, m):
+            p0 = P[i, c0]
+            p1 = P[i, c0 + 1]
+            p2 = P[i, c0 + 2]
+            p3 = P[i, c0 + 3]
+            for j in range(j0, j1):
+                v = M[i, j]
+                Qt[c0, j] += v * p0
+                Qt[c0 + 1, j] += v * p1
+                Qt[c0 + 2, j] += v * p2
+                Qt[c0 + 3, j] += v * p3
+
+
+@njit(cache=True, parallel=True)
+def mat_tp(M, P, Qt, cols):  # pragma: no cover - jitted
+    """Qt[c, j] = sum_i P[i, c] * M[i, j] for c < rp (rp = P.shape[1], a multiple of 4).
+
+    Columns are split into chunks of ``cols`` (use :func:`tp_cols`: one chunk per thread), each
+    chunk a stream over all rows of M, four rows at a time; the chunk's Qt stays in cache.
+    """
+    n = M.shape[1]
+    nchunks = (n + cols - 1) // cols
+    for ch in prange(nchunks):
+        _tp_chunk(M, P, Qt, ch * cols, min(ch * cols + cols, n))
+
+
+def tp_cols(n: int) -> int:
+    """Columns per mat_tp chunk: one chunk per Numba thread, a multiple of 64."""
+    from numba import get_num_threads
+
+    t = max(1, get_num_threads())
+    return max(64, (n + t - 1) // t + 63) // 64 * 64
+
+
+@njit(cache=True, fastmath=_FM, inline="never")
+def _reconstruct_row(P, Qt, out, i, accumulate):  # pragma: no cover - jitted
+    r = P.shape[1]
+    n = Qt.shape[1]
+    base = np.uint64(i) * np.uint64(n)
+    nn = np.uint64(n)
+    for c in range(r):
+        p = P[i, c]
+        if c == 0 and not accumulate:
+            for j in range(nn):
+                out[base + j] = p * Qt[c, j]
+        else:
+            for j in range(nn):
+                out[base + j] += p * Qt[c, j]
+    if r == 0 and not accumulate:
+        for j in range(nn):
+            out[base + j] = 0
+
+
+@njit(cache=True, parallel=True)
+def reconstruct(P, Qt, out, accumulate):  # pragma: no cover - jitted
+    """out[i*n + j] (+)= sum_c P[i, c] * Qt[c, j]: ``out`` is the flat m*n output (float32/float64).
+
+    Row by row, rank by rank: the output row stays in L1 while the r updates pass over it.
+    """
+    for i in prange(P.shape[0]):
+        _reconstruct_row(P, Qt, out, i, accumulate)
+
+
+@njit(cache=True)
+def gram_schmidt(A, epsilon):  # pragma: no cover - jitted
+    """Orthonormalise the columns of A (m x r) in place, left to right (torch's PowerSGD rule).
+
+    Column c is divided by ``norm + epsilon`` (so a zero column stays zero instead of becoming
+    NaN) and then projected out of the columns after it. Dot products and norms accumulate in
+    float64.
+    """
+    m, r = A.shape
+    for c in range(r):
+        s = 0.0
+        for i in range(m):
+            s += np.float64(A[i, c]) * np.float64(A[i, c])
+        inv = 1.0 / (np.sqrt(s) + epsilon) if (np.sqrt(s) + epsilon) > 0 else 0.0
+        for i in range(m):
+            A[i, c] = A[i, c] * inv
+        for d in range(c + 1, r):
+            dot = 0.0
+            for i in range(m):
+                dot += np.float64(A[i, c]) * np.float64(A[i, d])
+            for i in range(m):
+                A[i, d] = A[i, d] - dot * A[i, c]
+
+
+@njit(cache=True)
+def count_nonfinite(a):  # pragma: no cover - jitted
+    c = 0
+    for x in a.ravel():
+        c += not np.isfinite(x)
+    return c

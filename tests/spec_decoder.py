@@ -1,0 +1,414 @@
+"""A second decoder, written from specs/ alone (no gcodec import), as a check that the spec is complete.
+
+It implements the container (specs/format.md, with its own msgpack reader and a table CRC32C) and
+the codecs fp16, bf16 and uniform (nearest rounding, float32 scales). tests/test_spec_decoder.py
+runs it over the golden vectors: it must decode every valid one bit for bit and refuse every
+invalid container vector with the error class the manifest names. It is deliberately plain and
+slow; nothing in gcodec may import it.
+"""
+
+import struct
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class E(Exception):
+    def __init__(self, cls, msg=""):
+        super().__init__(f"{cls}: {msg}")
+        self.cls = cls
+
+
+POLY = 0x82F63B78
+TABLE = []
+for i in range(256):
+    c = i
+    for _ in range(8):
+        c = (c >> 1) ^ POLY if c & 1 else c >> 1
+    TABLE.append(c)
+
+
+def crc32c(data, crc=0):
+    c = crc ^ 0xFFFFFFFF
+    for b in data:
+        c = TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
+
+LIM = dict(
+    max_header_bytes=1 << 20,
+    max_tensors=65536,
+    max_sections=1 << 18,
+    max_ndim=32,
+    max_elements=1 << 34,
+    max_output_bytes=1 << 36,
+    max_payload_bytes=1 << 37,
+    max_nesting=8,
+)
+
+
+def lim(v, name):
+    if v > LIM[name]:
+        raise E("LimitExceededError", name)
+
+
+# ---- msgpack (F8)
+class P:
+    def __init__(self, b):
+        self.b, self.i = b, 0
+
+    def take(self, n):
+        if self.i + n > len(self.b):
+            raise E("HeaderError", "truncated")
+        r = self.b[self.i : self.i + n]
+        self.i += n
+        return r
+
+    def u(self, n):
+        return int.from_bytes(self.take(n), "big")
+
+    def s(self, n):
+        try:
+            return self.take(n).decode("utf-8")
+        except UnicodeDecodeError:
+            raise E("HeaderError", "utf8") from None
+
+    def obj(self, depth):
+        if depth > LIM["max_nesting"]:
+            raise E("LimitExceededError", "nesting")
+        t = self.u(1)
+        if t <= 0x7F:
+            return t
+        if t >= 0xE0:
+            return t - 256
+        if 0x80 <= t <= 0x8F:
+            return self.map(t & 15, depth)
+        if 0x90 <= t <= 0x9F:
+            return self.arr(t & 15, depth)
+        if 0xA0 <= t <= 0xBF:
+            return self.s(t & 31)
+        if t == 0xC0:
+            return None
+        if t == 0xC2:
+            return False
+        if t == 0xC3:
+            return True
+        if t in (0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xC1):
+            raise E("HeaderError", "bin/ext/c1")
+        if t == 0xCA:
+            return struct.unpack(">f", self.take(4))[0]
+        if t == 0xCB:
+            return struct.unpack(">d", self.take(8))[0]
+        if t == 0xCC:
+            return self.u(1)
+        if t == 0xCD:
+            return self.u(2)
+        if t == 0xCE:
+            return self.u(4)
+        if t == 0xCF:
+            return self.u(8)
+        if t == 0xD0:
+            return struct.unpack(">b", self.take(1))[0]
+        if t == 0xD1:
+            return struct.unpack(">h", self.take(2))[0]
+        if t == 0xD2:
+            return struct.unpack(">i", self.take(4))[0]
+        if t == 0xD3:
+            return struct.unpack(">q", self.take(8))[0]
+        if t == 0xD9:
+            return self.s(self.u(1))
+        if t == 0xDA:
+            return self.s(self.u(2))
+        if t == 0xDB:
+            return self.s(self.u(4))
+        if t == 0xDC:
+            return self.arr(self.u(2), depth)
+        if t == 0xDD:
+            return self.arr(self.u(4), depth)
+        if t == 0xDE:
+            return self.map(self.u(2), depth)
+        if t == 0xDF:
+            return self.map(self.u(4), depth)
+        raise E("HeaderError", f"type {t:x}")
+
+    def arr(self, n, depth):
+        if n > len(self.b) - self.i:
+            raise E("HeaderError", "len")
+        return [self.obj(depth + 1) for _ in range(n)]
+
+    def map(self, n, depth):
+        if n > len(self.b) - self.i:
+            raise E("HeaderError", "len")
+        d = {}
+        for _ in range(n):
+            k = self.obj(depth + 1)
+            if not isinstance(k, str):
+                raise E("HeaderError", "key")
+            if k in d:
+                raise E("HeaderError", "dup")
+            d[k] = self.obj(depth + 1)
+        return d
+
+
+def enc(o):
+    if isinstance(o, bool):
+        return b"\xc3" if o else b"\xc2"
+    if o is None:
+        return b"\xc0"
+    if isinstance(o, int):
+        if 0 <= o <= 127:
+            return bytes([o])
+        if o >= 0:
+            for t, n in ((0xCC, 1), (0xCD, 2), (0xCE, 4), (0xCF, 8)):
+                if o < 1 << (8 * n):
+                    return bytes([t]) + o.to_bytes(n, "big")
+        if o >= -32:
+            return bytes([o + 256])
+        for t, n in ((0xD0, 1), (0xD1, 2), (0xD2, 4), (0xD3, 8)):
+            if o >= -(1 << (8 * n - 1)):
+                return bytes([t]) + o.to_bytes(n, "big", signed=True)
+    if isinstance(o, float):
+        return b"\xcb" + struct.pack(">d", o)
+    if isinstance(o, str):
+        b = o.encode()
+        n = len(b)
+        if n < 32:
+            return bytes([0xA0 | n]) + b
+        if n < 256:
+            return b"\xd9" + bytes([n]) + b
+        if n < 65536:
+            return b"\xda" + n.to_bytes(2, "big") + b
+        return b"\xdb" + n.to_bytes(4, "big") + b
+    if isinstance(o, list):
+        n = len(o)
+        h = (
+            bytes([0x90 | n])
+            if n < 16
+            else (b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big"))
+        )
+        return h + b"".join(enc(v) for v in o)
+    if isinstance(o, dict):
+        n = len(o)
+        h = (
+            bytes([0x80 | n])
+            if n < 16
+            else (b"\xde" + n.to_bytes(2, "big") if n < 65536 else b"\xdf" + n.to_bytes(4, "big"))
+        )
+        return h + b"".join(enc(k) + enc(o[k]) for k in sorted(o, key=lambda k: k.encode()))
+    raise TypeError(o)
+
+
+def a8(n):
+    return (n + 7) // 8 * 8
+
+
+def uint(v):
+    return type(v) is int and v >= 0
+
+
+ET = {"u1": 1, "i1": 1, "u2": 2, "i2": 2, "f2": 2, "u4": 4, "i4": 4, "f4": 4, "u8": 8, "i8": 8, "f8": 8}
+DT = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16, "float64": np.float64}
+
+
+def H(c, msg=""):
+    if not c:
+        raise E("HeaderError", msg)
+
+
+def read(p, READER_MINOR=0):
+    N = len(p)
+    lim(N, "max_payload_bytes")
+    if N < 16:
+        raise E("FormatError", "F1")
+    magic, major, minor, flags, hl, hc = struct.unpack_from("<4sBBHII", p)
+    if magic != b"GCDC":
+        raise E("FormatError", "F2")
+    if major != 1:
+        raise E("UnsupportedVersionError", "F3")
+    if flags & 0xFFFE:
+        raise E("UnsupportedFeatureError", "F4")
+    if hl == 0:
+        raise E("HeaderError", "F5")
+    lim(hl, "max_header_bytes")
+    if 16 + hl > N:
+        raise E("LayoutError", "F6")
+    hb = p[16 : 16 + hl]
+    if crc32c(p[:12] + hb) != hc:
+        raise E("ChecksumError", "F7")
+    pr = P(hb)
+    h = pr.obj(0)
+    if pr.i != len(hb):
+        raise E("HeaderError", "trailing")
+    strict = minor <= READER_MINOR
+    # F9
+    H(isinstance(h, dict), "F9a")
+    if strict:
+        H(set(h) <= {"data_length", "tensors", "features", "meta"}, "F9b")
+    H("tensors" in h and "data_length" in h, "F9c")
+    H(uint(h["data_length"]), "F9d")
+    lim(h["data_length"], "max_payload_bytes")
+    if "features" in h:
+        f = h["features"]
+        H(isinstance(f, list) and f and all(isinstance(x, str) for x in f), "F9e")
+    if "meta" in h:
+        m = h["meta"]
+        H(isinstance(m, dict) and m and all(isinstance(x, str) for x in m.values()), "F9f")
+    ts = h["tensors"]
+    H(isinstance(ts, list) and ts, "F9g")
+    lim(len(ts), "max_tensors")
+    for t in ts:
+        H(isinstance(t, dict))
+        if strict:
+            H(set(t) <= {"codec", "version", "dtype", "shape", "params", "sections", "name"}, "keys")
+        for k in ("codec", "version", "dtype", "shape", "params", "sections"):
+            H(k in t, k)
+        H(isinstance(t["codec"], str) and t["codec"], "codec")
+        H(uint(t["version"]))
+        H(t["dtype"] in DT)
+        H(isinstance(t["shape"], list))
+        lim(len(t["shape"]), "max_ndim")
+        n = 1
+        for d in t["shape"]:
+            H(uint(d))
+            lim(d, "max_elements")
+            n *= d
+        lim(n, "max_elements")
+        t["numel"] = n
+        H(isinstance(t["params"], dict))
+        H("name" not in t or isinstance(t["name"], str))
+        H(isinstance(t["sections"], list))
+        lim(len(t["sections"]), "max_sections")
+        seen = set()
+        for s in t["sections"]:
+            H(isinstance(s, list) and len(s) == 4)
+            H(isinstance(s[0], str) and s[0] and s[0] not in seen)
+            seen.add(s[0])
+            H(s[1] in ET)
+            H(uint(s[2]))
+            H(uint(s[3]))
+            if s[3] % ET[s[1]]:
+                raise E("LayoutError", "F12 size")
+    named = ["name" in t for t in ts]
+    H(all(named) or (not any(named) and len(ts) == 1), "names")
+    if all(named):
+        H(len({t["name"] for t in ts}) == len(ts))
+    lim(sum(len(t["sections"]) for t in ts), "max_sections")
+    lim(sum(t["numel"] * np.dtype(DT[t["dtype"]]).itemsize for t in ts), "max_output_bytes")
+    if h.get("features"):
+        raise E("UnsupportedFeatureError", "F10")
+    if strict:
+        hh = {k: v for k, v in h.items()}
+        hh["tensors"] = [{k: v for k, v in t.items() if k != "numel"} for t in ts]
+        if enc(hh) != hb:
+            raise E("HeaderError", "F11")
+    end = 0
+    for t in ts:
+        for s in t["sections"]:
+            if s[2] != a8(end):
+                raise E("LayoutError", "F12")
+            end = s[2] + s[3]
+    if h["data_length"] != a8(end):
+        raise E("LayoutError", "F12 dl")
+    D = a8(16 + hl)
+    L = h["data_length"]
+    if N != D + L + 4 * (flags & 1):
+        raise E("LayoutError", "F13")
+    if flags & 1 and struct.unpack_from("<I", p, N - 4)[0] != crc32c(p[16 + hl : N - 4]):
+        raise E("ChecksumError", "F14")
+    pad = [(16 + hl, D)]
+    end = 0
+    for t in ts:
+        for s in t["sections"]:
+            pad.append((D + end, D + s[2]))
+            end = s[2] + s[3]
+    pad.append((D + end, D + L))
+    for lo, hi in pad:
+        if any(p[lo:hi]):
+            raise E("LayoutError", "F15")
+    # C rules + decode
+    out = {}
+    for t in ts:
+        c = t["codec"]
+        if c not in ("fp16", "bf16", "uniform"):
+            raise E("UnknownCodecError", "C0")
+        if not 1 <= t["version"] <= 1:
+            raise E("UnsupportedVersionError", "C0")
+        pm = t["params"]
+        n = t["numel"]
+        if c in ("fp16", "bf16"):
+            if strict and pm:
+                raise E("HeaderError", "C1")
+            want = [("data", "u2", 2 * n)]
+        else:
+            schema = {
+                "bits": lambda v: type(v) is int and v in (8, 4, 2),
+                "group_size": lambda v: type(v) is int and 1 <= v <= 1 << 24,
+                "rounding": lambda v: v == "nearest",
+                "scale_dtype": lambda v: v == "float32",
+                "seed": lambda v: type(v) is int,
+            }
+            for k, f in schema.items():
+                if k not in pm or not f(pm[k]):
+                    raise E("HeaderError", "C1 " + k)
+            if strict and set(pm) - set(schema):
+                raise E("HeaderError", "C1 unknown")
+            G, bits = pm["group_size"], pm["bits"]
+            want = [("scales", "f4", 4 * (-(-n // G))), ("codes", "u1", -(-n * bits // 8))]
+        got = t["sections"]
+        if [(w[0], w[1]) for w in want] != [(g[0], g[1]) for g in got]:
+            raise E("SizeMismatchError", "C2")
+        if [w[2] for w in want] != [g[3] for g in got]:
+            raise E("SizeMismatchError", "C3")
+        sec = {g[0]: p[D + g[2] : D + g[2] + g[3]] for g in got}
+        if c == "fp16":
+            h16 = np.frombuffer(sec["data"], "<u2")
+            y = np.empty(n, np.float32)
+            for i, hv in enumerate(h16.tolist()):
+                sign = -1.0 if hv & 0x8000 else 1.0
+                em = hv & 0x7FFF
+                if em >= 0x7C00:
+                    y[i] = np.uint32(((em << 13) + 0x70000000) | ((hv & 0x8000) << 16)).view(np.float32)
+                elif em < 0x400:
+                    y[i] = sign * em * 2.0**-24
+                else:
+                    y[i] = np.uint32(((em << 13) + 0x38000000) | ((hv & 0x8000) << 16)).view(np.float32)
+        elif c == "bf16":
+            y = (np.frombuffer(sec["data"], "<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            sc = np.frombuffer(sec["scales"], "<f4")
+            for s_ in sc:
+                if not np.isfinite(s_) or np.signbit(s_) or s_ < 0:
+                    raise E("PayloadValueError", "U1")
+            cb = sec["codes"]
+            used = n * bits % 8
+            if used and cb[-1] >> used:
+                raise E("PayloadValueError", "U3")
+            y = np.empty(n, np.float32)
+            for i in range(n):
+                cc = (cb[i * bits // 8] >> ((i % (8 // bits)) * bits)) & ((1 << bits) - 1)
+                if cc == 1 << (bits - 1):
+                    raise E("PayloadValueError", "U2")
+                q = cc - (1 << bits) if cc >= 1 << (bits - 1) else cc
+                y[i] = np.float32(q) * sc[i // G]
+        out[t.get("name")] = y.astype(DT[t["dtype"]]).reshape(t["shape"])
+    return out if all(named) else out[None]
+
+
+def same(a, b):
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+    fa, fb = a.astype(np.float64), b.astype(np.float64)
+    return bool(((a.view(ut) == b.view(ut)) | (np.isnan(fa) & np.isnan(fb) & (np.signbit(fa) == np.signbit(fb)))).all())
+
+
+def load(root, path, desc):
+    if path.endswith(".npz"):
+        z = np.load(root + path)
+        return {k: (z[k].view(BF16) if v["dtype"] == "bfloat16" else z[k]) for k, v in desc["arrays"].items()}
+    a = np.load(root + path)
+    return a.view(BF16) if desc["dtype"] == "bfloat16" else a

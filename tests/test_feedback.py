@@ -1,0 +1,189 @@
+"""ErrorFeedback: residual memory per key around any codec."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import gcodec
+
+CODECS = [
+    ("uniform", {"bits": 4}),
+    ("uniform", {"bits": 2, "rounding": "stochastic", "seed": 1}),
+    ("qsgd", {"levels": 1}),
+    ("terngrad", {"clip": 2.5}),
+    ("sign", {}),  # the fused kernel
+    ("sign", {"group_size": 0}),  # a whole-tensor scale: the generic path for large tensors
+    ("fp16", {}),
+]
+if "topk" in gcodec.list_codecs():
+    CODECS.append(("topk", {"ratio": 0.05}))
+
+
+def _steps(seed, t, shape, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(shape) * (1 + k % 3)).astype(dtype) for k in range(t)]
+
+
+@pytest.mark.parametrize("cid, kw", CODECS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sum_of_decoded_plus_residual_equals_sum_of_inputs(cid, kw, dtype):
+    """Over T steps, sum_t decode_t + e_T = sum_t x_t exactly in real arithmetic, because
+    e_t = (x_t + e_{t-1}) - decode_t. In floating point each step rounds twice (forming x + e and
+    the subtraction), each with relative error at most u = 2**-24 (2**-53 for float64) of its
+    result, so the identity holds within 2u * sum_t (|x_t + e_{t-1}| + |e_t|) per element."""
+    if dtype == np.float64 and np.finfo(np.longdouble).nmant < 60:
+        pytest.skip("float64 residuals need an extended-precision long double to check")
+    ef = gcodec.ErrorFeedback(gcodec.get_codec(cid, **kw))
+    u = 2.0**-24 if dtype == np.float32 else 2.0**-53
+    xs = _steps(1, 25, (37, 29), dtype)
+    # the test's own sums are kept in extended precision so that their rounding stays far below the bound
+    total_x = np.zeros(xs[0].shape, np.longdouble)
+    total_y = np.zeros(xs[0].shape, np.longdouble)
+    bound = np.zeros(xs[0].shape)
+    e_prev = np.zeros(xs[0].shape)
+    for x in xs:
+        buf = ef.encode(x, "layer")
+        y = gcodec.decode(buf)
+        assert y.dtype == dtype
+        total_x += x.astype(np.longdouble)
+        total_y += y.astype(np.longdouble)
+        e = ef.residual("layer").astype(np.float64)
+        bound += 2 * u * (np.abs(x + e_prev) + np.abs(e))
+        e_prev = e
+    assert ef.residual("layer").dtype == dtype
+    err = np.abs(total_y + ef.residual("layer").astype(np.longdouble) - total_x).astype(np.float64)
+    assert (err <= bound + 1e-300).all()
+    assert np.abs(ef.residual("layer")).max() > 0 or cid == "fp16"  # the codec did drop something
+
+
+def test_sixteen_bit_inputs_keep_float32_residuals():
+    ef = gcodec.ErrorFeedback("sign")
+    ef.encode(np.ones(10, np.float16), "k")
+    assert ef.residual("k").dtype == np.float32
+    ef64 = gcodec.ErrorFeedback("sign", residual_dtype=np.float64)
+    ef64.encode(np.ones(10, np.float32), "k")
+    assert ef64.residual("k").dtype == np.float64
+
+
+@pytest.mark.parametrize("group", [7, 64, 256])
+def test_fused_sign_feedback_is_bit_identical_to_the_generic_path(group):
+    fused = gcodec.ErrorFeedback(gcodec.get_codec("sign", group_size=group))
+    plain_codec = gcodec.get_codec("sign", group_size=group)
+    plain_codec.plan_feedback = None  # forces the generic path
+    plain = gcodec.ErrorFeedback(plain_codec)
+    for k, x in enumerate(_steps(2, 12, 3001)):
+        if k == 4:
+            x[:100] = 0.0
+        a, b = fused.encode(x, "w"), plain.encode(x, "w")
+        assert bytes(a) == bytes(b)
+        np.testing.assert_array_equal(fused.residual("w"), plain.residual("w"))
+
+
+@pytest.mark.parametrize("cid", ["sign", "uniform", "qsgd"])
+def test_failed_encode_leaves_the_residual(cid):
+    ef = gcodec.ErrorFeedback(cid)
+    ef.encode(np.linspace(-1, 1, 100, dtype=np.float32), "k")
+    before = ef.residual("k")
+    x = np.ones(100, np.float32)
+    x[5] = np.nan
+    with pytest.raises(gcodec.PayloadValueError):
+        ef.encode(x, "k")
+    np.testing.assert_array_equal(ef.residual("k"), before)
+    ef.encode(np.ones(100, np.float32), "k")  # and it keeps working
+
+
+def test_state_dict_round_trip_continues_identically():
+    """Saving after 3 steps and restoring into a fresh ErrorFeedback (through pickle, as a
+    checkpoint would) gives the same next payloads, random streams included."""
+    xs = _steps(3, 6, 500)
+    make = lambda: gcodec.ErrorFeedback(gcodec.get_codec("qsgd", levels=3, seed=9))  # noqa: E731
+    a = make()
+    for x in xs[:3]:
+        a.encode(x, "p")
+        a.encode(2 * x, "q")
+    state = pickle.loads(pickle.dumps(a.state_dict()))
+    b = make()
+    b.load_state_dict(state)
+    assert sorted(b.keys()) == ["p", "q"]
+    for x in xs[3:]:
+        assert bytes(a.encode(x, "p")) == bytes(b.encode(x, "p"))
+        assert bytes(a.encode(x, "q")) == bytes(b.encode(x, "q"))
+    np.testing.assert_array_equal(a.residual("p"), b.residual("p"))
+
+
+def test_state_dict_is_a_copy():
+    ef = gcodec.ErrorFeedback("sign")
+    ef.encode(np.arange(10, dtype=np.float32), "k")
+    st = ef.state_dict()
+    st["residuals"]["k"][:] = 123
+    assert not (ef.residual("k") == 123).any()
+    r = ef.residual("k")
+    r[:] = 5
+    assert not (ef.residual("k") == 5).any()
+
+
+def test_load_state_dict_checks():
+    ef = gcodec.ErrorFeedback("sign")
+    with pytest.raises(gcodec.ConfigError):
+        ef.load_state_dict({"nothing": 1})
+    with pytest.raises(gcodec.ConfigError):
+        ef.load_state_dict({"codec": {"id": "fp16"}, "residuals": {}})
+    with pytest.raises(gcodec.ConfigError):
+        ef.load_state_dict({"residuals": {"k": np.zeros(3, np.int32)}})
+    with pytest.raises(gcodec.ConfigError):
+        gcodec.ErrorFeedback("qsgd").load_state_dict({"residuals": {}, "streams": {"k": -1}})
+
+
+def test_reset_forgets_residuals():
+    c = gcodec.get_codec("uniform", bits=2)
+    ef = gcodec.ErrorFeedback(c)
+    x = np.random.default_rng(0).standard_normal(300).astype(np.float32)
+    ef.encode(x, "a")
+    ef.encode(x, "b")
+    ef.reset("a")
+    assert ef.residual("a") is None and ef.residual("b") is not None
+    assert bytes(ef.encode(x, "a")) == bytes(c.encode(x))  # a fresh start: encodes x itself
+    ef.reset()
+    assert ef.keys() == []
+
+
+def test_disable_and_enable_per_key():
+    c = gcodec.get_codec("sign")
+    ef = gcodec.ErrorFeedback(c)
+    x = np.random.default_rng(1).standard_normal(300).astype(np.float32)
+    ef.encode(x, "a")
+    ef.disable("a")
+    assert ef.residual("a") is None
+    for _ in range(2):
+        assert bytes(ef.encode(x, "a")) == bytes(c.encode(x))  # no memory while disabled
+    assert ef.residual("a") is None and "a" not in ef.keys()
+    assert "a" in ef.state_dict()["disabled"]
+    ef.enable("a")
+    ef.encode(x, "a")
+    assert ef.residual("a") is not None
+    second = ef.encode(x, "a")
+    assert bytes(second) != bytes(c.encode(x))  # feedback is back
+
+
+def test_shape_change_is_refused():
+    ef = gcodec.ErrorFeedback("sign")
+    ef.encode(np.ones((4, 5), np.float32), "k")
+    with pytest.raises(gcodec.ConfigError):
+        ef.encode(np.ones((5, 4), np.float32), "k")
+
+
+def test_feedback_makes_sign_track_the_mean():
+    """The point of the residual: with a constant input, EF-sign's running mean of decodes
+    converges to the input (|mean - x| <= max|e_T| / T), while plain sign keeps its bias."""
+    x = np.linspace(-1, 3, 256).astype(np.float32)
+    ef = gcodec.ErrorFeedback(gcodec.get_codec("sign", group_size=0))
+    t = 200
+    acc = np.zeros(256)
+    for _ in range(t):
+        acc += gcodec.decode(ef.encode(x, "k"))
+    assert np.abs(acc / t - x).max() <= np.abs(ef.residual("k")).max() / t + 1e-5
+    plain = gcodec.decode(gcodec.get_codec("sign", group_size=0).encode(x))
+    assert np.abs(plain - x).max() > 0.5

@@ -1,0 +1,253 @@
+"""Limits (issue 2 "a huge shape is refused before any allocation", issue 5 §3).
+
+Every field of :class:`gcodec.Limits` is enforced on decode (a peer's payload) and on encode (so a
+sender cannot produce what its peers would refuse), through both ``gcodec.limits(...)`` and the
+``limits=`` argument. A header declaring an absurd size is refused with ``LimitExceededError`` while
+the traced allocation stays tiny.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import gcodec
+from gcodec import LimitExceededError, Limits
+from tests.fuzzkit import encode_case, parse_payload, rebuild, serial_kernels, usable_cases
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_kernel_thread():
+    yield from serial_kernels()
+
+
+SMALL_PEAK = 256 * 1024  # bytes: parsing a ~200-byte header, nowhere near the declared sizes
+
+
+def _fp16_payload(shape: list[int], dtype: str = "float32", *, nbytes: int | None = None) -> bytes:
+    """A fp16 payload whose header declares ``shape``; its section length says ``nbytes`` (default: 8)."""
+    b = bytes(gcodec.get_codec("fp16").encode(np.ones(4, np.float32)))
+    h, data = parse_payload(b)
+    t = h["tensors"][0]
+    t["shape"], t["dtype"] = shape, dtype
+    if nbytes is not None:
+        t["sections"][0][3] = nbytes
+        h["data_length"] = (nbytes + 7) // 8 * 8
+        if nbytes <= len(data):
+            data = data[:nbytes] + bytes(h["data_length"] - nbytes)
+    return rebuild(h, data)
+
+
+def _peak(fn) -> tuple[BaseException | None, int]:
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        fn()
+        err = None
+    except Exception as e:
+        err = e
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return err, peak
+
+
+HUGE = [
+    ("2**40 elements", [1 << 40], None),
+    ("2**40 elements, matching section", [1 << 40], 1 << 41),
+    ("2**20 x 2**20", [1 << 20, 1 << 20], None),
+    ("one huge dimension, zero elements", [1 << 40, 0], None),
+    ("2**34 float64 = 128 GiB output", [1 << 34], None),
+    ("many dimensions", [2] * 33, None),
+]
+
+
+@pytest.mark.parametrize("label,shape,nbytes", HUGE, ids=[h[0] for h in HUGE])
+@pytest.mark.parametrize("fn", ["decode", "validate", "inspect_header"])
+def test_huge_declared_shape_is_refused_before_allocating(label, shape, nbytes, fn):
+    dtype = "float64" if "float64" in label else "float32"
+    b = _fp16_payload(shape, dtype, nbytes=nbytes)
+    f = getattr(gcodec.api, fn)
+    f(_fp16_payload([4]))  # warm up imports and JIT
+    err, peak = _peak(lambda: f(b))
+    assert isinstance(err, LimitExceededError), f"{label}: {err!r}"
+    assert peak < SMALL_PEAK, f"{label}: {peak} bytes allocated before the refusal"
+
+
+def test_limit_messages_name_the_field_and_limit():
+    with pytest.raises(LimitExceededError, match=r"max_elements.*tensors\[0\]\.shape"):
+        gcodec.decode(_fp16_payload([1 << 40]))
+
+
+def test_default_limits_admit_realistic_tensors():
+    lim = gcodec.get_limits()
+    assert lim.max_elements >= 1 << 32 and lim.max_output_bytes >= 1 << 34
+    assert lim.max_ndim >= 8 and lim.max_tensors >= 4096
+
+
+# ---------------------------------------------------------------------------------------------
+# every field, on decode and on encode
+
+X = np.linspace(-1, 1, 100, dtype=np.float32).reshape(4, 25)
+
+
+def _encode_one():
+    return gcodec.get_codec("uniform").encode(X)
+
+
+def _encode_bundle():
+    return gcodec.encode_bundle({"a": X, "b": X[0]}, "uniform")
+
+
+PAYLOAD = bytes(gcodec.get_codec("uniform").encode(X))
+BUNDLE = bytes(gcodec.encode_bundle({"a": X, "b": X[0]}, "uniform"))
+
+#: field -> a value that the 2-tensor, 4 x 25 float32 uniform bundle exceeds
+TIGHT = {
+    "max_header_bytes": 100,
+    "max_tensors": 1,
+    "max_sections": 3,
+    "max_ndim": 1,
+    "max_elements": 99,
+    "max_output_bytes": 399,
+    "max_payload_bytes": 200,
+    "max_nesting": 3,
+}
+
+
+def test_every_limits_field_is_covered():
+    assert set(TIGHT) == {f.name for f in dataclasses.fields(Limits)}
+
+
+@pytest.mark.parametrize("field", sorted(TIGHT))
+def test_limit_enforced_on_decode(field):
+    with gcodec.limits(**{field: TIGHT[field]}):
+        for fn in (gcodec.decode, gcodec.validate):
+            with pytest.raises(LimitExceededError, match=field):
+                fn(BUNDLE)
+    lim = dataclasses.replace(gcodec.get_limits(), **{field: TIGHT[field]})
+    with pytest.raises(LimitExceededError, match=field):
+        gcodec.decode(BUNDLE, limits=lim)
+    gcodec.decode(BUNDLE)  # the context manager restored the defaults
+
+
+@pytest.mark.parametrize("field", sorted(TIGHT))
+def test_limit_enforced_on_encode(field):
+    """A sender cannot write a payload that a peer with the same limits refuses."""
+    with gcodec.limits(**{field: TIGHT[field]}):
+        with pytest.raises(LimitExceededError, match=field):
+            _encode_bundle()
+    lim = dataclasses.replace(gcodec.get_limits(), **{field: TIGHT[field]})
+    with pytest.raises(LimitExceededError, match=field):
+        gcodec.encode_bundle({"a": X, "b": X[0]}, "uniform", limits=lim)
+
+
+@pytest.mark.parametrize("field", sorted(TIGHT))
+def test_what_encode_accepts_decode_accepts(field):
+    """Under any limit, encode and decode agree: either both refuse or both pass."""
+    for value in (TIGHT[field], TIGHT[field] * 4, 1 << 40):
+        with gcodec.limits(**{field: value}):
+            try:
+                b = bytes(_encode_one())
+            except LimitExceededError:
+                continue
+            gcodec.decode(b)
+            gcodec.validate(b)
+
+
+def test_limits_context_manager_nests_and_restores():
+    before = gcodec.get_limits()
+    with gcodec.limits(max_elements=1000) as outer:
+        assert gcodec.get_limits() is outer and outer.max_elements == 1000
+        with gcodec.limits(max_ndim=3) as inner:
+            assert inner.max_elements == 1000 and inner.max_ndim == 3
+        assert gcodec.get_limits() is outer
+    assert gcodec.get_limits() == before
+    with pytest.raises(RuntimeError), gcodec.limits(max_elements=1):
+        raise RuntimeError
+    assert gcodec.get_limits() == before
+
+
+def test_set_limits_returns_previous():
+    old = gcodec.set_limits(Limits(max_elements=10))
+    try:
+        with pytest.raises(LimitExceededError):
+            gcodec.decode(PAYLOAD)
+    finally:
+        gcodec.set_limits(old)
+    gcodec.decode(PAYLOAD)
+
+
+def test_limits_per_call_override_global():
+    with gcodec.limits(max_elements=10):
+        gcodec.decode(PAYLOAD, limits=Limits())
+        gcodec.validate(PAYLOAD, limits=Limits())
+
+
+def test_raised_ndim_limit_never_leaks_a_numpy_error():
+    """NumPy arrays have at most 64 dimensions: a raised max_ndim must not let a ValueError escape."""
+    b = _fp16_payload([1] * 70, nbytes=2)
+    with gcodec.limits(max_ndim=100):
+        for fn in (gcodec.validate, gcodec.decode):
+            with pytest.raises(gcodec.GcodecError):
+                fn(b)
+
+
+@pytest.mark.parametrize("case", usable_cases(), ids=lambda c: c.id)
+def test_element_limit_per_codec(case):
+    b = encode_case(case)
+    n = int(np.prod(case.shape))
+    with gcodec.limits(max_elements=n - 1):
+        with pytest.raises(LimitExceededError):
+            gcodec.decode(b)
+        with pytest.raises(LimitExceededError):
+            encode_case(case)
+    with gcodec.limits(max_elements=n):
+        gcodec.decode(b)
+
+
+_HUGE_SCRIPT = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # no allocation above 6 GiB can succeed
+sys.path.insert(0, sys.argv[1])
+import gcodec
+from tests.fuzzkit import encode_case, parse_payload, rebuild, usable_cases
+
+out = []
+for case in usable_cases():
+    header, data = parse_payload(encode_case(case))
+    t = header["tensors"][0]
+    t["shape"] = [1 << 17, 1 << 17] if len(t["shape"]) >= 2 else [1 << 34]  # 2**34 float32: 64 GiB
+    payload = rebuild(header, data)
+    for fn in ("validate", "decode"):
+        try:
+            getattr(gcodec, fn)(payload)
+            res = "ok"
+        except gcodec.GcodecError as e:
+            res = "GcodecError"
+        except BaseException as e:
+            res = f"{type(e).__name__}: {e}"
+        out.append([case.id, fn, res])
+print(json.dumps(out))
+"""
+
+
+def test_tiny_payload_declaring_a_huge_tensor_never_raises_memory_error():
+    """A sparse or low-rank payload of a few hundred bytes may declare 2**34 elements, within the
+    default limits. Decoding it where memory is short must raise a GcodecError (LimitExceededError),
+    not MemoryError. Run under RLIMIT_AS so that nothing can really be allocated."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run(
+        [sys.executable, "-c", _HUGE_SCRIPT, root], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    bad = [r for r in results if r[2] not in ("ok", "GcodecError") or (r[1] == "decode" and r[2] == "ok")]
+    assert not bad, "\n".join(" ".join(r) for r in bad)

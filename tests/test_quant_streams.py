@@ -1,0 +1,120 @@
+"""Random streams of the stochastic codecs (specs/rng.md §5) and thread-count independence."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numba
+import numpy as np
+import pytest
+
+import gcodec
+
+from . import quant_model as M
+
+STOCHASTIC = [
+    ("uniform", {"rounding": "stochastic", "bits": 4}),
+    ("qsgd", {"levels": 3}),
+    ("terngrad", {"group_size": 64}),
+]
+X = np.random.default_rng(0).standard_normal(3001).astype(np.float32)
+
+
+def _stream(buf):
+    return gcodec.validate(buf).params["stream"]
+
+
+@pytest.mark.parametrize("cid, kw", STOCHASTIC)
+def test_same_seed_stream_and_input_give_identical_bytes(cid, kw):
+    a = gcodec.get_codec(cid, seed=5, **kw).encode(X, step=9)
+    b = gcodec.get_codec(cid, seed=5, **kw).encode(X.copy(), step=9)
+    assert bytes(a) == bytes(b)
+
+
+@pytest.mark.parametrize("cid, kw", STOCHASTIC)
+def test_different_seeds_or_streams_give_different_rounding(cid, kw):
+    base = M.payload_sections(gcodec.get_codec(cid, seed=5, **kw).encode(X, step=9))[1]["codes"]
+    other_seed = M.payload_sections(gcodec.get_codec(cid, seed=6, **kw).encode(X, step=9))[1]["codes"]
+    other_step = M.payload_sections(gcodec.get_codec(cid, seed=5, **kw).encode(X, step=10))[1]["codes"]
+    assert not np.array_equal(base, other_seed)
+    assert not np.array_equal(base, other_step)
+
+
+@pytest.mark.parametrize("cid, kw", STOCHASTIC)
+def test_per_key_counter_advances_per_call_and_is_recorded(cid, kw):
+    c = gcodec.get_codec(cid, seed=1, **kw)
+    assert [_stream(c.encode(X)) for _ in range(3)] == [0, 1, 2]
+    assert [_stream(c.encode(X, key="w")) for _ in range(2)] == [0, 1]  # keys count separately
+    assert _stream(c.encode(X, step=77)) == 77  # an explicit step is used as it is ...
+    assert _stream(c.encode(X)) == 3  # ... and does not move the counter
+    assert c.next_stream() == 4 and c.next_stream("w") == 2
+    # a counter-chosen stream gives the same bytes as passing that step
+    assert bytes(gcodec.get_codec(cid, seed=1, **kw).encode(X, step=3)) == bytes(c.encode(X, step=3))
+
+
+@pytest.mark.parametrize("step", [-1, 2**64, 1.5, "3", True])
+def test_bad_steps(step):
+    with pytest.raises(gcodec.ConfigError):
+        gcodec.get_codec("qsgd").encode(X, step=step)
+
+
+def test_largest_seed_and_stream():
+    c = gcodec.get_codec("qsgd", seed=2**64 - 1)
+    buf = c.encode(X, step=2**64 - 1)
+    assert gcodec.validate(buf).params["seed"] == 2**64 - 1 and _stream(buf) == 2**64 - 1
+    with pytest.raises(gcodec.ConfigError):
+        gcodec.get_codec("qsgd", seed=2**64)
+
+
+def test_counters_survive_pickle_and_copy_but_not_equality():
+    c = gcodec.get_codec("terngrad", seed=3)
+    c.encode(X)
+    c.encode(X)
+    for d in (pickle.loads(pickle.dumps(c)), copy.deepcopy(c)):
+        assert d.next_stream() == 2
+        assert _stream(d.encode(X)) == 2
+    assert c == gcodec.get_codec("terngrad", seed=3)  # configuration equality ignores counters
+
+
+def test_nearest_rounding_needs_no_stream_and_ignores_steps():
+    c = gcodec.get_codec("uniform", bits=4)
+    assert bytes(c.encode(X, step=1)) == bytes(c.encode(X, step=2)) == bytes(c.encode(X))
+
+
+def test_global_numpy_random_state_untouched():
+    np.random.seed(1)  # noqa: NPY002  (the legacy global state is what must stay untouched)
+    a = np.random.random(4)  # noqa: NPY002
+    np.random.seed(1)  # noqa: NPY002  (the legacy global state is what must stay untouched)
+    for cid, kw in STOCHASTIC:
+        gcodec.get_codec(cid, **kw).encode(X)
+    np.testing.assert_array_equal(np.random.random(4), a)  # noqa: NPY002
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs at least 2 Numba threads")
+@pytest.mark.parametrize(
+    "cid, kw",
+    [
+        *STOCHASTIC,
+        ("uniform", {}),
+        ("uniform", {"group_size": 100_000, "rounding": "stochastic"}),
+        ("qsgd", {"bucket_size": 0}),
+        ("terngrad", {"clip": 2.5}),
+        ("sign", {}),
+        ("sign", {"group_size": 0}),
+    ],
+)
+def test_bytes_do_not_depend_on_the_thread_count(cid, kw):
+    x = np.random.default_rng(1).standard_normal(300_001).astype(np.float32)
+    prev = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = bytes(gcodec.get_codec(cid, **kw).encode(x, step=4))
+        y1 = gcodec.decode(one)
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        many = bytes(gcodec.get_codec(cid, **kw).encode(x, step=4))
+        y2 = gcodec.decode(many)
+    finally:
+        numba.set_num_threads(prev)
+    assert one == many
+    np.testing.assert_array_equal(y1, y2)
