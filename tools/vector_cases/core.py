@@ -558,6 +558,9 @@ F9 = [
     ("f09_section_name_empty", _hdr(fp16_base, _section(0, 0, 0, "")), "HeaderError", "F9"),
     ("f09_section_type_unknown", _hdr(fp16_base, _section(0, 0, 1, "bf16")), "HeaderError", "F9"),
     ("f09_section_type_big_endian", _hdr(fp16_base, _section(0, 0, 1, ">u2")), "HeaderError", "F9"),
+    # found by tools/fuzz.py: an unhashable element type once escaped as a TypeError
+    ("f09_section_type_list", _hdr(fp16_base, _section(0, 0, 1, ["u2"])), "HeaderError", "F9"),
+    ("f09_section_type_map", _hdr(fp16_base, _section(0, 0, 1, {"u2": 1})), "HeaderError", "F9"),
     ("f09_section_offset_negative", _hdr(fp16_base, _section(0, 0, 2, -1)), "HeaderError", "F9"),
     ("f09_duplicate_section_name", _hdr(u4_base, _section(0, 1, 0, "scales")), "HeaderError", "F9"),
     ("f09_bundle_one_unnamed", _hdr(bundle_base, _unname(1)), "HeaderError", "F9"),
