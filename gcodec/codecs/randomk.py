@@ -29,6 +29,7 @@ from ..kernels import sparse_cpu
 from ..rng import random_u32
 from . import compose
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
+from .kcount import check_ratio_k, k_for
 from .quantizer import SEED_PARAM, STREAM_PARAM, StreamCounter
 from .registry import register_codec
 from .topk import check_nested, decode_values, expected_values, key_bits, plan_values
@@ -104,22 +105,11 @@ class RandomK(Codec):
 
     @classmethod
     def _check_config(cls, params: dict[str, Any], err: type[Exception], where: str) -> None:
-        if "ratio" not in params:
-            return
-        ratio, k = params["ratio"], params["k"]
-        if (ratio is None) == (k is None):
-            raise err(f"{where}give exactly one of ratio= and k=")
-        if ratio is not None and not (0.0 < ratio <= 1.0):
-            raise err(f"{where}ratio={ratio!r} must lie in (0, 1]")
-        if k is not None and k < 0:
-            raise err(f"{where}k={k!r} must be >= 0")
+        check_ratio_k(params, err, where)
 
     def k_for(self, n: int) -> int:
-        if self._params["k"] is not None:
-            return min(n, self._params["k"])
-        if n == 0:
-            return 0
-        return min(n, max(1, int(n * self._params["ratio"])))
+        """The number of elements kept from a tensor of ``n`` elements."""
+        return k_for(self._params, n)
 
     def next_stream(self, key: str | None = None) -> int:
         """The stream the next encode of ``key`` without ``step=`` will use."""

@@ -27,6 +27,7 @@ from ..format.container import SectionSpec, TensorEntry
 from ..kernels import cast_cpu, sparse_cpu
 from . import compose
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
+from .kcount import check_ratio_k, k_for
 from .registry import register_codec
 
 __all__ = ["SparseIndexCodec", "TopK", "key_bits", "values_section_code"]
@@ -360,23 +361,11 @@ class TopK(SparseIndexCodec):
 
     @classmethod
     def _check_config(cls, params: dict[str, Any], err: type[Exception], where: str) -> None:
-        if "ratio" not in params:
-            return
-        ratio, k = params["ratio"], params["k"]
-        if (ratio is None) == (k is None):
-            raise err(f"{where}give exactly one of ratio= and k=")
-        if ratio is not None and not (0.0 < ratio <= 1.0):
-            raise err(f"{where}ratio={ratio!r} must lie in (0, 1]")
-        if k is not None and k < 0:
-            raise err(f"{where}k={k!r} must be >= 0")
+        check_ratio_k(params, err, where)
 
     def k_for(self, n: int) -> int:
         """The number of elements kept from a tensor of ``n`` elements."""
-        if self._params["k"] is not None:
-            return min(n, self._params["k"])
-        if n == 0:
-            return 0
-        return min(n, max(1, int(n * self._params["ratio"])))
+        return k_for(self._params, n)
 
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         from ..arrays import dtype_name as _dn
