@@ -287,7 +287,7 @@ def read(p, READER_MINOR=0):
             H(isinstance(s, list) and len(s) == 4)
             H(isinstance(s[0], str) and s[0] and s[0] not in seen)
             seen.add(s[0])
-            H(s[1] in ET)
+            H(isinstance(s[1], str) and s[1] in ET)
             H(uint(s[2]))
             H(uint(s[3]))
             if s[3] % ET[s[1]]:
