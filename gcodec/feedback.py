@@ -57,7 +57,8 @@ def _write_one(
         plan.fill,
         None,
     )
-    return write_payload([pend], meta=meta, checksum=checksum, limits=lim)
+    with threads_for(arr.size):  # as the API layer does: small tensors stay on this thread
+        return write_payload([pend], meta=meta, checksum=checksum, limits=lim)
 
 
 class ErrorFeedback:

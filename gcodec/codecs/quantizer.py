@@ -142,8 +142,9 @@ class ScaledQuantizer(Codec):
     # ---- encoding ------------------------------------------------------------------------
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = x.reshape(-1)
-        if flat.dtype not in (np.float32, np.float64):
-            flat = flat.astype(np.float32)
+        if flat.dtype != np.float32:  # the spec's first step; kernels are compiled for float32 only
+            with np.errstate(over="ignore"):  # beyond float32: infinite, refused by the kernel
+                flat = flat.astype(np.float32)
         params = dict(self._params)
         lay = self._layout(params)
         stream = 0

@@ -109,7 +109,7 @@ def absmax_bits(x, lo, hi):  # pragma: no cover - jitted
     return m
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _term(v, kind):  # pragma: no cover - jitted
     d = np.float64(np.float32(v))
     if kind == 0:
@@ -119,7 +119,7 @@ def _term(v, kind):  # pragma: no cover - jitted
     return d
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def lane_sum(x, lo, hi, kind):  # pragma: no cover - jitted
     """The lane sum of specs/codecs/qsgd.md §3 over [lo, hi) (at most RBLOCK elements).
 
@@ -203,7 +203,7 @@ def _scale(rule, mbits, s1, s2, count, qmax, clip, f16):  # pragma: no cover - j
     return s, h, bad
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _group_stats(x, lo, hi, rule, clip):  # pragma: no cover - jitted
     """(absmax bits, sum v, sum v^2) of one range of at most RBLOCK elements, as the rule needs."""
     mb = np.uint32(0)
@@ -213,12 +213,86 @@ def _group_stats(x, lo, hi, rule, clip):  # pragma: no cover - jitted
         s2 = lane_sum(x, lo, hi, 0)
     elif rule == RULE_MEANABS:
         s1 = lane_sum(x, lo, hi, 1)
+    elif rule == RULE_MAX and clip > 0.0:
+        mb, s1, s2 = _max_and_sums(x, lo, hi)
     else:
         mb = absmax_bits(x, lo, hi)
-        if rule == RULE_MAX and clip > 0.0:
-            s1 = lane_sum(x, lo, hi, 2)
-            s2 = lane_sum(x, lo, hi, 0)
     return mb, s1, s2
+
+
+@njit(cache=True, inline="always")
+def _acc3(v, m, p, q):  # pragma: no cover - jitted
+    f = np.float32(v)
+    a = f.view(np.uint32) & _ABS
+    d = np.float64(f)
+    return (a if a > m else m), p + d, q + d * d
+
+
+@njit(cache=True)
+def _max_and_sums(x, lo, hi):  # pragma: no cover - jitted
+    """absmax bits, lane sum of v and lane sum of v^2 of [lo, hi) in one pass (terngrad's clip).
+
+    The lanes and their order are exactly those of :func:`lane_sum`; written out in scalars so
+    that LLVM keeps them in registers and vectorises.
+    """
+    m = np.uint32(0)
+    p0 = 0.0
+    q0 = 0.0
+    p1 = 0.0
+    q1 = 0.0
+    p2 = 0.0
+    q2 = 0.0
+    p3 = 0.0
+    q3 = 0.0
+    p4 = 0.0
+    q4 = 0.0
+    p5 = 0.0
+    q5 = 0.0
+    p6 = 0.0
+    q6 = 0.0
+    p7 = 0.0
+    q7 = 0.0
+    m0 = m
+    m1 = m
+    m2 = m
+    m3 = m
+    m4 = m
+    m5 = m
+    m6 = m
+    m7 = m
+    nfull = (hi - lo) // 8
+    base = np.uint64(lo)
+    for k in range(nfull):
+        i = base + np.uint64(8 * k)
+        m0, p0, q0 = _acc3(x[i], m0, p0, q0)
+        m1, p1, q1 = _acc3(x[i + _U1], m1, p1, q1)
+        m2, p2, q2 = _acc3(x[i + _U2], m2, p2, q2)
+        m3, p3, q3 = _acc3(x[i + _U3], m3, p3, q3)
+        m4, p4, q4 = _acc3(x[i + _U4], m4, p4, q4)
+        m5, p5, q5 = _acc3(x[i + _U5], m5, p5, q5)
+        m6, p6, q6 = _acc3(x[i + _U6], m6, p6, q6)
+        m7, p7, q7 = _acc3(x[i + _U7], m7, p7, q7)
+    i = base + np.uint64(8 * nfull)
+    r = hi - lo - 8 * nfull
+    if r > 0:
+        m0, p0, q0 = _acc3(x[i], m0, p0, q0)
+    if r > 1:
+        m1, p1, q1 = _acc3(x[i + _U1], m1, p1, q1)
+    if r > 2:
+        m2, p2, q2 = _acc3(x[i + _U2], m2, p2, q2)
+    if r > 3:
+        m3, p3, q3 = _acc3(x[i + _U3], m3, p3, q3)
+    if r > 4:
+        m4, p4, q4 = _acc3(x[i + _U4], m4, p4, q4)
+    if r > 5:
+        m5, p5, q5 = _acc3(x[i + _U5], m5, p5, q5)
+    if r > 6:
+        m6, p6, q6 = _acc3(x[i + _U6], m6, p6, q6)
+    for mm in (m1, m2, m3, m4, m5, m6, m7):
+        m0 = mm if mm > m0 else m0
+    s1 = ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
+    s2 = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))
+    return m0, s1, s2
 
 
 @njit(cache=True)
@@ -309,9 +383,12 @@ def _quant_stochastic(x, lo, hi, s, qmax, r16, r0, dst, d0):  # pragma: no cover
         dst[o + jj] = np.uint8((np.int32(fl) + np.int32(up)) & 0xFF)
 
 
-@njit(cache=True, inline="always")
-def _pack(cb, m, w, codes, b0):  # pragma: no cover - jitted
-    """Pack codes cb[0:m] (low ``w`` bits of each, zeros after m) into ``codes`` from element ``b0``."""
+@njit(cache=True)
+def _pack(cb, m, w, codes, b0, t16, t32, t64):  # pragma: no cover - jitted
+    """Pack codes cb[0:m] (low ``w`` bits of each, zeros after m) into ``codes`` from element ``b0``.
+
+    ``t16``, ``t32``, ``t64``: scratch of at least m/2, m/4, m/8 (rounded up) elements.
+    """
     o0 = np.uint64(b0 // 8 * w)
     nb = (m * w + 7) // 8
     if w == 4:
@@ -328,17 +405,17 @@ def _pack(cb, m, w, codes, b0):  # pragma: no cover - jitted
                 | (cb[k + _U3] << np.uint8(6))
             )
     elif w == 3:
-        _pack_octets(cb, m, 3, codes, o0)
+        _pack_octets(cb, m, 3, codes, o0, t16, t32, t64)
     elif w == 5:
-        _pack_octets(cb, m, 5, codes, o0)
+        _pack_octets(cb, m, 5, codes, o0, t16, t32, t64)
     elif w == 6:
-        _pack_octets(cb, m, 6, codes, o0)
+        _pack_octets(cb, m, 6, codes, o0, t16, t32, t64)
     else:
-        _pack_octets(cb, m, 7, codes, o0)
+        _pack_octets(cb, m, 7, codes, o0, t16, t32, t64)
 
 
 @njit(cache=True, inline="always")
-def _pack_octets(cb, m, w, codes, o0):  # pragma: no cover - jitted
+def _pack_octets(cb, m, w, codes, o0, t16, t32, t64):  # pragma: no cover - jitted
     """Eight ``w``-bit codes make ``w`` bytes; ``w`` is a literal at each call so LLVM unrolls.
 
     Staged so that the first three steps vectorise (each joins neighbours, as in a tree): pairs
@@ -347,9 +424,6 @@ def _pack_octets(cb, m, w, codes, o0):  # pragma: no cover - jitted
     """
     n8 = (m + 7) // 8
     mask = np.uint16((1 << w) - 1)
-    t16 = np.empty(4 * n8, np.uint16)
-    t32 = np.empty(2 * n8, np.uint32)
-    t64 = np.empty(n8, np.uint64)
     for j in range(4 * n8):
         k = np.uint64(2 * j)
         t16[np.uint64(j)] = (np.uint16(cb[k]) & mask) | ((np.uint16(cb[k + _U1]) & mask) << np.uint16(w))
@@ -375,7 +449,30 @@ def _pack_octets(cb, m, w, codes, o0):  # pragma: no cover - jitted
 
 @njit(cache=True, inline="always")
 def _sub_block(
-    x, codes, cb, rb, r16, sc32, sc16, G, full, b0, b1, fused, w, qmax, rule, stochastic, clip, f16, st_lo, st_hi, ks
+    x,
+    codes,
+    cb,
+    rb,
+    r16,
+    t16,
+    t32,
+    t64,
+    sc32,
+    sc16,
+    G,
+    full,
+    b0,
+    b1,
+    fused,
+    w,
+    qmax,
+    rule,
+    stochastic,
+    clip,
+    f16,
+    st_lo,
+    st_hi,
+    ks,
 ):  # pragma: no cover - jitted
     """One sub-block [b0, b1): statistics and scales (when fused), draws, quantize, pack.
 
@@ -386,7 +483,18 @@ def _sub_block(
     bad = 0
     g0 = b0 // G
     g1 = (b1 - 1) // G + 1
-    if fused:
+    if fused and (rule == RULE_ABSMAX or (rule == RULE_MAX and clip == 0.0)):
+        # the max-only rules get a loop of their own: no calls in it, so LLVM keeps it tight
+        for gi in range(g0, g1):
+            lo = gi * G
+            hi = lo + G if full else min(lo + G, n)
+            mb = absmax_bits(x, lo, hi)
+            s, h, isbad = _scale(rule, mb, 0.0, 0.0, hi - lo, qmax, clip, f16)
+            sc32[gi] = s
+            if f16:
+                sc16[gi] = h
+            bad += isbad
+    elif fused:
         for gi in range(g0, g1):
             lo = gi * G
             hi = lo + G if full else min(lo + G, n)
@@ -415,7 +523,7 @@ def _sub_block(
         m = b1 - b0
         for j in range(m, m + 8):
             cb[j] = 0
-        _pack(cb, m, w, codes, b0)
+        _pack(cb, m, w, codes, b0, t16, t32, t64)
     return bad
 
 
@@ -429,6 +537,9 @@ def _encode_chunk(
     cb = np.zeros(L + 8, np.uint8)
     rb = np.empty(L // 2 + 4, np.uint32)
     r16 = rb.view(np.uint16)
+    t16 = np.empty(L // 2 + 8, np.uint16)
+    t32 = np.empty(L // 4 + 8, np.uint32)
+    t64 = np.empty(L // 8 + 8, np.uint64)
     bad = 0
     for b0 in range(c0, c1, L):
         b1 = min(b0 + L, n)
@@ -439,33 +550,12 @@ def _encode_chunk(
                 cb,
                 rb,
                 r16,
+                t16,
+                t32,
+                t64,
                 sc32,
                 sc16,
                 64,
-                True,
-                b0,
-                b1,
-                True,
-                w,
-                qmax,
-                rule,
-                stochastic,
-                clip,
-                f16,
-                st_lo,
-                st_hi,
-                ks,
-            )
-        elif fused and b1 - b0 == L:
-            bad += _sub_block(
-                x,
-                codes,
-                cb,
-                rb,
-                r16,
-                sc32,
-                sc16,
-                G,
                 True,
                 b0,
                 b1,
@@ -487,6 +577,9 @@ def _encode_chunk(
                 cb,
                 rb,
                 r16,
+                t16,
+                t32,
+                t64,
                 sc32,
                 sc16,
                 G,
@@ -549,7 +642,7 @@ def scaled_encode(
 # unpack and decode
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _unpack(codes, b0, m, w, qb):  # pragma: no cover - jitted
     """qb[0:m] = the sign-extended ``w``-bit codes of elements b0 .. b0+m-1 (b0 a multiple of 8)."""
     o0 = np.uint64(b0 // 8 * w)
@@ -613,6 +706,58 @@ def _count_out_of_range(qb, m, qmax):  # pragma: no cover - jitted
     return bad
 
 
+@njit(cache=True, inline="always")
+def _decode_groups(codes, sc32, sc16, out, G, full, b0, b1, w, qmax, accumulate, f16, qb):  # pragma: no cover - jitted
+    """out[i] (+)= float32(q_i) * s for the groups of [b0, b1); returns the out-of-range count.
+
+    8-bit codes are read in place; narrower ones come from ``qb`` (unpacked by the caller).
+    ``G`` and ``full`` may be literals (constant trip counts).
+    """
+    bad = 0
+    g0 = b0 // G
+    g1 = (b1 - 1) // G + 1
+    for gi in range(g0, g1):
+        lo = gi * G if full else max(gi * G, b0)
+        hi = lo + G if full else min(gi * G + G, b1)
+        s = f16_bits_to_f32(sc16[gi]) if f16 else sc32[gi]
+        base = np.uint64(lo)
+        qo = np.uint64(lo - b0)
+        for j in range(hi - lo):
+            jj = np.uint64(j)
+            q = np.int32(np.int8(codes[base + jj])) if w == 8 else np.int32(qb[qo + jj])
+            bad += (q > qmax) | (q < -qmax)
+            if accumulate:
+                out[base + jj] += np.float32(q) * s
+            else:
+                out[base + jj] = np.float32(q) * s
+    return bad
+
+
+@njit(cache=True, inline="always")
+def _decode_groups_packed(codes, sc32, sc16, out, G, b0, b1, w, qmax, accumulate, f16):  # pragma: no cover - jitted
+    """4- or 2-bit codes of whole groups (G a multiple of 8/w, a literal): one code byte gives
+    8/w outputs, written as neighbours (LLVM interleaves them), with no intermediate buffer."""
+    bad = 0
+    per = 8 // w
+    mask = np.int32((1 << w) - 1)
+    half = np.int32(1 << (w - 1))
+    for gi in range(b0 // G, b1 // G):
+        s = f16_bits_to_f32(sc16[gi]) if f16 else sc32[gi]
+        base = np.uint64(gi * G)
+        o0 = np.uint64(gi * G // per)
+        for j in range(G // per):
+            u = np.int32(codes[o0 + np.uint64(j)])
+            k = base + np.uint64(per * j)
+            for t in range(per):
+                q = ((u >> np.int32(w * t)) & mask ^ half) - half
+                bad += (q > qmax) | (q < -qmax)
+                if accumulate:
+                    out[k + np.uint64(t)] += np.float32(q) * s
+                else:
+                    out[k + np.uint64(t)] = np.float32(q) * s
+    return bad
+
+
 @njit(cache=True)
 def _decode_chunk(codes, sc32, sc16, out, G, w, qmax, accumulate, c0, c1):  # pragma: no cover - jitted
     f16 = sc16.shape[0] > 0
@@ -620,23 +765,16 @@ def _decode_chunk(codes, sc32, sc16, out, G, w, qmax, accumulate, c0, c1):  # pr
     bad = 0
     for b0 in range(c0, c1, SB):
         b1 = min(b0 + SB, c1)
-        m = b1 - b0
-        _unpack(codes, b0, m, w, qb)
-        bad += _count_out_of_range(qb, m, qmax)
-        for gi in range(b0 // G, (b1 - 1) // G + 1):
-            lo = max(gi * G, b0)
-            hi = min(gi * G + G, b1)
-            s = f16_bits_to_f32(sc16[gi]) if f16 else sc32[gi]
-            base = np.uint64(lo)
-            qo = np.uint64(lo - b0)
-            if accumulate:
-                for j in range(hi - lo):
-                    jj = np.uint64(j)
-                    out[base + jj] += np.float32(qb[qo + jj]) * s
-            else:
-                for j in range(hi - lo):
-                    jj = np.uint64(j)
-                    out[base + jj] = np.float32(qb[qo + jj]) * s
+        if G == 64 and b1 - b0 == SB and w == 4:  # sub-blocks of whole default groups: literal sizes
+            bad += _decode_groups_packed(codes, sc32, sc16, out, 64, b0, b1, 4, qmax, accumulate, f16)
+        elif G == 64 and b1 - b0 == SB and w == 2:
+            bad += _decode_groups_packed(codes, sc32, sc16, out, 64, b0, b1, 2, qmax, accumulate, f16)
+        elif G == 64 and b1 - b0 == SB and w == 8:
+            bad += _decode_groups(codes, sc32, sc16, out, 64, True, b0, b1, 8, qmax, accumulate, f16, qb)
+        else:
+            if w != 8:
+                _unpack(codes, b0, b1 - b0, w, qb)
+            bad += _decode_groups(codes, sc32, sc16, out, G, False, b0, b1, w, qmax, accumulate, f16, qb)
     return bad
 
 
@@ -654,10 +792,33 @@ def scaled_decode(codes, sc32, sc16, out, G, w, qmax, accumulate):  # pragma: no
     return nbad
 
 
+@njit(cache=True, inline="always")
+def _count_bytes(codes, c0, c1, w, qmax):  # pragma: no cover - jitted
+    """Out-of-range codes among elements [c0, c1) of 8/4/2-bit codes; ``w`` is a literal."""
+    per = 8 // w
+    mask = np.int32((1 << w) - 1)
+    half = np.int32(1 << (w - 1))
+    o0 = np.uint64(c0 // per)
+    bad = 0
+    for j in range((c1 - c0 + per - 1) // per):
+        u = np.int32(codes[o0 + np.uint64(j)])
+        for t in range(per):
+            q = ((u >> np.int32(w * t)) & mask ^ half) - half
+            bad += (q > qmax) | (q < -qmax)
+    return bad
+
+
 @njit(cache=True)
 def _count_chunk(codes, w, qmax, c0, c1):  # pragma: no cover - jitted
-    qb = np.zeros(SB + 8, np.int8)
     bad = 0
+    # whole bytes, field by field (the padding codes of the last byte are 0: checked before this)
+    if w == 8:
+        return _count_bytes(codes, c0, c1, 8, qmax)
+    if w == 4:
+        return _count_bytes(codes, c0, c1, 4, qmax)
+    if w == 2:
+        return _count_bytes(codes, c0, c1, 2, qmax)
+    qb = np.zeros(SB + 8, np.int8)
     for b0 in range(c0, c1, SB):
         m = min(b0 + SB, c1) - b0
         _unpack(codes, b0, m, w, qb)

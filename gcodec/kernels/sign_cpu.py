@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .quant_cpu import _U1, _U2, _U3, _U4, _U5, _U6, _U7, CHUNK, RULE_MEANABS, SB, _group_stats, _scale
+from .quant_cpu import CHUNK, RULE_MEANABS, SB, _group_stats, _scale, lane_sum
 
 __all__ = ["sign_decode", "sign_encode", "sign_encode_feedback"]
 
@@ -152,75 +152,32 @@ def sign_decode(codes, scales, out, G, accumulate):  # pragma: no cover - jitted
 def _feedback_group(x, e, has_e, enew, codes, scales, gi, G):  # pragma: no cover - jitted
     """One whole group whose length G is a multiple of 64, in two passes over it (in L1).
 
-    Pass 1 forms c = x + e into ``enew`` and its lane sums of |c| (the order of qsgd.md §3, with
-    the lanes written out); pass 2 packs 64 signs per word and writes the residuals. ``has_e`` and
-    ``G`` are literals at the call sites.
+    Pass 1 forms c = x + e into ``enew`` and takes the lane sum of |c| (qsgd.md §3) while the
+    group is in L1; then its signs are packed and its residuals written (two more passes in L1). ``has_e`` and ``G``
+    are literals at the call sites.
     """
     lo = np.uint64(gi * G)
-    a0 = 0.0
-    a1 = 0.0
-    a2 = 0.0
-    a3 = 0.0
-    a4 = 0.0
-    a5 = 0.0
-    a6 = 0.0
-    a7 = 0.0
-    for k in range(G // 8):
-        i = lo + np.uint64(8 * k)
-        if has_e:
-            c0 = np.float32(x[i]) + e[i]
-            c1 = np.float32(x[i + _U1]) + e[i + _U1]
-            c2 = np.float32(x[i + _U2]) + e[i + _U2]
-            c3 = np.float32(x[i + _U3]) + e[i + _U3]
-            c4 = np.float32(x[i + _U4]) + e[i + _U4]
-            c5 = np.float32(x[i + _U5]) + e[i + _U5]
-            c6 = np.float32(x[i + _U6]) + e[i + _U6]
-            c7 = np.float32(x[i + _U7]) + e[i + _U7]
-        else:
-            c0 = np.float32(x[i])
-            c1 = np.float32(x[i + _U1])
-            c2 = np.float32(x[i + _U2])
-            c3 = np.float32(x[i + _U3])
-            c4 = np.float32(x[i + _U4])
-            c5 = np.float32(x[i + _U5])
-            c6 = np.float32(x[i + _U6])
-            c7 = np.float32(x[i + _U7])
-        enew[i] = c0
-        enew[i + _U1] = c1
-        enew[i + _U2] = c2
-        enew[i + _U3] = c3
-        enew[i + _U4] = c4
-        enew[i + _U5] = c5
-        enew[i + _U6] = c6
-        enew[i + _U7] = c7
-        a0 += abs(np.float64(c0))
-        a1 += abs(np.float64(c1))
-        a2 += abs(np.float64(c2))
-        a3 += abs(np.float64(c3))
-        a4 += abs(np.float64(c4))
-        a5 += abs(np.float64(c5))
-        a6 += abs(np.float64(c6))
-        a7 += abs(np.float64(c7))
-    total = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    if has_e:
+        for j in range(G):
+            i = lo + np.uint64(j)
+            enew[i] = np.float32(x[i]) + e[i]
+    else:
+        for j in range(G):
+            i = lo + np.uint64(j)
+            enew[i] = np.float32(x[i])
+    total = lane_sum(enew, gi * G, gi * G + G, 1)
     s, _h, bad = _scale(RULE_MEANABS, np.uint32(0), total, 0.0, G, 1, 0.0, False)
     scales[gi] = s
     ns = -s
+    _pack_signs(enew, gi * G, gi * G + G, codes)
     zero = np.float32(0.0)
     nonfinite = 0
-    for wd in range(G // 64):
-        k = lo + np.uint64(64 * wd)
-        word = np.uint64(0)
-        for t in range(64):
-            i = k + np.uint64(t)
-            c = enew[i]
-            neg = c < zero
-            word |= np.uint64(neg) << np.uint64(t)
-            r = c - (ns if neg else s)
-            enew[i] = r
-            nonfinite += not (abs(r) <= np.float32(3.4028234663852886e38))
-        o = k >> np.uint64(3)
-        for t in range(8):
-            codes[o + np.uint64(t)] = np.uint8((word >> np.uint64(8 * t)) & np.uint64(0xFF))
+    for j in range(G):
+        i = lo + np.uint64(j)
+        c = enew[i]
+        r = c - (ns if c < zero else s)
+        enew[i] = r
+        nonfinite += not (abs(r) <= np.float32(3.4028234663852886e38))
     return bad + nonfinite
 
 
