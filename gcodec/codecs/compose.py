@@ -34,6 +34,7 @@ from .registry import codec_class, get_codec
 __all__ = [
     "NestedSpec",
     "check_nested_values",
+    "check_role_values",
     "combined_aggregation",
     "decode_nested",
     "nested_codec_from_config",
@@ -163,6 +164,14 @@ def check_nested_values(
     role: str, spec: NestedSpec, host: TensorEntry, views: Mapping[str, np.ndarray], count: int
 ) -> None:
     spec.cls.check_values(spec.params, nested_entry(role, spec, host, count), nested_views(role, views))
+
+
+def check_role_values(
+    params: Mapping[str, Any], role: str, host: TensorEntry, views: Mapping[str, np.ndarray], count: int
+) -> None:
+    """The nested codec's value checks on ``role`` when ``params[role]`` names one (else nothing)."""
+    if params[role] is not None:
+        check_nested_values(role, parse_nested(params[role], role, strict=False), host, views, count)
 
 
 def decode_nested(

@@ -295,9 +295,7 @@ class SparseIndexCodec(Codec):
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         cls._decode_indices(params, entry, views)
-        if params["values"] is not None:
-            spec = compose.parse_nested(params["values"], "values", strict=False)
-            compose.check_nested_values("values", spec, entry, views, params["k"])
+        compose.check_role_values(params, "values", entry, views, params["k"])
         cls._values(params, entry, views)
 
     @classmethod
