@@ -15,29 +15,34 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .arrays import as_numpy, dtype_name
 from .codecs.base import Codec, EncodeContext, EncodePlan
 from .codecs.registry import get_codec
 from .errors import ConfigError, PayloadValueError
 from .format.container import PendingTensor, write_payload
-from .kernels import threads_for
+from .kernels import run_chunks, threads_for
+from .kernels.quant_cpu import CHUNK
 from .limits import get_limits
 
 __all__ = ["ErrorFeedback"]
 
 
-@njit(cache=True, parallel=True)
-def _residual_inplace(corrected, decoded):  # pragma: no cover - jitted
-    """corrected -= decoded; returns how many results are NaN or infinite."""
-    n = corrected.shape[0]
+@njit(cache=True, nogil=True)
+def _residual_range(corrected, decoded, lo, hi):  # pragma: no cover - jitted
+    """corrected[lo:hi] -= decoded[lo:hi]; returns how many results are NaN or infinite."""
     bad = 0
-    for i in prange(n):
+    for i in range(lo, hi):
         r = corrected[i] - decoded[i]
         corrected[i] = r
         bad += not (abs(r) <= 1.7976931348623157e308)
     return bad
+
+
+def _residual_inplace(corrected: np.ndarray, decoded: np.ndarray) -> int:
+    """corrected -= decoded; returns how many results are NaN or infinite."""
+    return run_chunks(_residual_range, corrected.shape[0], CHUNK, corrected, decoded)
 
 
 def _write_one(

@@ -10,9 +10,19 @@ fuses error feedback into the same pass: ``c = x + e`` is formed, encoded and it
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from .quant_cpu import CHUNK, RULE_MEANABS, SB, _group_stats, _scale, lane_sum
+from . import run_chunks
+from .quant_cpu import (
+    CHUNK,
+    RULE_MEANABS,
+    _scale,
+    add_signs8,
+    lane_sum,
+    put_signs8,
+    sign_bits64,
+    store_u64,
+)
 
 __all__ = ["sign_decode", "sign_encode", "sign_encode_feedback"]
 
@@ -23,20 +33,15 @@ _E16 = np.empty(0, np.uint16)
 def _pack_signs(v, b0, b1, codes):  # pragma: no cover - jitted
     """codes[b0/8 ..] = bits (v_i < 0) of elements [b0, b1), b0 a multiple of 64, LSB first.
 
-    64 elements make one uint64 (an OR-reduction LLVM vectorises), stored as 8 little-endian bytes.
+    64 elements make one uint64 (:func:`sign_bits64`: a vector compare and a bit mask), stored as
+    8 little-endian bytes.
     """
     base = np.uint64(b0)
     o0 = np.uint64(b0 // 8)
     m = b1 - b0
     zero = np.float32(0.0)
     for j in range(m // 64):
-        k = base + np.uint64(64 * j)
-        word = np.uint64(0)
-        for t in range(64):
-            word |= np.uint64(np.float32(v[k + np.uint64(t)]) < zero) << np.uint64(t)
-        o = o0 + np.uint64(8 * j)
-        for t in range(8):
-            codes[o + np.uint64(t)] = np.uint8((word >> np.uint64(8 * t)) & np.uint64(0xFF))
+        store_u64(codes, o0 + np.uint64(8 * j), sign_bits64(v, base + np.uint64(64 * j)))
     r = m % 64
     if r:
         k = base + np.uint64(m - r)
@@ -48,203 +53,156 @@ def _pack_signs(v, b0, b1, codes):  # pragma: no cover - jitted
             codes[o + np.uint64(t)] = np.uint8((word >> np.uint64(8 * t)) & np.uint64(0xFF))
 
 
-def _make_lut() -> np.ndarray:
-    """LUT[b, t] = -1.0 if bit t of b is set else +1.0."""
-    b = np.arange(256, dtype=np.uint32)[:, None] >> np.arange(8, dtype=np.uint32)[None, :]
-    return np.where(b & 1, np.float32(-1.0), np.float32(1.0)).astype(np.float32)
-
-
-_LUT = _make_lut()
-
-
 @njit(cache=True, inline="always")
-def _expand_signs(codes, b0, m, lut, sb):  # pragma: no cover - jitted
-    """sb[0:roundup(m, 8)] = +-1.0 for the bits of elements b0 .. (b0 a multiple of 8)."""
-    o0 = np.uint64(b0 // 8)
-    for j in range((m + 7) // 8):
-        b = np.uint64(codes[o0 + np.uint64(j)])
-        k = np.uint64(8 * j)
-        for t in range(8):
-            sb[k + np.uint64(t)] = lut[b, t]
+def _mean_abs_scales(v, scales, G, b0, b1):  # pragma: no cover - jitted
+    """scales[g] = float32(mean |v|) of the groups g that start in [b0, b1); returns how many are
+    not finite."""
+    n = v.shape[0]
+    bad = 0
+    for gi in range(b0 // G, (b1 - 1) // G + 1):
+        lo = gi * G
+        hi = min(lo + G, n)
+        s, _h, isbad = _scale(RULE_MEANABS, np.uint32(0), lane_sum(v, lo, hi, 1), 0.0, hi - lo, 1, 0.0, False)
+        scales[gi] = s
+        bad += isbad
+    return bad
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _encode_chunk(x, codes, scales, G, L, fused, c0, c1):  # pragma: no cover - jitted
     n = x.shape[0]
     bad = 0
     for b0 in range(c0, c1, L):
         b1 = min(b0 + L, n)
         if fused:
-            for gi in range(b0 // G, (b1 - 1) // G + 1):
-                lo = gi * G
-                hi = min(lo + G, n)
-                mb, s1, s2 = _group_stats(x, lo, hi, RULE_MEANABS, 0.0)
-                s, _h, isbad = _scale(RULE_MEANABS, mb, s1, s2, hi - lo, 1, 0.0, False)
-                scales[gi] = s
-                bad += isbad
+            bad += _mean_abs_scales(x, scales, G, b0, b1)
         _pack_signs(x, b0, b1, codes)
     return bad
 
 
-@njit(cache=True, parallel=True)
-def sign_encode(x, codes, scales, G, L, C, fused):  # pragma: no cover - jitted
+def sign_encode(x, codes, scales, G, L, C, fused):  # type: ignore[no-untyped-def]
     """Bits and (when ``fused``) scales of flat ``x``; returns the number of non-finite groups.
 
     ``G, L, C, fused`` come from :func:`gcodec.kernels.quant_cpu.geometry`; when not ``fused`` the
     scales must be computed first (``large_group_scales`` with ``RULE_MEANABS``).
     """
-    n = x.shape[0]
-    nchunks = (n + C - 1) // C
-    nbad = 0
-    for c in prange(nchunks):
-        nbad += _encode_chunk(x, codes, scales, G, L, fused, c * C, min(c * C + C, n))
-    return nbad
-
-
-@njit(cache=True)
-def _decode_chunk(codes, scales, out, G, accumulate, lut, c0, c1):  # pragma: no cover - jitted
-    sb = np.empty(SB + 8, np.float32)
-    for b0 in range(c0, c1, SB):
-        b1 = min(b0 + SB, c1)
-        if G % 8 == 0 and b1 - b0 == SB:  # groups are whole bytes: expand straight into out
-            for gi in range(b0 // G, (b1 - 1) // G + 1):
-                lo = max(gi * G, b0)
-                hi = min(gi * G + G, b1)
-                s = scales[gi]
-                o0 = np.uint64(lo // 8)
-                for j in range((hi - lo) // 8):
-                    b = np.uint64(codes[o0 + np.uint64(j)])
-                    k = np.uint64(lo + 8 * j)
-                    if accumulate:
-                        for t in range(8):
-                            out[k + np.uint64(t)] += lut[b, t] * s
-                    else:
-                        for t in range(8):
-                            out[k + np.uint64(t)] = lut[b, t] * s
-            continue
-        _expand_signs(codes, b0, b1 - b0, lut, sb)
-        for gi in range(b0 // G, (b1 - 1) // G + 1):
-            lo = max(gi * G, b0)
-            hi = min(gi * G + G, b1)
-            s = scales[gi]
-            base = np.uint64(lo)
-            so = np.uint64(lo - b0)
-            if accumulate:
-                for j in range(hi - lo):
-                    jj = np.uint64(j)
-                    out[base + jj] += sb[so + jj] * s
-            else:
-                for j in range(hi - lo):
-                    jj = np.uint64(j)
-                    out[base + jj] = sb[so + jj] * s
-
-
-@njit(cache=True, parallel=True)
-def sign_decode(codes, scales, out, G, accumulate):  # pragma: no cover - jitted
-    """out[i] (+)= -s or +s (bit i set or clear), s the scale of element i's group."""
-    n = out.shape[0]
-    nchunks = (n + CHUNK - 1) // CHUNK
-    for c in prange(nchunks):
-        _decode_chunk(codes, scales, out, G, accumulate, _LUT, c * CHUNK, min(c * CHUNK + CHUNK, n))
+    return run_chunks(_encode_chunk, x.shape[0], C, x, codes, scales, G, L, fused)
 
 
 @njit(cache=True, inline="always")
-def _feedback_group(x, e, has_e, enew, codes, scales, gi, G):  # pragma: no cover - jitted
-    """One whole group whose length G is a multiple of 64, in two passes over it (in L1).
+def _put_sign(codes, out, i, s, accumulate):  # pragma: no cover - jitted
+    """out[i] (+)= -s or +s by bit i (one element; for group edges inside a byte)."""
+    neg = (codes[np.uint64(i >> 3)] >> np.uint8(i & 7)) & np.uint8(1)
+    v = np.float32(-1.0 if neg else 1.0) * s
+    if accumulate:
+        out[i] += v
+    else:
+        out[i] = v
 
-    Pass 1 forms c = x + e into ``enew`` and takes the lane sum of |c| (qsgd.md §3) while the
-    group is in L1; then its signs are packed and its residuals written (two more passes in L1). ``has_e`` and ``G``
-    are literals at the call sites.
-    """
-    lo = np.uint64(gi * G)
+
+@njit(cache=True, nogil=True)
+def _decode_chunk(codes, scales, out, G, accumulate, c0, c1):  # pragma: no cover - jitted
+    """Elements [c0, c1) of :func:`sign_decode`: whole bytes of a group give eight outputs at once
+    (:func:`put_signs8`), the elements of bytes that a group edge cuts go one by one."""
+    for gi in range(c0 // G, (c1 - 1) // G + 1):
+        lo = max(gi * G, c0)
+        hi = min(gi * G + G, c1)
+        s = scales[gi]
+        j0 = min((lo + 7) // 8, hi // 8)  # the whole bytes [j0, j1) of [lo, hi)
+        j1 = max(hi // 8, j0)
+        for i in range(lo, 8 * j0):
+            _put_sign(codes, out, i, s, accumulate)
+        if accumulate:
+            for j in range(j0, j1):
+                add_signs8(out, np.uint64(8 * j), codes[np.uint64(j)], s)
+        else:
+            for j in range(j0, j1):
+                put_signs8(out, np.uint64(8 * j), codes[np.uint64(j)], s)
+        for i in range(max(8 * j1, lo), hi):
+            _put_sign(codes, out, i, s, accumulate)
+    return 0
+
+
+def sign_decode(codes, scales, out, G, accumulate):  # type: ignore[no-untyped-def]
+    """out[i] (+)= -s or +s (bit i set or clear), s the scale of element i's group."""
+    run_chunks(_decode_chunk, out.shape[0], CHUNK, codes, scales, out, G, accumulate)
+
+
+@njit(cache=True, inline="always")
+def _corrected(x, e, has_e, enew, lo, hi):  # pragma: no cover - jitted
+    """enew[lo:hi] = c = float32(x) + e (or float32(x) without a residual)."""
+    base = np.uint64(lo)
     if has_e:
-        for j in range(G):
-            i = lo + np.uint64(j)
+        for j in range(hi - lo):
+            i = base + np.uint64(j)
             enew[i] = np.float32(x[i]) + e[i]
     else:
-        for j in range(G):
-            i = lo + np.uint64(j)
+        for j in range(hi - lo):
+            i = base + np.uint64(j)
             enew[i] = np.float32(x[i])
-    total = lane_sum(enew, gi * G, gi * G + G, 1)
-    s, _h, bad = _scale(RULE_MEANABS, np.uint32(0), total, 0.0, G, 1, 0.0, False)
-    scales[gi] = s
+
+
+@njit(cache=True, inline="always")
+def _residuals(enew, lo, hi, s):  # pragma: no cover - jitted
+    """enew[lo:hi] = c - decode(c) = c - (-s if c < 0 else s); returns how many are not finite."""
+    base = np.uint64(lo)
     ns = -s
-    _pack_signs(enew, gi * G, gi * G + G, codes)
-    zero = np.float32(0.0)
     nonfinite = 0
-    for j in range(G):
-        i = lo + np.uint64(j)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
         c = enew[i]
-        r = c - (ns if c < zero else s)
+        r = c - (ns if c < np.float32(0.0) else s)
         enew[i] = r
         nonfinite += not (abs(r) <= np.float32(3.4028234663852886e38))
-    return bad + nonfinite
+    return nonfinite
+
+
+@njit(cache=True, inline="always")
+def _feedback_group(x, e, enew, codes, scales, gi, G):  # pragma: no cover - jitted
+    """One whole group of ``G`` elements (a literal multiple of 64) with a residual, while it is in
+    L1: c = x + e into ``enew``, the lane sum of |c| (qsgd.md §3) and the scale, the bits of c,
+    then the residuals in place of c."""
+    lo = gi * G
+    _corrected(x, e, True, enew, lo, lo + G)
+    s, _h, bad = _scale(RULE_MEANABS, np.uint32(0), lane_sum(enew, lo, lo + G, 1), 0.0, G, 1, 0.0, False)
+    scales[gi] = s
+    _pack_signs(enew, lo, lo + G, codes)
+    return bad + _residuals(enew, lo, lo + G, s)
 
 
 @njit(cache=True)
+def _feedback_span(x, e, has_e, enew, codes, scales, G, b0, b1):  # pragma: no cover - jitted
+    """Sub-block [b0, b1) of :func:`sign_encode_feedback`, any group size and residual: the same
+    steps as :func:`_feedback_group`, each over the whole sub-block."""
+    _corrected(x, e, has_e, enew, b0, b1)
+    bad = _mean_abs_scales(enew, scales, G, b0, b1)
+    _pack_signs(enew, b0, b1, codes)
+    n = x.shape[0]
+    for gi in range(b0 // G, (b1 - 1) // G + 1):
+        bad += _residuals(enew, max(gi * G, b0), min(gi * G + G, n), scales[gi])
+    return bad
+
+
+@njit(cache=True, nogil=True)
 def _feedback_chunk(x, e, has_e, enew, codes, scales, G, L, c0, c1):  # pragma: no cover - jitted
     """One chunk of :func:`sign_encode_feedback` (groups no longer than a sub-block)."""
     n = x.shape[0]
     bad = 0
     for b0 in range(c0, c1, L):
         b1 = min(b0 + L, n)
-        if G % 64 == 0 and b1 - b0 == L:  # whole groups of whole words: the two-pass form
-            for gi in range(b0 // G, b1 // G):
-                if G == 256 and has_e:
-                    bad += _feedback_group(x, e, True, enew, codes, scales, gi, 256)
-                elif has_e:
-                    bad += _feedback_group(x, e, True, enew, codes, scales, gi, G)
-                else:
-                    bad += _feedback_group(x, e, False, enew, codes, scales, gi, G)
-            continue
-        base = np.uint64(b0)
-        # step 1: the corrected values c = x + e, kept in enew until the residual replaces them
-        if has_e:
-            for j in range(b1 - b0):
-                i = base + np.uint64(j)
-                enew[i] = np.float32(x[i]) + e[i]
+        if G == 256 and has_e and b1 - b0 == L:  # the default, with a residual: literal group size
+            for gi in range(b0 // 256, b1 // 256):
+                bad += _feedback_group(x, e, enew, codes, scales, gi, 256)
         else:
-            for j in range(b1 - b0):
-                i = base + np.uint64(j)
-                enew[i] = np.float32(x[i])
-        # step 2: scales from c, then the bits of c
-        for gi in range(b0 // G, (b1 - 1) // G + 1):
-            lo = gi * G
-            hi = min(lo + G, n)
-            mb, s1, s2 = _group_stats(enew, lo, hi, RULE_MEANABS, 0.0)
-            s, _h, isbad = _scale(RULE_MEANABS, mb, s1, s2, hi - lo, 1, 0.0, False)
-            scales[gi] = s
-            bad += isbad
-        _pack_signs(enew, b0, b1, codes)
-        # step 3: the residual c - decode(c), and whether any is NaN or infinite
-        for gi in range(b0 // G, (b1 - 1) // G + 1):
-            lo = gi * G
-            hi = min(lo + G, n)
-            s = scales[gi]
-            ns = -s
-            gb = np.uint64(lo)
-            nonfinite = 0
-            for j in range(hi - lo):
-                i = gb + np.uint64(j)
-                c = enew[i]
-                r = c - (ns if c < np.float32(0.0) else s)
-                enew[i] = r
-                nonfinite += not (abs(r) <= np.float32(3.4028234663852886e38))
-            bad += nonfinite
+            bad += _feedback_span(x, e, has_e, enew, codes, scales, G, b0, b1)
     return bad
 
 
-@njit(cache=True, parallel=True)
-def sign_encode_feedback(x, e, has_e, enew, codes, scales, G, L, C):  # pragma: no cover - jitted
+def sign_encode_feedback(x, e, has_e, enew, codes, scales, G, L, C):  # type: ignore[no-untyped-def]
     """Encode ``c = x + e`` (float32) and write ``enew = c - decode(c)``, in one pass.
 
     Bit-identical to encoding ``c`` with :func:`sign_encode` and subtracting its decode. Requires
     groups no longer than a sub-block. Returns the number of non-finite groups plus non-finite
     residuals (the caller then discards ``enew``).
     """
-    n = x.shape[0]
-    nchunks = (n + C - 1) // C
-    nbad = 0
-    for c in prange(nchunks):
-        nbad += _feedback_chunk(x, e, has_e, enew, codes, scales, G, L, c * C, min(c * C + C, n))
-    return nbad
+    return run_chunks(_feedback_chunk, x.shape[0], C, x, e, has_e, enew, codes, scales, G, L)
