@@ -53,6 +53,19 @@ def test_per_key_counter_advances_per_call_and_is_recorded(cid, kw):
     assert bytes(gcodec.get_codec(cid, seed=1, **kw).encode(X, step=3)) == bytes(c.encode(X, step=3))
 
 
+@pytest.mark.parametrize("cid, kw", [*STOCHASTIC, ("randomk", {"k": 10})])
+def test_a_refused_encode_advances_the_counter_like_any_call(cid, kw):
+    # Workers that encode in lockstep without step= must keep drawing the same streams even when
+    # one of them refuses a call (NaN input is local to a worker): every call takes one stream.
+    c = gcodec.get_codec(cid, seed=1, **kw)
+    bad = X.copy()
+    bad[7] = np.nan
+    with pytest.raises(gcodec.PayloadValueError):
+        c.encode(bad, key="w")
+    assert c.next_stream("w") == 1
+    assert _stream(c.encode(X, key="w")) == 1
+
+
 @pytest.mark.parametrize("step", [-1, 2**64, 1.5, "3", True])
 def test_bad_steps(step):
     with pytest.raises(gcodec.ConfigError):

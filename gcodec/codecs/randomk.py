@@ -120,13 +120,15 @@ class RandomK(Codec):
         dname = _dtype_name(flat.dtype)
         n = flat.shape[0]
         k = self.k_for(n)
+        # Taken before the input is checked: every call advances the key's counter, refused or not,
+        # so workers calling in lockstep keep sharing streams after one of them refused NaN input.
+        stream = self._streams.take(ctx)
         bits, mask, infkey = key_bits(flat, dname)
         bad = sparse_cpu.count_nonfinite(bits, mask, infkey)
         if bad:
             raise PayloadValueError(
                 f"randomk: input has NaN or infinite values ({bad} found); see specs/codecs/randomk.md"
             )
-        stream = self._streams.take(ctx)
         seed = self._params["seed"]
         idx = randomk_indices(n, k, seed, stream)
         vwire, sections, vfill = plan_values(self._nested, flat, idx, dname, ctx)
