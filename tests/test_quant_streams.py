@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 
 import numba
@@ -131,3 +132,29 @@ def test_bytes_do_not_depend_on_the_thread_count(cid, kw):
         numba.set_num_threads(prev)
     assert one == many
     np.testing.assert_array_equal(y1, y2)
+
+
+def _encode_in_child(conn):  # runs in a forked child
+    x = np.random.default_rng(1).standard_normal(300_001).astype(np.float32)
+    conn.send(bytes(gcodec.get_codec("qsgd").encode(x, step=4)))
+    conn.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_the_thread_pool_works_in_a_forked_child():
+    # The kernels' worker threads do not survive fork(); a child must make its own pool (and not
+    # inherit a lock held by a parent thread) and still produce the same bytes.
+    import multiprocessing as mp
+
+    x = np.random.default_rng(1).standard_normal(300_001).astype(np.float32)
+    want = bytes(gcodec.get_codec("qsgd").encode(x, step=4))  # the parent's pool exists now
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_encode_in_child, args=(send,))
+    child.start()
+    send.close()
+    assert recv.poll(120), "the forked child did not answer"
+    got = recv.recv()
+    child.join(30)
+    assert child.exitcode == 0
+    assert got == want

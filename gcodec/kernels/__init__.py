@@ -51,6 +51,17 @@ _pool_pid = 0
 _pool_lock = threading.Lock()
 
 
+def _forget_pool_after_fork() -> None:
+    # A forked child has none of the parent's worker threads, and the lock may have been held by
+    # another parent thread at the fork: start over with a new lock and, when needed, a new pool.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def _executor() -> ThreadPoolExecutor:
     """The worker threads (NUMBA_NUM_THREADS - 1 of them; made anew in a forked child)."""
     global _pool, _pool_pid
