@@ -215,6 +215,12 @@ class Codec(ABC):
         return cls.wire_schema()
 
     @classmethod
+    def _entry_sections(cls, params: dict[str, Any], entry: TensorEntry) -> list[tuple[str, str, int]]:
+        """:meth:`expected_sections` for this header entry (rule C2/C3's reference). Codecs whose
+        sections depend on the tensor's dtype as well as its shape override this."""
+        return cls.expected_sections(params, entry.shape)
+
+    @classmethod
     def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
         """Check a header entry's params and section table against this codec (rules C1-C3)."""
         params = check_params(
@@ -226,7 +232,7 @@ class Codec(ABC):
             allow_unknown=not strict,
         )
         cls._check_config(params, HeaderError, f"C1: {where}.params: ")
-        want = cls.expected_sections(params, entry.shape)
+        want = cls._entry_sections(params, entry)
         got = [(s.name, s.dtype, s.nbytes) for s in entry.sections]
         if [w[:2] for w in want] != [g[:2] for g in got]:
             raise SizeMismatchError(

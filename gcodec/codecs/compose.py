@@ -33,7 +33,6 @@ from .registry import codec_class, get_codec
 
 __all__ = [
     "NestedSpec",
-    "check_nested_values",
     "check_role_values",
     "combined_aggregation",
     "decode_nested",
@@ -160,18 +159,13 @@ def check_nested_entry(role: str, spec: NestedSpec, host: TensorEntry, count: in
     spec.cls.check_entry(nested_entry(role, spec, host, count), f"{where}.params.{role}", strict=strict)
 
 
-def check_nested_values(
-    role: str, spec: NestedSpec, host: TensorEntry, views: Mapping[str, np.ndarray], count: int
-) -> None:
-    spec.cls.check_values(spec.params, nested_entry(role, spec, host, count), nested_views(role, views))
-
-
 def check_role_values(
     params: Mapping[str, Any], role: str, host: TensorEntry, views: Mapping[str, np.ndarray], count: int
 ) -> None:
     """The nested codec's value checks on ``role`` when ``params[role]`` names one (else nothing)."""
     if params[role] is not None:
-        check_nested_values(role, parse_nested(params[role], role, strict=False), host, views, count)
+        spec = parse_nested(params[role], role, strict=False)
+        spec.cls.check_values(spec.params, nested_entry(role, spec, host, count), nested_views(role, views))
 
 
 def decode_nested(
@@ -188,30 +182,3 @@ def combined_aggregation(host: Aggregation, nested: Codec | None) -> Aggregation
     if nested is None or host is Aggregation.GATHER:
         return host
     return nested.aggregation
-
-
-def check_entry_with_dtype(cls: Any, entry: TensorEntry, where: str, strict: bool) -> dict[str, Any]:
-    """:meth:`Codec.check_entry` (rules C1-C3) for hosts whose sections depend on the tensor dtype.
-
-    Such hosts take ``dtype=`` as an extra keyword of ``expected_sections`` (raw values travel in
-    the tensor's dtype).
-    """
-    from ..errors import SizeMismatchError
-
-    schema = cls.wire_schema_for(entry.params) if hasattr(cls, "wire_schema_for") else cls.wire_schema()
-    params = check_params(
-        schema, entry.params, HeaderError, f"C1: {where}.params: ", fill_defaults=False, allow_unknown=not strict
-    )
-    cls._check_config(params, HeaderError, f"C1: {where}.params: ")
-    want = cls.expected_sections(params, entry.shape, dtype=entry.dtype)
-    got = [(s.name, s.dtype, s.nbytes) for s in entry.sections]
-    if [w[:2] for w in want] != [g[:2] for g in got]:
-        raise SizeMismatchError(
-            f"C2: {where}.sections are {[g[:2] for g in got]}; codec {cls.codec_id!r} needs {[w[:2] for w in want]}"
-        )
-    for (name, _, nb_want), (_, _, nb_got) in zip(want, got):
-        if nb_want != nb_got:
-            raise SizeMismatchError(
-                f"C3: {where} section {name!r} is {nb_got} bytes; shape {list(entry.shape)} and params imply {nb_want}"
-            )
-    return params

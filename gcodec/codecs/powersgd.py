@@ -532,9 +532,7 @@ class PowerSGD(Codec):
         mn = matrix_shape(entry.shape)
         assert mn is not None
         for role, rows in (("p", mn[0]), ("q", mn[1])):
-            if params[role] is not None:
-                spec = compose.parse_nested(params[role], role, strict=False)
-                compose.check_nested_values(role, spec, entry, views, rows * params["rank"])
+            compose.check_role_values(params, role, entry, views, rows * params["rank"])
         cls._factors(params, entry, views)
 
     @classmethod

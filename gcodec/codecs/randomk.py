@@ -28,11 +28,11 @@ from ..format.container import PendingTensor, TensorEntry, write_payload
 from ..kernels import sparse_cpu
 from ..rng import random_u32
 from . import compose
-from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
+from .base import Aggregation, EncodeContext, EncodePlan, Param
 from .kcount import check_ratio_k, k_for
 from .quantizer import SEED_PARAM, STREAM_PARAM, StreamCounter
 from .registry import register_codec
-from .topk import check_nested, decode_values, expected_values, key_bits, plan_values
+from .topk import ValuesHost, decode_values, expected_values, key_bits, plan_values
 
 __all__ = ["RandomK", "randomk_indices", "sum_payloads"]
 
@@ -57,7 +57,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 @register_codec
-class RandomK(Codec):
+class RandomK(ValuesHost):
     """k uniformly random elements, indices regenerated from ``seed`` and ``stream``.
 
     Parameters:
@@ -144,16 +144,6 @@ class RandomK(Codec):
         if params["k"] > n:
             raise HeaderError(f"R1: k={params['k']} exceeds the tensor's {n} elements")
         return expected_values(params, dtype, params["k"])
-
-    @classmethod
-    def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
-        raw = entry.params.get("values")
-        if raw is not None:
-            compose.parse_nested(raw, f"{where}.params.values", strict=strict)
-        params = compose.check_entry_with_dtype(cls, entry, where, strict)
-        if params["values"] is not None:
-            check_nested(entry, {"values": params["k"]}, where, strict)
-        return params
 
     # ---- values -----------------------------------------------------------------------------
     @classmethod

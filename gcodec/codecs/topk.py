@@ -148,11 +148,30 @@ def check_nested(entry: TensorEntry, roles_counts: dict[str, int], where: str, s
             compose.check_nested_entry(role, spec, entry, count, where, strict)
 
 
+class ValuesHost(Codec):
+    """Base of the codecs that send ``k`` values of the tensor (``topk``, ``threshold``, ``randomk``):
+    raw in the tensor's dtype, or through the nested codec declared in ``params["values"]``."""
+
+    @classmethod
+    def _entry_sections(cls, params: dict[str, Any], entry: TensorEntry) -> list[tuple[str, str, int]]:
+        return cls.expected_sections(params, entry.shape, dtype=entry.dtype)  # type: ignore[call-arg]
+
+    @classmethod
+    def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
+        raw = entry.params.get("values")
+        if raw is not None:  # the nested declaration first, so the section list can be computed
+            compose.parse_nested(raw, f"{where}.params.values", strict=strict)
+        params = super().check_entry(entry, where, strict=strict)
+        if params["values"] is not None:
+            check_nested(entry, {"values": params["k"]}, where, strict)
+        return params
+
+
 # --------------------------------------------------------------------------------------------
 # the shared base of topk and threshold: increasing indices + values
 
 
-class SparseIndexCodec(Codec):
+class SparseIndexCodec(ValuesHost):
     """Base of the codecs that send explicit indices (``topk``, ``threshold``)."""
 
     aggregation = Aggregation.GATHER
@@ -232,16 +251,6 @@ class SparseIndexCodec(Codec):
         else:
             out = [("indices", "u4", params["index_bytes"])]
         return out + expected_values(params, dtype, k)
-
-    @classmethod
-    def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
-        raw = entry.params.get("values")
-        if raw is not None:  # the nested declaration first, so the section list can be computed
-            compose.parse_nested(raw, f"{where}.params.values", strict=strict)
-        params = compose.check_entry_with_dtype(cls, entry, where, strict)
-        if params["values"] is not None:
-            check_nested(entry, {"values": params["k"]}, where, strict)
-        return params
 
     # ---- values -----------------------------------------------------------------------------
     @classmethod
