@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +42,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from timing import best_of  # noqa: E402  (bench/timing.py)
+
 import gcodec  # noqa: E402
 from gcodec.codecs.qsgd import code_width  # noqa: E402
 
@@ -52,23 +53,6 @@ try:
     torch.set_num_threads(_THREADS)
 except ImportError:  # pragma: no cover - torch is optional
     torch = None
-
-
-# --------------------------------------------------------------------------------------------
-# timing
-
-
-def best_of(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
-    """Best wall time (s) of each callable, interleaved over ``repeat`` rounds after one warm-up."""
-    for f in fns.values():
-        f()
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeat):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,28 +29,15 @@ import json
 import os
 import platform
 import sys
-import time
 
 for _var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+from timing import best_of  # noqa: E402  (bench/timing.py)
 
 import gcodec  # noqa: E402
 from gcodec.codecs.powersgd import compute_p, compute_q, orthogonalize  # noqa: E402
-
-
-def best_of(fns: dict[str, object], repeat: int) -> dict[str, float]:
-    """Best wall time (s) of each callable, interleaved over ``repeat`` rounds after one warm-up."""
-    for f in fns.values():
-        f()  # warm-up: JIT compilation, page faults of the outputs
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeat):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
 
 
 def heavy_tailed(n: int, seed: int = 0) -> np.ndarray:
