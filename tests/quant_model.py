@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import gcodec
 from gcodec import rng
 
 RBLOCK = 65536
@@ -162,3 +163,18 @@ def hoeffding_halfwidth(span: np.ndarray | float, k: int, n_tests: int, p_fail: 
     <= p_fail / n_tests (Hoeffding: 2 exp(-2 k t^2 / span^2)), so a union bound over n_tests
     elements keeps the whole test's false-failure probability below p_fail."""
     return np.asarray(span) * np.sqrt(np.log(2 * n_tests / p_fail) / (2 * k))
+
+
+def mean_decode_and_scales(codec, x: np.ndarray, k: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mean of the decodes of ``k`` encodes of ``x`` at steps 0..k-1, each element's scale).
+
+    The scales (float64, one per element) are those of the first payload; with a per-group absmax
+    scale they are the same for every step."""
+    acc = np.zeros(x.size)
+    s = None
+    for step in range(k):
+        buf = codec.encode(x, step=step)
+        acc += gcodec.decode(buf)
+        if s is None:
+            s = np.repeat(payload_sections(buf)[1]["scales"].astype(np.float64), group_size)[: x.size]
+    return acc / k, s
