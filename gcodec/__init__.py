@@ -7,21 +7,26 @@
 'uniform'
 >>> y = gcodec.decode(buf)
 
-Layers, bottom-up: :mod:`gcodec.arrays` (backends), :mod:`gcodec.codecs` (algorithms),
-:mod:`gcodec.format` (bytes), then transports. See docs/ and specs/.
+Layers, bottom-up (the import contract in pyproject.toml enforces them): :mod:`gcodec.arrays`,
+:mod:`gcodec.sections`, :mod:`gcodec.layout` (plain facts) → :mod:`gcodec.kernels` (hot loops per
+backend) → :mod:`gcodec.codecs` (algorithms) → :mod:`gcodec.format` (bytes) → :mod:`gcodec.api`
+(payloads) → interop, CLI, demo. See docs/architecture.md and specs/.
 """
 
 from __future__ import annotations
 
+from .aggregate import sum_payloads
 from .api import (
     PayloadInfo,
     TensorInfo,
     decode,
     decode_bundle,
+    encode,
     encode_bundle,
     validate,
 )
 from .codecs import Aggregation, Codec, codec_class, get_codec, list_codecs, register_codec
+from .codecs.state import CodecState
 from .errors import (
     ChecksumError,
     ConfigError,
@@ -45,6 +50,7 @@ __all__ = [
     "Aggregation",
     "ChecksumError",
     "Codec",
+    "CodecState",
     "ConfigError",
     "ErrorFeedback",
     "FormatError",
@@ -63,6 +69,7 @@ __all__ = [
     "codec_class",
     "decode",
     "decode_bundle",
+    "encode",
     "encode_bundle",
     "get_codec",
     "get_limits",
@@ -70,5 +77,6 @@ __all__ = [
     "list_codecs",
     "register_codec",
     "set_limits",
+    "sum_payloads",
     "validate",
 ]

@@ -1,21 +1,26 @@
-"""The top of the stack: encode, decode and validate whole payloads.
+"""Encode, decode and validate whole payloads: the layer that joins the lower ones.
 
-These functions join the three lower layers: :mod:`gcodec.arrays` turns user tensors into NumPy
-arrays, a :class:`~gcodec.codecs.base.Codec` turns arrays into sections, and
-:mod:`gcodec.format` turns sections into bytes (and back, with every check of specs/format.md).
+:mod:`gcodec.arrays` takes user tensors in and names their backend, :mod:`gcodec.kernels` picks that
+backend's kernels, a :class:`~gcodec.codecs.base.Codec` turns arrays into sections (with the
+caller's :class:`~gcodec.CodecState`), and :mod:`gcodec.format` turns sections into bytes (and back,
+with every check of specs/format.md). Everything that writes a payload ends in :func:`write_pending`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from .arrays import DTYPES, as_numpy, dtype_name
-from .codecs.base import Codec, EncodeContext
+from . import kernels
+from .arrays import DTYPES, dtype_name, intake
+from .codecs import base as _codec_base
+from .codecs.base import Codec, EncodeContext, EncodePlan
 from .codecs.registry import codec_class, get_codec
+from .codecs.state import CodecState
 from .errors import ConfigError, FormatError, LimitExceededError, UnsupportedVersionError
 from .format.container import (
     MAJOR,
@@ -26,17 +31,19 @@ from .format.container import (
     read_payload,
     write_payload,
 )
-from .kernels import threads_for
 from .limits import Limits, get_limits
+from .sections import numel
 
 __all__ = [
     "PayloadInfo",
     "TensorInfo",
     "decode",
     "decode_bundle",
+    "encode",
     "encode_bundle",
-    "encode_with",
+    "pending_from_plan",
     "validate",
+    "write_pending",
 ]
 
 
@@ -45,22 +52,30 @@ __all__ = [
 
 
 def _pending(codec: Codec, x: Any, name: str | None, lim: Limits, ctx: EncodeContext) -> PendingTensor:
-    arr = as_numpy(x)
-    dname = dtype_name(arr.dtype)
-    lim.check_ndim(arr.ndim)
-    lim.check("element count", arr.size, "max_elements")
-    with threads_for(arr.size):
-        plan = codec.plan(arr, ctx)
+    arr = intake(x)
+    dtype_name(arr.dtype)  # ConfigError for dtypes the wire format does not know
+    lim.check_ndim(len(arr.shape))
+    lim.check("element count", numel(arr.shape), "max_elements")
+    K = kernels.get(arr.backend)
+    host = arr.array
+    with K.threads_for(host.size):
+        plan = codec.plan(host, ctx)
+    return pending_from_plan(codec, host, plan, name)
+
+
+def pending_from_plan(codec: Codec, arr: np.ndarray, plan: EncodePlan, name: str | None = None) -> PendingTensor:
+    """The tensor record the writer lays out for ``plan`` (made by ``codec`` from ``arr``)."""
     fill = plan.fill
+    K = kernels.of(arr)
 
     def fill_sized(views: Mapping[str, np.ndarray]) -> None:
-        with threads_for(arr.size):
+        with K.threads_for(arr.size):  # small tensors stay on the calling thread
             fill(views)
 
     return PendingTensor(
         codec.codec_id,
         codec.version,
-        dname,
+        dtype_name(arr.dtype),
         tuple(int(d) for d in arr.shape),
         plan.params,
         plan.sections,
@@ -69,19 +84,67 @@ def _pending(codec: Codec, x: Any, name: str | None, lim: Limits, ctx: EncodeCon
     )
 
 
-def encode_with(
-    codec: Codec,
-    x: Any,
+def _into(out: Any) -> Callable[[int], np.ndarray] | None:
+    """The payload allocator for ``encode(..., out=buf)``: the first bytes of a writable buffer."""
+    if out is None:
+        return None
+    try:
+        mem = np.frombuffer(out, dtype=np.uint8) if not isinstance(out, np.ndarray) else out
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"out= must be a writable bytes-like buffer: {e}") from None
+    if mem.dtype != np.uint8 or mem.ndim != 1 or not mem.flags.c_contiguous or not mem.flags.writeable:
+        raise ConfigError("out= must be a writable, C-contiguous 1-D uint8 buffer (bytearray, numpy uint8 array)")
+
+    def alloc(nbytes: int) -> np.ndarray:
+        if nbytes > mem.shape[0]:
+            raise ConfigError(f"out= holds {mem.shape[0]} bytes; this payload needs {nbytes}")
+        return mem[:nbytes]
+
+    return alloc
+
+
+def write_pending(
+    pend: list[PendingTensor],
     *,
-    ctx: EncodeContext | None = None,
+    meta: Mapping[str, str] | None,
+    checksum: bool,
+    limits: Limits,
+    out: Any = None,
+) -> memoryview:
+    """Lay out and fill the payload of ``pend``, in ``out`` when given (every encode ends here)."""
+    return write_payload(pend, meta=meta, checksum=checksum, limits=limits, alloc=_into(out))
+
+
+def encode(
+    x: Any,
+    codec: Codec | str | dict[str, Any],
+    *,
+    key: str | None = None,
+    step: int | None = None,
+    state: CodecState | None = None,
     checksum: bool = True,
     meta: Mapping[str, str] | None = None,
+    out: Any = None,
     limits: Limits | None = None,
 ) -> memoryview:
-    """Encode one tensor with ``codec`` (what :meth:`Codec.encode` calls)."""
+    """Encode one tensor into a complete, self-describing payload.
+
+    Args:
+        x: any array gcodec takes in (:func:`gcodec.arrays.intake`).
+        codec: a codec, its id, or its config dict.
+        key, step: see :class:`~gcodec.codecs.base.EncodeContext` (stateful and stochastic codecs).
+        state: the :class:`~gcodec.CodecState` that holds per-key streams and warm starts; default
+            the codec object's own (:meth:`Codec.default_state`).
+        checksum: ``False`` drops the payload CRC32C (the header CRC stays) for trusted paths.
+        out: a writable byte buffer (bytearray, uint8 array) to write the payload into, from its
+            first byte; the result is a view of it. Reusing one send buffer across steps avoids the
+            page faults a fresh buffer costs (they halve the speed of the fastest codecs).
+    """
+    c = get_codec(codec)
+    st = c.default_state() if state is None else state
     lim = limits or get_limits()
-    pend = _pending(codec, x, None, lim, ctx or EncodeContext())
-    return write_payload([pend], meta=meta, checksum=checksum, limits=lim)
+    pend = _pending(c, x, None, lim, EncodeContext(key, step, st))
+    return write_pending([pend], meta=meta, checksum=checksum, limits=lim, out=out)
 
 
 def encode_bundle(
@@ -89,14 +152,17 @@ def encode_bundle(
     codec: Codec | str | Mapping[str, Codec | str] = "fp16",
     *,
     step: int | None = None,
+    state: CodecState | Mapping[str, CodecState] | None = None,
     checksum: bool = True,
     meta: Mapping[str, str] | None = None,
+    out: Any = None,
     limits: Limits | None = None,
 ) -> memoryview:
     """Encode several named tensors into one payload with one header.
 
     ``codec`` is one codec for all, or a mapping from tensor name to codec (missing names raise).
-    The order of ``tensors`` is the order on the wire. Each tensor's name is its state ``key``.
+    The order of ``tensors`` is the order on the wire. Each tensor's name is its state ``key``;
+    ``state`` is one state for all, a mapping from name to state, or None (each codec object's own).
     """
     lim = limits or get_limits()
     if not tensors:
@@ -111,8 +177,9 @@ def encode_bundle(
             c = get_codec(codec[name])
         else:
             c = get_codec(codec)
-        pend.append(_pending(c, x, name, lim, EncodeContext(name, step)))
-    return write_payload(pend, meta=meta, checksum=checksum, limits=lim)
+        st = state.get(name) if isinstance(state, Mapping) else state
+        pend.append(_pending(c, x, name, lim, EncodeContext(name, step, c.default_state() if st is None else st)))
+    return write_pending(pend, meta=meta, checksum=checksum, limits=lim, out=out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,7 +200,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return numel(self.shape)
 
     @property
     def original_nbytes(self) -> int:
@@ -285,7 +352,7 @@ def _alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     try:
         return np.empty(shape, dtype=dtype)
     except MemoryError:
-        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        nbytes = numel(shape) * dtype.itemsize
         raise LimitExceededError(
             f"cannot allocate {nbytes} bytes for the decoded tensor; lower max_output_bytes to refuse such "
             "payloads up front"
@@ -317,7 +384,7 @@ def _decode_entry(
         result = out
     flat = result.reshape(-1)
     views = p.views(e)
-    with threads_for(flat.size):
+    with kernels.of(flat).threads_for(flat.size):
         if flat.dtype in _KERNEL_OUT:
             cls.decode_into(params, e, views, flat, accumulate)
         else:  # 16-bit outputs: decode in float32, then round once into the output
@@ -396,3 +463,7 @@ def _decode_many(
             raise ConfigError(f"accumulate=True needs out[{name!r}]")
         result[name] = _decode_entry(p, e, cls, params, o, accumulate)
     return result
+
+
+# ``codec.encode(x)`` / ``codec.decode(buf)`` are facades over this module; codecs do not import it.
+_codec_base.install_api(sys.modules[__name__])

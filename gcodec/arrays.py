@@ -1,13 +1,14 @@
-"""Layer 1: array backends and dtypes.
+"""The bottom layer: array intake, backends and dtypes.
 
-Everything above this module works on NumPy arrays in host memory. This module turns what a user
-hands in (NumPy, ml_dtypes bfloat16 arrays, torch tensors, anything with ``__array__`` or DLPack)
-into a C-contiguous NumPy array without copying when it can, and names the four floating dtypes
-the wire format knows.
+:func:`intake` takes what a user hands in (NumPy, ml_dtypes bfloat16 arrays, torch tensors, CuPy,
+anything with ``__array__``, ``__cuda_array_interface__`` or DLPack) without moving it, and says which
+backend it lives on; :mod:`gcodec.kernels` picks that backend's kernels. This module also names the
+four floating dtypes the wire format knows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ml_dtypes
@@ -18,9 +19,12 @@ from .errors import ConfigError
 __all__ = [
     "BFLOAT16",
     "DTYPES",
-    "as_numpy",
+    "Intake",
+    "backend_of",
     "dtype_from_name",
     "dtype_name",
+    "host_array",
+    "intake",
 ]
 
 BFLOAT16: np.dtype = np.dtype(ml_dtypes.bfloat16)
@@ -52,22 +56,79 @@ def _torch_to_numpy(x: Any) -> np.ndarray:
     import torch
 
     t = x.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
     t = t.contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(BFLOAT16)
     return t.numpy()
 
 
-def as_numpy(x: Any) -> np.ndarray:
-    """A C-contiguous NumPy view (or, when unavoidable, copy) of ``x`` in host memory."""
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def backend_of(x: Any) -> str:
+    """Where array ``x`` lives: ``"cpu"`` (host memory) or ``"cuda"`` (device memory). No copy, no
+    CUDA initialisation."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return "cpu"
+    if _is_torch(x):
+        dev = getattr(getattr(x, "device", None), "type", "cpu")
+        return "cpu" if dev == "cpu" else "cuda" if dev == "cuda" else str(dev)
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cuda"
+    if hasattr(x, "__dlpack_device__"):
+        try:
+            kind = int(x.__dlpack_device__()[0])
+        except Exception:
+            kind = 1
+        # DLPack device types: 1 CPU, 3 CUDA host (pinned: host memory), 2 CUDA, 10 ROCm, 13 CUDA managed
+        return "cpu" if kind in (1, 3) else "cuda" if kind in (2, 10, 13) else f"dlpack:{kind}"
+    return "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Intake:
+    """An array as gcodec takes it in: where it lives, and the array itself, not copied.
+
+    ``array`` is a C-contiguous NumPy array for the ``"cpu"`` backend (a view of the caller's
+    memory whenever that is already C-contiguous); for a device backend it is the caller's own
+    object, untouched.
+    """
+
+    array: Any
+    backend: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def host(self) -> np.ndarray:
+        """The NumPy array of a ``"cpu"`` intake; ConfigError for device arrays (never a silent copy)."""
+        if self.backend != "cpu":
+            raise ConfigError(
+                f"this operation needs a host array; the array lives on {self.backend!r} "
+                "(copy it to host memory explicitly, e.g. tensor.cpu())"
+            )
+        return self.array
+
+
+def intake(x: Any) -> Intake:
+    """Take in any array gcodec encodes without moving it: NumPy (and ml_dtypes bfloat16), torch
+    tensors, CuPy arrays, anything with ``__array__``, ``__cuda_array_interface__`` or DLPack.
+
+    Host arrays become C-contiguous NumPy arrays (a view when possible; a copy only when the caller's
+    array is strided). Device arrays are recognised and returned as they are.
+    """
+    backend = backend_of(x)
+    if backend != "cpu":
+        try:
+            dt = np.dtype(str(x.dtype).replace("torch.", ""))
+        except TypeError:
+            dt = np.dtype(np.uint8) if "bfloat16" not in str(x.dtype) else BFLOAT16
+        return Intake(x, backend, dt, tuple(int(d) for d in x.shape))
     if isinstance(x, np.ndarray):
         arr = x
-    elif type(x).__module__.startswith("torch"):
+    elif _is_torch(x):
         arr = _torch_to_numpy(x)
-    elif hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):
-        arr = x.get()  # CuPy: device kernels arrive with the GPU issue; copy to host for now
     elif isinstance(x, np.generic):
         arr = np.asarray(x)
     elif hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
@@ -78,4 +139,9 @@ def as_numpy(x: Any) -> np.ndarray:
         raise ConfigError(f"cannot encode object of type {type(x).__name__}: expected an array")
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
-    return arr
+    return Intake(arr, "cpu", arr.dtype, tuple(int(d) for d in arr.shape))
+
+
+def host_array(x: Any) -> np.ndarray:
+    """``intake(x).host``: a C-contiguous NumPy array in host memory, or ConfigError for device arrays."""
+    return intake(x).host

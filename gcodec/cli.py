@@ -42,7 +42,7 @@ def _err(e: BaseException) -> str:
 
 
 def _print_json(obj: Any, out: TextIO) -> None:
-    from .demo import json_safe  # NaN and infinities (e.g. bits/element of an empty tensor) become null
+    from .jsonsafe import json_safe  # NaN and infinities (e.g. bits/element of an empty tensor) become null
 
     json.dump(json_safe(obj), out, indent=2, default=str, allow_nan=False)
     out.write("\n")

@@ -6,7 +6,8 @@ what was decoded plus the final residual equals the sum of the inputs (up to flo
 biased or lossy codecs (Top-K, sign, low bit widths) still converge (Seide et al. 2014, "1-bit SGD";
 Karimireddy et al. 2019, "EF-SignSGD"; Stich et al. 2018, "Sparsified SGD with memory").
 
-Works with every codec: it only calls ``codec.encode`` and ``gcodec.decode``.
+Works with every codec: it encodes through ``gcodec.encode`` with its own
+:class:`~gcodec.CodecState` (:attr:`ErrorFeedback.codec_state`) and decodes with ``gcodec.decode``.
 """
 
 from __future__ import annotations
@@ -15,55 +16,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from numba import njit
 
-from .arrays import as_numpy, dtype_name
-from .codecs.base import Codec, EncodeContext, EncodePlan
+from . import kernels
+from .api import decode, encode, pending_from_plan, write_pending
+from .arrays import host_array
+from .codecs.base import Codec, EncodeContext
 from .codecs.registry import get_codec
+from .codecs.state import CodecState
 from .errors import ConfigError, PayloadValueError
-from .format.container import PendingTensor, write_payload
-from .kernels import run_chunks, threads_for
-from .kernels.quant_cpu import CHUNK
 from .limits import get_limits
 
 __all__ = ["ErrorFeedback"]
-
-
-@njit(cache=True, nogil=True)
-def _residual_range(corrected, decoded, lo, hi):  # pragma: no cover - jitted
-    """corrected[lo:hi] -= decoded[lo:hi]; returns how many results are NaN or infinite."""
-    bad = 0
-    for i in range(lo, hi):
-        r = corrected[i] - decoded[i]
-        corrected[i] = r
-        bad += not (abs(r) <= 1.7976931348623157e308)
-    return bad
-
-
-def _residual_inplace(corrected: np.ndarray, decoded: np.ndarray) -> int:
-    """corrected -= decoded; returns how many results are NaN or infinite."""
-    return run_chunks(_residual_range, corrected.shape[0], CHUNK, corrected, decoded)
-
-
-def _write_one(
-    codec: Codec, arr: np.ndarray, plan: EncodePlan, checksum: bool, meta: Mapping[str, str] | None
-) -> memoryview:
-    """Write a single-tensor payload from a plan (what ``gcodec.api.encode_with`` does after ``plan``)."""
-    lim = get_limits()
-    lim.check("ndim", arr.ndim, "max_ndim")
-    lim.check("element count", arr.size, "max_elements")
-    pend = PendingTensor(
-        codec.codec_id,
-        codec.version,
-        dtype_name(arr.dtype),
-        tuple(int(d) for d in arr.shape),
-        plan.params,
-        plan.sections,
-        plan.fill,
-        None,
-    )
-    with threads_for(arr.size):  # as the API layer does: small tensors stay on this thread
-        return write_payload([pend], meta=meta, checksum=checksum, limits=lim)
 
 
 class ErrorFeedback:
@@ -82,6 +45,8 @@ class ErrorFeedback:
         self.residual_dtype = None if residual_dtype is None else np.dtype(residual_dtype)
         if self.residual_dtype is not None and self.residual_dtype not in (np.float32, np.float64):
             raise ConfigError("residual_dtype must be float32 or float64")
+        #: Streams and warm starts of the wrapped codec (its per-key state), saved with the residuals.
+        self.codec_state = CodecState()
         self._residuals: dict[str, np.ndarray] = {}
         self._scratch: dict[str, np.ndarray] = {}
         self._disabled: set[str] = set()
@@ -104,11 +69,10 @@ class ErrorFeedback:
 
         If encoding fails (non-finite values), the residual is left as it was.
         """
-        from .api import decode
-
-        arr = as_numpy(x)
+        arr = host_array(x)
+        lim = get_limits()
         if key in self._disabled:
-            return self.codec.encode(arr, key=key, step=step, checksum=checksum, meta=meta)
+            return encode(arr, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta)
         wd = self._work_dtype(arr)
         e = self._residuals.get(key)
         if e is not None and e.shape != arr.shape:
@@ -122,9 +86,12 @@ class ErrorFeedback:
         # into the scratch buffer (bit-identical to the generic path below); then the two swap.
         fused = getattr(self.codec, "plan_feedback", None)
         if fused is not None and arr.dtype == wd:
-            plan = fused(arr, e, scratch, EncodeContext(key, step))
+            plan = fused(arr, e, scratch, EncodeContext(key, step, self.codec_state))
             if plan is not None:
-                buf = _write_one(self.codec, arr, plan, checksum, meta)
+                lim.check_ndim(arr.ndim)
+                lim.check("element count", arr.size, "max_elements")
+                pend = pending_from_plan(self.codec, arr, plan)
+                buf = write_pending([pend], meta=meta, checksum=checksum, limits=lim)
                 self._residuals[key] = scratch
                 if e is not None:
                     self._scratch[key] = e
@@ -138,11 +105,12 @@ class ErrorFeedback:
             corrected = arr.astype(wd, copy=True)
             if e is not None:
                 corrected += e
-        buf = self.codec.encode(corrected, key=key, step=step, checksum=checksum, meta=meta)
+        buf = encode(corrected, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta)
         self._scratch[key] = scratch
         decode(buf, out=scratch)
-        with threads_for(arr.size):
-            bad = _residual_inplace(corrected.reshape(-1), scratch.reshape(-1))
+        K = kernels.of(corrected)
+        with K.threads_for(arr.size):
+            bad = K.feedback.residual_inplace(corrected.reshape(-1), scratch.reshape(-1))
         if bad:
             raise PayloadValueError(
                 f"error feedback key {key!r}: {bad} residual value(s) would be NaN or infinite "
@@ -158,7 +126,7 @@ class ErrorFeedback:
         return None if e is None else e.copy()
 
     def reset(self, key: str | None = None) -> None:
-        """Forget the residual of ``key``, or of every key."""
+        """Forget the residual of ``key``, or of every key (the codec's streams carry on)."""
         if key is None:
             self._residuals.clear()
             self._scratch.clear()
@@ -185,9 +153,7 @@ class ErrorFeedback:
             "residuals": {k: v.copy() for k, v in self._residuals.items()},
             "disabled": sorted(self._disabled),
         }
-        streams = getattr(self.codec, "stream_state", None)
-        if streams is not None:  # stochastic codecs: where each key's random stream continues
-            state["streams"] = streams()
+        state["codec_state"] = self.codec_state.state_dict()  # streams and warm starts per key
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -204,9 +170,12 @@ class ErrorFeedback:
             if a.dtype not in (np.float32, np.float64):
                 raise ConfigError(f"residual {k!r} has dtype {a.dtype}; expected float32 or float64")
             new[k] = a
-        streams = state.get("streams")
-        if streams is not None and hasattr(self.codec, "load_stream_state"):
-            self.codec.load_stream_state(streams)
+        cstate = CodecState()
+        if "codec_state" in state:
+            cstate.load_state_dict(state["codec_state"])
+        elif "streams" in state:  # checkpoints written before the codec state had its own object
+            cstate.load_state_dict({"streams": state["streams"]})
+        self.codec_state = cstate
         self._residuals = new
         self._scratch.clear()
         self._disabled = set(disabled)

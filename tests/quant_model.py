@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import gcodec
-from gcodec import rng
+from gcodec.kernels.cpu import philox as rng
 
 RBLOCK = 65536
 F32 = np.float32

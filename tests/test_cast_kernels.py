@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gcodec.kernels import cast_cpu
+from gcodec.kernels.cpu import cast as cast_cpu
 
 U32 = np.uint32
 

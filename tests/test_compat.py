@@ -1,4 +1,4 @@
-"""Compatibility (issue 5 §4, DESIGN.md §4 version rule).
+"""Compatibility (specs/format.md: the version rule).
 
 * Payloads written by every released format version stay decodable: their golden vectors stay
   committed under specs/vectors/ and decode to their committed arrays.

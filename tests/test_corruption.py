@@ -1,4 +1,4 @@
-"""Corruption and truncation (issue 2 "How it will be checked", issue 5 §2).
+"""Corruption and truncation: every damaged payload is refused with a GcodecError, never a crash.
 
 Small payloads of every registered codec (tests/codec_cases.py), a bundle, and checksum-off
 payloads are damaged exhaustively: every byte flipped with several masks, every truncation point,

@@ -3,21 +3,16 @@ by a nested codec, declared in the header."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from vector_cases.sparse import INVALID
 
 import gcodec
+from gcodec import sum_payloads
 from gcodec.api import _checked
-from gcodec.codecs.randomk import randomk_indices, sum_payloads
+from gcodec.codecs.randomk import randomk_indices
 
 from .rules import assert_refused
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from vector_cases.sparse import INVALID
 
 U16 = 2.0**-11  # unit roundoff of binary16
 

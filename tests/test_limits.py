@@ -1,4 +1,4 @@
-"""Limits (issue 2 "a huge shape is refused before any allocation", issue 5 §3).
+"""Limits (docs/limits.md): a huge shape is refused before any allocation.
 
 Every field of :class:`gcodec.Limits` is enforced on decode (a peer's payload) and on encode (so a
 sender cannot produce what its peers would refuse), through both ``gcodec.limits(...)`` and the

@@ -1,4 +1,4 @@
-"""The NaN / ±Inf policy, per codec (issue 5 §3; docs/nonfinite.md is the prose of this file).
+"""The NaN / ±Inf policy, per codec (docs/nonfinite.md is the prose of this file).
 
 Each registered codec must appear in :data:`NONFINITE` with one of two policies (listed per
 configuration, so a configuration that changes the policy is caught):

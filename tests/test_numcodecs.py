@@ -1,4 +1,4 @@
-"""numcodecs and zarr interop (issue 5 §5): gcodec codecs as numcodecs codecs and as a zarr v3 serializer."""
+"""numcodecs and zarr interop (docs/interop.md): gcodec codecs as numcodecs codecs and as a zarr v3 serializer."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import gcodec
 from tests.fuzzkit import cases_for, sample_input, serial_kernels
 
 numcodecs = pytest.importorskip("numcodecs")
-gnc = pytest.importorskip("gcodec.numcodecs")
+gnc = pytest.importorskip("gcodec.interop.numcodecs")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,10 +109,10 @@ def test_checksum_switch():
 def test_entry_point_is_declared():
     text = (ROOT / "pyproject.toml").read_text("utf-8")
     assert '[project.entry-points."numcodecs.codecs"]' in text, "pyproject.toml lacks the numcodecs.codecs entry point"
-    assert 'gcodec = "gcodec.numcodecs:GcodecNumcodec"' in text
+    assert 'gcodec = "gcodec.interop.numcodecs:GcodecNumcodec"' in text
 
 
-def test_entry_point_resolves_without_importing_gcodec_numcodecs():
+def test_entry_point_resolves_without_importing_the_adapter():
     if "gcodec" not in {e.name for e in entry_points(group="numcodecs.codecs")}:
         pytest.skip("gcodec is installed without its numcodecs.codecs entry point (reinstall: pip install -e .)")
     code = (
@@ -122,7 +122,7 @@ def test_entry_point_resolves_without_importing_gcodec_numcodecs():
         "print(type(c).__module__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "gcodec.numcodecs"
+    assert out.stdout.strip() == "gcodec.interop.numcodecs"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,6 +130,7 @@ def test_entry_point_resolves_without_importing_gcodec_numcodecs():
 
 zarr = pytest.importorskip("zarr")
 ZARR3 = int(zarr.__version__.split(".")[0]) >= 3
+gzc = pytest.importorskip("gcodec.interop.zarr") if ZARR3 else None
 
 
 @pytest.fixture
@@ -148,7 +149,7 @@ def test_zarr_v3_serializer(case, compressors, tmp_path):
     kw = {} if compressors == "auto" else {"compressors": None}
     z = zarr.create_array(
         store, shape=x.shape, chunks=(16, 24), dtype="float32",
-        serializer=gnc.GcodecZarrCodec(codec=case.codec, **case.params), **kw,
+        serializer=gzc.GcodecZarrCodec(codec=case.codec, **case.params), **kw,
     )  # fmt: skip
     z[:] = x
     meta = json.loads((tmp_path / "grads.zarr" / "zarr.json").read_text())
@@ -168,12 +169,41 @@ def test_zarr_v3_serializer(case, compressors, tmp_path):
 
 
 @pytest.mark.skipif(not ZARR3, reason="zarr 3 needed")
+@pytest.mark.parametrize("cid, kw", [("uniform", {"bits": 4, "rounding": "stochastic"}), ("randomk", {"k": 5})])
+def test_zarr_v3_chunks_of_a_stochastic_codec_take_different_streams(cid, kw):
+    """zarr rebuilds the codec per chunk; the stream counter lives outside it, so two identical chunks
+    are not rounded (or sampled) identically."""
+    x = np.tile(sample_input((1, 64)), (2, 1))  # two identical chunks
+    z = zarr.create_array(
+        zarr.storage.MemoryStore(), shape=x.shape, chunks=(1, 64), dtype="float32", compressors=None,
+        serializer=gzc.GcodecZarrCodec(codec=cid, **kw),
+    )  # fmt: skip
+    z[:] = x
+    raw = [bytes(z.store._store_dict[f"c/{i}/0"].to_bytes()) for i in range(2)]
+    streams = [gcodec.validate(r).params["stream"] for r in raw]
+    assert streams[0] != streams[1]
+    assert raw[0] != raw[1]
+
+
+@pytest.mark.skipif(not ZARR3, reason="zarr 3 needed")
+def test_zarr_v3_step_pins_one_stream_for_every_chunk():
+    x = np.tile(sample_input((1, 64)), (2, 1))
+    z = zarr.create_array(
+        zarr.storage.MemoryStore(), shape=x.shape, chunks=(1, 64), dtype="float32", compressors=None,
+        serializer=gzc.GcodecZarrCodec(codec="uniform", bits=4, rounding="stochastic", step=9),
+    )  # fmt: skip
+    z[:] = x
+    raw = [bytes(z.store._store_dict[f"c/{i}/0"].to_bytes()) for i in range(2)]
+    assert raw[0] == raw[1] and gcodec.validate(raw[0]).params["stream"] == 9
+
+
+@pytest.mark.skipif(not ZARR3, reason="zarr 3 needed")
 def test_zarr_v3_reopen_in_fresh_process(tmp_path):
     """zarr finds the codec from the stored metadata alone, through the zarr.codecs entry point."""
     if "gcodec" not in {e.name for e in entry_points(group="zarr.codecs")}:
         pytest.skip("gcodec is installed without its zarr.codecs entry point (reinstall: pip install -e .)")
     store = zarr.storage.LocalStore(tmp_path / "a.zarr")
-    z = zarr.create_array(store, shape=(8,), chunks=(8,), dtype="float32", serializer=gnc.GcodecZarrCodec())
+    z = zarr.create_array(store, shape=(8,), chunks=(8,), dtype="float32", serializer=gzc.GcodecZarrCodec())
     z[:] = np.arange(8, dtype=np.float32)
     code = f"import zarr; print(zarr.open_array({str(tmp_path / 'a.zarr')!r}, mode='r')[:].tolist())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -184,17 +214,47 @@ def test_zarr_v3_reopen_in_fresh_process(tmp_path):
 def test_zarr_v3_refuses_non_float_arrays(tmp_path):
     with pytest.raises(ValueError, match="float"):
         zarr.create_array(
-            zarr.storage.MemoryStore(), shape=(8,), chunks=(8,), dtype="int32", serializer=gnc.GcodecZarrCodec()
+            zarr.storage.MemoryStore(), shape=(8,), chunks=(8,), dtype="int32", serializer=gzc.GcodecZarrCodec()
         )
 
 
 @pytest.mark.skipif(not ZARR3, reason="zarr 3 needed")
 def test_zarr_v3_config_round_trip():
-    c = gnc.GcodecZarrCodec(codec="uniform", bits=4, group_size=32)
+    c = gzc.GcodecZarrCodec(codec="uniform", bits=4, group_size=32)
     d = c.to_dict()
     params = gcodec.get_codec("uniform", bits=4, group_size=32).params  # every param filled in
     assert d == {"name": "gcodec", "configuration": {"codec": "uniform", "checksum": True, **params}}
-    assert gnc.GcodecZarrCodec.from_dict(json.loads(json.dumps(d))) == c
+    assert gzc.GcodecZarrCodec.from_dict(json.loads(json.dumps(d))) == c
+
+
+def test_numcodec_keeps_the_memory_order_of_fortran_arrays():
+    """numcodecs codecs see a chunk as its memory: the decoded buffer must hold the same values in the
+    same memory order (numcodecs' own check flattens both with order="A")."""
+    c = gnc.GcodecNumcodec(codec="fp16")
+    x = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    y = c.decode(c.encode(x))
+    np.testing.assert_array_equal(np.asarray(y).reshape(-1, order="A"), x.reshape(-1, order="A"))
+    from numcodecs.tests.common import compare_arrays  # numcodecs' own round-trip comparison
+
+    compare_arrays(x, y)
+    assert y.shape == x.shape and y.flags.f_contiguous
+
+
+def test_numcodec_stochastic_streams_advance_per_chunk():
+    c = gnc.GcodecNumcodec(codec="uniform", bits=4, rounding="stochastic")
+    x = sample_input((64,))
+    assert [gcodec.validate(c.encode(x)).params["stream"] for _ in range(3)] == [0, 1, 2]
+
+
+def test_zarr_format_2_filter_fortran_order(tmp_path, quiet):
+    """zarr format 2 arrays with order="F" read back as written, not transposed."""
+    x = sample_input((6, 8))
+    c = numcodecs.get_codec({"id": "gcodec", "codec": "fp16"})
+    store = zarr.storage.LocalStore(tmp_path / "f.zarr")
+    z = zarr.create_array(store, shape=x.shape, chunks=(3, 8), dtype="float32", filters=[c], zarr_format=2, order="F")
+    z[:] = x
+    y = zarr.open_array(zarr.storage.LocalStore(tmp_path / "f.zarr", read_only=True), zarr_format=2)[:]
+    np.testing.assert_array_equal(y, x.astype(np.float16).astype(np.float32))
 
 
 def test_zarr_format_2_filter(tmp_path, quiet):

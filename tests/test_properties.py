@@ -1,4 +1,4 @@
-"""Property tests: the fuzz oracles of issue 5 §1 under Hypothesis, with a bounded budget.
+"""Property tests: the fuzz oracles of docs/fuzzing.md under Hypothesis, with a bounded budget.
 
 The oracles (tests/fuzzkit.py ``check_payload``), on payloads mutated at the byte level (with the
 CRCs recomputed, so mutations reach the structural and semantic rules) and at the header level

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from vector_cases import edit
 
 import gcodec
 
 from . import quant_model as M
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from vector_cases import edit
 
 
 @pytest.mark.parametrize("group", [0, 1, 7, 64, 256, 2047, 3000, 70000])

@@ -49,7 +49,7 @@ def test_per_key_counter_advances_per_call_and_is_recorded(cid, kw):
     assert [_stream(c.encode(X, key="w")) for _ in range(2)] == [0, 1]  # keys count separately
     assert _stream(c.encode(X, step=77)) == 77  # an explicit step is used as it is ...
     assert _stream(c.encode(X)) == 3  # ... and does not move the counter
-    assert c.next_stream() == 4 and c.next_stream("w") == 2
+    assert c.default_state().next_stream() == 4 and c.default_state().next_stream("w") == 2
     # a counter-chosen stream gives the same bytes as passing that step
     assert bytes(gcodec.get_codec(cid, seed=1, **kw).encode(X, step=3)) == bytes(c.encode(X, step=3))
 
@@ -63,7 +63,7 @@ def test_a_refused_encode_advances_the_counter_like_any_call(cid, kw):
     bad[7] = np.nan
     with pytest.raises(gcodec.PayloadValueError):
         c.encode(bad, key="w")
-    assert c.next_stream("w") == 1
+    assert c.default_state().next_stream("w") == 1
     assert _stream(c.encode(X, key="w")) == 1
 
 
@@ -81,14 +81,25 @@ def test_largest_seed_and_stream():
         gcodec.get_codec("qsgd", seed=2**64)
 
 
-def test_counters_survive_pickle_and_copy_but_not_equality():
+def test_counters_live_in_the_state_which_survives_pickle_and_copy():
     c = gcodec.get_codec("terngrad", seed=3)
-    c.encode(X)
-    c.encode(X)
-    for d in (pickle.loads(pickle.dumps(c)), copy.deepcopy(c)):
+    st = gcodec.CodecState()
+    gcodec.encode(X, c, state=st)
+    gcodec.encode(X, c, state=st)
+    for d in (pickle.loads(pickle.dumps(st)), copy.deepcopy(st)):
         assert d.next_stream() == 2
-        assert _stream(d.encode(X)) == 2
-    assert c == gcodec.get_codec("terngrad", seed=3)  # configuration equality ignores counters
+        assert _stream(gcodec.encode(X, c, state=d)) == 2
+    assert st.next_stream() == 2  # the copies moved on, the original did not
+    assert c.default_state().next_stream() == 0  # an explicit state leaves the codec's own alone
+    c2 = pickle.loads(pickle.dumps(c))
+    assert c2 == c and c2.default_state().next_stream() == 0  # a codec is configuration only
+
+
+def test_separate_states_count_separately():
+    c = gcodec.get_codec("qsgd", seed=1)
+    a, b = gcodec.CodecState(), gcodec.CodecState()
+    assert [_stream(gcodec.encode(X, c, state=a)) for _ in range(2)] == [0, 1]
+    assert _stream(gcodec.encode(X, c, state=b)) == 0
 
 
 def test_nearest_rounding_needs_no_stream_and_ignores_steps():

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from vector_cases import edit
 
 import gcodec
 
 from . import quant_model as M
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from vector_cases import edit
 
 
 def _model(x, group, clip, seed, stream):

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from vector_cases.sparse import INVALID
 
 import gcodec
 from gcodec.arrays import DTYPES
 from gcodec.codecs.threshold import threshold_key
 
 from .rules import assert_refused
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from vector_cases.sparse import INVALID
 
 
 def expected(x: np.ndarray, t: float) -> np.ndarray:

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
+from vector_cases.sparse import INVALID, TOPK_EXAMPLE, pack_gaps, unpack_gaps
 
 import gcodec
 from gcodec.api import _checked
 from gcodec.arrays import BFLOAT16, DTYPES
-from gcodec.kernels import sparse_cpu
+from gcodec.kernels.cpu import sparse as sparse_cpu
 
 from .rules import assert_refused
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from vector_cases.sparse import INVALID, TOPK_EXAMPLE, pack_gaps, unpack_gaps
 
 SMALL = sparse_cpu._SMALL  # below this the kernel selects on all keys; above it samples first
 

@@ -3,6 +3,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" test
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy
+echo "== import contract"; lint-imports --no-cache
 echo "== mkdocs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 echo "== pytest"
 set +e

@@ -22,7 +22,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, HeaderError, SizeMismatchError
-from ..format.container import SectionSpec, TensorEntry
+from ..sections import SectionSpec, TensorEntry
+from .state import CodecState, default_state
 
 __all__ = ["Aggregation", "Codec", "EncodeContext", "EncodePlan", "Param", "check_params"]
 
@@ -99,16 +100,26 @@ def check_params(
 
 @dataclasses.dataclass(frozen=True)
 class EncodeContext:
-    """Per-call facts a stateful codec may use.
+    """Per-call facts, and the caller's state, that a stateful codec may use.
 
-    ``key`` names the tensor (a parameter name, a bundle entry) so that per-tensor state (a step
+    ``key`` names the tensor (a parameter name, a bundle entry) so that per-tensor state (a stream
     counter, PowerSGD's warm-start Q) is kept apart. ``step``, when given, fixes the random stream
     of a stochastic codec for this call (all workers pass the same step to draw the same stream);
-    when ``None`` a stochastic codec uses and advances its own per-key counter.
+    when ``None`` a stochastic codec uses and advances the key's counter in ``state``. ``state`` is
+    the caller's :class:`~gcodec.codecs.state.CodecState` (a fresh, throw-away one when omitted).
     """
 
     key: str | None = None
     step: int | None = None
+    state: CodecState = dataclasses.field(default_factory=CodecState)
+
+    def take_stream(self) -> int:
+        """This call's random stream: ``step``, or the key's counter in ``state`` (then advanced)."""
+        return self.state.take_stream(self.key, self.step)
+
+    def nested(self, role: str) -> EncodeContext:
+        """The context of the nested codec in ``role``: key ``<key>/<role>``, its own child state."""
+        return EncodeContext(None if self.key is None else f"{self.key}/{role}", self.step, self.state.child(role))
 
 
 @dataclasses.dataclass
@@ -247,26 +258,48 @@ class Codec(ABC):
         return params
 
     # ---- convenience ---------------------------------------------------------------------
+    # A facade over the api layer, which installs itself here when ``gcodec`` is imported: codecs
+    # never import the api (the layer contract forbids it), yet ``codec.encode(x)`` works.
     def encode(
         self,
         x: Any,
         *,
         key: str | None = None,
         step: int | None = None,
+        state: CodecState | None = None,
         checksum: bool = True,
         meta: Mapping[str, str] | None = None,
+        out: Any = None,
     ) -> memoryview:
-        """Encode ``x`` into a complete, self-describing payload.
+        """Encode ``x`` into a complete, self-describing payload (``gcodec.encode(x, self, ...)``).
 
-        ``key`` and ``step`` matter only to stateful or stochastic codecs (see :class:`EncodeContext`).
+        ``key`` and ``step`` matter only to stateful or stochastic codecs (see :class:`EncodeContext`);
+        ``state`` defaults to this codec object's :func:`~gcodec.codecs.state.default_state`.
         ``checksum=False`` drops the payload CRC32C (the header CRC stays) for trusted paths.
+        ``out`` is a writable byte buffer to write the payload into (its first bytes; a send buffer
+        reused across steps), and the result is a view of it.
         """
-        from ..api import encode_with
+        return _api().encode(x, self, key=key, step=step, state=state, checksum=checksum, meta=meta, out=out)
 
-        return encode_with(self, x, ctx=EncodeContext(key, step), checksum=checksum, meta=meta)
-
-    def decode(self, buf: Any, out: np.ndarray | None = None, *, accumulate: bool = False) -> np.ndarray:
+    def decode(self, buf: Any, out: Any = None, *, accumulate: bool = False) -> Any:
         """Decode a payload written by a codec of this id (any params; they come from the header)."""
-        from ..api import decode_single
+        return _api().decode_single(buf, out=out, accumulate=accumulate, expect_codec=self.codec_id)
 
-        return decode_single(buf, out=out, accumulate=accumulate, expect_codec=self.codec_id)
+    def default_state(self) -> CodecState:
+        """The state :meth:`encode` uses when no ``state=`` is given (one per codec object)."""
+        return default_state(self)
+
+
+_API: Any = None
+
+
+def install_api(api: Any) -> None:
+    """Called once by ``gcodec.api``: the object whose ``encode``/``decode_single`` the facade calls."""
+    global _API
+    _API = api
+
+
+def _api() -> Any:
+    if _API is None:  # pragma: no cover - gcodec/__init__ imports the api before anything runs
+        raise RuntimeError("gcodec.api is not loaded; import gcodec")
+    return _API

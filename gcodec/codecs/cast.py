@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..format.container import SectionSpec, TensorEntry
-from ..kernels import cast_cpu
+from .. import kernels
+from ..sections import SectionSpec, TensorEntry, numel
 from .base import Aggregation, Codec, EncodeContext, EncodePlan
 from .registry import register_codec
 
@@ -31,12 +31,12 @@ def _as_kernel_input(x: np.ndarray) -> np.ndarray:
 class _Cast16(Codec):
     PARAMS = {}
     aggregation = Aggregation.SUMMABLE
-    _encode_kernel: Any
-    _decode_kernel: Any
+    _encode_kernel: str  # names in each backend's ``cast`` module
+    _decode_kernel: str
 
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = _as_kernel_input(x)
-        enc = type(self)._encode_kernel
+        enc = getattr(kernels.of(flat).cast, self._encode_kernel)
 
         def fill(views: Mapping[str, np.ndarray]) -> None:
             enc(flat, views["data"])
@@ -45,7 +45,7 @@ class _Cast16(Codec):
 
     @classmethod
     def expected_sections(cls, params: dict[str, Any], shape: tuple[int, ...]) -> list[tuple[str, str, int]]:
-        return [("data", "u2", 2 * int(np.prod(shape, dtype=object)))]
+        return [("data", "u2", 2 * numel(shape))]
 
     @classmethod
     def decode_into(
@@ -56,7 +56,7 @@ class _Cast16(Codec):
         out: np.ndarray,
         accumulate: bool,
     ) -> None:
-        cls._decode_kernel(views["data"], out, accumulate)
+        getattr(kernels.of(out).cast, cls._decode_kernel)(views["data"], out, accumulate)
 
 
 @register_codec
@@ -65,8 +65,8 @@ class FP16(_Cast16):
     use ``bf16`` or a scaled codec for gradients that can exceed that range."""
 
     codec_id = "fp16"
-    _encode_kernel = cast_cpu.encode_f16
-    _decode_kernel = cast_cpu.decode_f16
+    _encode_kernel = "encode_f16"
+    _decode_kernel = "decode_f16"
 
 
 @register_codec
@@ -75,5 +75,5 @@ class BF16(_Cast16):
     the bytes, with about 3 significant decimal digits."""
 
     codec_id = "bf16"
-    _encode_kernel = cast_cpu.encode_bf16
-    _decode_kernel = cast_cpu.decode_bf16
+    _encode_kernel = "encode_bf16"
+    _decode_kernel = "decode_bf16"

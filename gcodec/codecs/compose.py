@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, HeaderError, UnknownCodecError, UnsupportedVersionError
-from ..format.container import SectionInfo, SectionSpec, TensorEntry
+from ..sections import SectionInfo, SectionSpec, TensorEntry
 from .base import Aggregation, Codec, EncodeContext, check_params
 from .registry import codec_class, get_codec
 
@@ -86,8 +86,7 @@ def plan_nested(
     role: str, codec: Codec, arr: np.ndarray, ctx: EncodeContext
 ) -> tuple[dict[str, Any], list[SectionSpec], Any]:
     """Plan the nested encoding of ``arr`` (1-D). Returns (header map, prefixed sections, fill(views))."""
-    sub_ctx = EncodeContext(None if ctx.key is None else f"{ctx.key}/{role}", ctx.step)
-    plan = codec.plan(np.ascontiguousarray(arr.reshape(-1)), sub_ctx)
+    plan = codec.plan(np.ascontiguousarray(arr.reshape(-1)), ctx.nested(role))
     sections = [SectionSpec(f"{role}.{s.name}", s.dtype, s.nbytes) for s in plan.sections]
     wire = {"codec": codec.codec_id, "params": plan.params, "version": codec.version}
     prefix = role + "."

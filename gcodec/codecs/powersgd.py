@@ -16,7 +16,7 @@ One step, as in torch (``iterations`` repeats the three middle lines):
 
 Orthogonalisation is Gram-Schmidt for rank <= 2 (with ``epsilon`` keeping zero columns at zero)
 and Householder QR (LAPACK) above, as torch chooses. The products stream M once each
-(:mod:`gcodec.kernels.lowrank_cpu`).
+(:mod:`gcodec.kernels.cpu.lowrank`).
 
 **Single payloads** (``codec.encode``) carry P and Q of one worker: decode gives P Q^T. They are
 gather-only: P1 Q1^T + P2 Q2^T is not (P1 + P2)(Q1 + Q2)^T.
@@ -34,21 +34,21 @@ exceed ``min_compression_rate`` are sent as plain fp32 or fp16 (``passthrough``)
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ..arrays import as_numpy
+from .. import kernels
+from ..arrays import backend_of as kernels_backend
+from ..arrays import host_array
 from ..errors import ConfigError, HeaderError, PayloadValueError
-from ..format.container import SectionSpec, TensorEntry
-from ..kernels import cast_cpu, lowrank_cpu, sparse_cpu
-from ..rng import random_u32
+from ..sections import SectionSpec, TensorEntry
 from . import compose
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
-from .quantizer import SEED_PARAM, StreamCounter
 from .registry import register_codec
+from .seeds import SHARED_SEED
+from .state import CodecState
 from .topk import check_nested, key_bits
 
 __all__ = [
@@ -91,20 +91,22 @@ def should_compress(m: int, n: int, rank: int, min_compression_rate: float) -> b
 def _refuse_overflow(data: np.ndarray, dtype_name: str) -> None:
     """Pass-through data must be finite (rule P3): a finite input that overflows binary16 (|x| >= 65520)
     or binary32 (float64 input) is refused rather than sent as infinity."""
-    bad = sparse_cpu.count_nonfinite(*key_bits(data.reshape(-1), dtype_name))
+    bad = kernels.of(data).sparse.count_nonfinite(*key_bits(data.reshape(-1), dtype_name))
     if bad:
         raise PayloadValueError(
             f"powersgd: {bad} value(s) overflow {dtype_name} in the pass-through (finite input, infinite result)"
         )
 
 
-def initial_q(n: int, rank: int, seed: int, stream: int, dtype: Any = np.float32) -> np.ndarray:
+def initial_q(
+    n: int, rank: int, seed: int, stream: int, dtype: Any = np.float32, *, backend: str = "cpu"
+) -> np.ndarray:
     """The spec's initial Q (n x rank): ``Q[j, c] = 2 * u - 1`` with u the uniform01 of word ``j*rank + c``.
 
     Word w of the Philox stream (specs/rng.md) gives ``u = (w >> 8) * 2**-24``; every rank with the
     same seed and stream builds the same Q, bit for bit.
     """
-    w = random_u32(seed, stream, n * rank)
+    w = kernels.get(backend).philox.random_u32(seed, stream, n * rank)
     u = (w >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
     q = (np.float32(2.0) * u - np.float32(1.0)).reshape(n, rank)
     return q.astype(dtype, copy=False)
@@ -120,7 +122,7 @@ def orthogonalize(a: np.ndarray, epsilon: float = 1e-8) -> np.ndarray:
     if r == 0 or a.shape[0] == 0:
         return a
     if r <= 2:
-        lowrank_cpu.gram_schmidt(a, float(epsilon))
+        kernels.of(a).lowrank.gram_schmidt(a, float(epsilon))
     else:
         q, _ = np.linalg.qr(a)
         a[...] = q
@@ -139,11 +141,12 @@ def _padded_t(a: np.ndarray, dtype: Any) -> np.ndarray:
 def compute_p(m: np.ndarray, q: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """P = M Q (M: m x n, Q: n x r) in one streaming pass over M (BLAS above rank 8)."""
     rows, r = m.shape[0], q.shape[1]
-    if r > lowrank_cpu.MAX_KERNEL_RANK:
+    K = kernels.of(m)
+    if r > K.lowrank.MAX_KERNEL_RANK:
         return np.matmul(m, q.astype(m.dtype, copy=False), out=out)
     qt = _padded_t(q, m.dtype)
     p = np.empty((rows, qt.shape[0]), m.dtype)
-    lowrank_cpu.mat_q(m, qt, p)
+    K.lowrank.mat_q(m, qt, p)
     if out is None:
         return np.ascontiguousarray(p[:, :r])
     out[...] = p[:, :r]
@@ -153,13 +156,14 @@ def compute_p(m: np.ndarray, q: np.ndarray, out: np.ndarray | None = None) -> np
 def compute_q(m: np.ndarray, p: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Q = M^T P (M: m x n, P: m x r) in one streaming pass over M (BLAS above rank 8)."""
     n, r = m.shape[1], p.shape[1]
-    if r > lowrank_cpu.MAX_KERNEL_RANK:
+    K = kernels.of(m)
+    if r > K.lowrank.MAX_KERNEL_RANK:
         return np.matmul(m.T, p.astype(m.dtype, copy=False), out=out)
     rp = (r + 3) // 4 * 4
     pp = np.zeros((m.shape[0], rp), m.dtype)
     pp[:, :r] = p
     qt = np.empty((rp, n), m.dtype)
-    lowrank_cpu.mat_tp(m, pp, qt, lowrank_cpu.tp_cols(n))
+    K.lowrank.mat_tp(m, pp, qt, K.lowrank.tp_cols(n))
     if out is None:
         return np.ascontiguousarray(qt[:r].T)
     out[...] = qt[:r].T
@@ -181,8 +185,9 @@ def decompress(p: np.ndarray, q: np.ndarray, out: np.ndarray, *, accumulate: boo
     ps = p.astype(dt, copy=True) if scale != 1.0 else p.astype(dt, copy=False)
     if scale != 1.0:
         ps *= dt.type(scale)
-    if r <= lowrank_cpu.MAX_KERNEL_RANK:
-        lowrank_cpu.reconstruct(
+    K = kernels.of(flat)
+    if r <= K.lowrank.MAX_KERNEL_RANK:
+        K.lowrank.reconstruct(
             np.ascontiguousarray(ps), np.ascontiguousarray(q.T.astype(dt, copy=False)), flat, accumulate
         )
         return
@@ -200,6 +205,14 @@ def decompress(p: np.ndarray, q: np.ndarray, out: np.ndarray, *, accumulate: boo
             np.matmul(ps[i0:i1], qt, out=out2[i0:i1])
 
 
+#: The slot of a :class:`~gcodec.codecs.state.CodecState` that holds each key's warm-start Q.
+Q_SLOT = "q"
+
+
+def _store_q(state: CodecState, key: str | None, q: np.ndarray) -> None:
+    state.put_array(Q_SLOT, key, np.array(q, copy=True))
+
+
 class LowRankRound:
     """One tensor's pass through the two-round distributed protocol (see the module docstring).
 
@@ -208,9 +221,10 @@ class LowRankRound:
         q: after :meth:`compute_q`, the local Q = M^T P_hat (n x r), to be summed in place (round 2).
     """
 
-    def __init__(self, codec: PowerSGD, key: str | None, m: np.ndarray, q: np.ndarray) -> None:
+    def __init__(self, codec: PowerSGD, key: str | None, m: np.ndarray, q: np.ndarray, state: CodecState) -> None:
         self._codec = codec
         self._key = key
+        self._state = state
         self._m = m
         self.p = compute_p(m, q)
         self.q: np.ndarray | None = None
@@ -229,7 +243,7 @@ class LowRankRound:
             out = np.empty(self._m.shape, self._m.dtype)
         decompress(self.p, self.q, out, accumulate=accumulate, scale=scale)
         if self._codec.params["warm_start"]:
-            self._codec._store_q(self._key, self.q)
+            _store_q(self._state, self._key, self.q)
         return out
 
 
@@ -257,8 +271,9 @@ class PowerSGD(Codec):
         factors: ``None`` sends P and Q as float32; a codec config such as ``{"id": "fp16"}`` or
             ``{"id": "uniform", "bits": 8}`` encodes both factors with that codec (a hybrid).
 
-    State (warm-start Q per key, initial-Q stream counters) is saved by :meth:`state_dict` and
-    restored by :meth:`load_state_dict`, like torch's ``PowerSGDState``.
+    State (warm-start Q per key in slot :data:`Q_SLOT`, initial-Q stream counters) lives in the
+    caller's :class:`~gcodec.codecs.state.CodecState`, which saves and restores it like torch's
+    ``PowerSGDState``; ``codec.encode(x)`` without ``state=`` uses the codec object's default state.
     """
 
     codec_id = "powersgd"
@@ -271,7 +286,7 @@ class PowerSGD(Codec):
         "min_compression_rate": Param(float, 2.0, "compress only above this rate", min=0.0),
         "passthrough": Param(str, "fp32", "how uncompressed tensors travel", choices=("fp32", "fp16")),
         "epsilon": Param(float, 1e-8, "Gram-Schmidt norm epsilon", min=0.0),
-        "seed": SEED_PARAM,
+        "seed": SHARED_SEED,
         "factors": Param((dict, str, _NONE), None, "codec config for P and Q, or None for float32"),
     }
     WIRE = {
@@ -286,59 +301,19 @@ class PowerSGD(Codec):
         nested = compose.nested_codec_from_config("factors", self._params["factors"], self.codec_id)
         self._nested = nested
         self._params["factors"] = None if nested is None else nested.get_config()
-        self._q: dict[str | None, np.ndarray] = {}
-        self._streams = StreamCounter()
-        self._lock = threading.Lock()
 
     @classmethod
     def wire_schema(cls) -> dict[str, Param]:
         return cls.WIRE
 
     # ---- state ---------------------------------------------------------------------------
-    def _take_q(self, key: str | None, n: int, r: int, dtype: Any, ctx: EncodeContext) -> np.ndarray:
-        """The Q to start from: the warm one of this key when it fits, else a fresh initial Q."""
-        with self._lock:
-            q = self._q.get(key) if self._params["warm_start"] else None
+    def _take_q(self, ctx: EncodeContext, n: int, r: int, dtype: Any, backend: str) -> np.ndarray:
+        """The Q to start from: the warm one of this key in the caller's state when it fits, else a
+        fresh initial Q (whose stream comes from ``ctx``)."""
+        q = ctx.state.get_array(Q_SLOT, ctx.key) if self._params["warm_start"] else None
         if q is not None and q.shape == (n, r):
             return q.astype(dtype, copy=True)
-        stream = self._streams.take(ctx)
-        return initial_q(n, r, self._params["seed"], stream, dtype)
-
-    def _store_q(self, key: str | None, q: np.ndarray) -> None:
-        with self._lock:
-            self._q[key] = np.array(q, copy=True)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Warm-start Qs (copied) and initial-Q stream counters, with the codec config."""
-        with self._lock:
-            qs = {k: v.copy() for k, v in self._q.items()}
-        return {"codec": self.get_config(), "q": qs, "streams": self._streams.__getstate__()["next"]}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        try:
-            qs = state["q"]
-            streams = state.get("streams", {})
-        except (KeyError, TypeError):
-            raise ConfigError("state dict lacks 'q'") from None
-        if "codec" in state and state["codec"] != self.get_config():
-            raise ConfigError(f"state was saved with codec {state['codec']}, not {self.get_config()}")
-        new = {}
-        for k, v in qs.items():
-            a = np.array(v, copy=True)
-            if a.ndim != 2 or a.dtype not in (np.float32, np.float64):
-                raise ConfigError(f"warm-start Q of {k!r} must be a 2-D float32/float64 array")
-            new[k] = a
-        with self._lock:
-            self._q = new
-        self._streams.__setstate__({"next": dict(streams)})
-
-    def reset(self, key: str | None = None) -> None:
-        """Forget the warm-start Q of ``key`` (all keys when None)."""
-        with self._lock:
-            if key is None:
-                self._q.clear()
-            else:
-                self._q.pop(key, None)
+        return initial_q(n, r, self._params["seed"], ctx.take_stream(), dtype, backend=backend)
 
     # ---- the distributed protocol --------------------------------------------------------
     def compresses(self, shape: tuple[int, ...]) -> bool:
@@ -348,20 +323,26 @@ class PowerSGD(Codec):
             mn[0], mn[1], self._params["rank"], self._params["min_compression_rate"]
         )
 
-    def begin(self, x: Any, *, key: str | None = None, step: int | None = None) -> LowRankRound:
+    def begin(
+        self, x: Any, *, key: str | None = None, step: int | None = None, state: CodecState | None = None
+    ) -> LowRankRound:
         """Start the two-round protocol for one tensor: returns a round whose ``p`` is to be allreduced.
 
-        Raises ConfigError for tensors that :meth:`compresses` rejects (send those uncompressed).
+        ``state`` holds each key's warm-start Q and the initial-Q stream counters (default: this codec
+        object's :meth:`default_state`); every rank keeps its own, and they stay equal because every
+        rank stores the same summed Q. Raises ConfigError for tensors that :meth:`compresses` rejects
+        (send those uncompressed).
         """
-        arr = as_numpy(x)
+        st = self.default_state() if state is None else state
+        arr = host_array(x)
         if not self.compresses(arr.shape):
             raise ConfigError(f"powersgd: shape {arr.shape} is not compressed at rank {self._params['rank']}")
         mat = self._matrix(arr)
         m, n = mat.shape
         r = min(self._params["rank"], m, n)
-        q = self._take_q(key, n, r, mat.dtype, EncodeContext(key, step))
+        q = self._take_q(EncodeContext(key, step, st), n, r, mat.dtype, "cpu")
         orthogonalize(q, self._params["epsilon"])
-        return LowRankRound(self, key, mat, q)
+        return LowRankRound(self, key, mat, q, st)
 
     @staticmethod
     def _matrix(arr: np.ndarray) -> np.ndarray:
@@ -381,17 +362,17 @@ class PowerSGD(Codec):
         m, n = mat.shape
         r = min(self._params["rank"], m, n)
         eps = self._params["epsilon"]
-        q = self._take_q(ctx.key, n, r, mat.dtype, ctx)
+        q = self._take_q(ctx, n, r, mat.dtype, kernels_backend(mat))
         for _ in range(self._params["iterations"]):
             orthogonalize(q, eps)
             p = compute_p(mat, q)
             orthogonalize(p, eps)
             q = compute_q(mat, p)
-        bad = lowrank_cpu.count_nonfinite(p) + lowrank_cpu.count_nonfinite(q)
+        bad = kernels.of(p).lowrank.count_nonfinite(p) + kernels.of(q).lowrank.count_nonfinite(q)
         if bad:
             raise PayloadValueError(f"powersgd: input has NaN or infinite values ({bad} non-finite factor entries)")
         if self._params["warm_start"]:
-            self._store_q(ctx.key, q)
+            _store_q(ctx.state, ctx.key, q)
         params: dict[str, Any] = {"mode": "lowrank", "rank": r, "p": None, "q": None}
         sections: list[SectionSpec] = []
         fills = []
@@ -418,7 +399,7 @@ class PowerSGD(Codec):
         from ..arrays import dtype_name
 
         flat = x.reshape(-1)
-        bad = sparse_cpu.count_nonfinite(*key_bits(flat, dtype_name(flat.dtype)))
+        bad = kernels.of(flat).sparse.count_nonfinite(*key_bits(flat, dtype_name(flat.dtype)))
         if bad:
             raise PayloadValueError(f"powersgd: input has NaN or infinite values ({bad} found)")
         mode = self._params["passthrough"]
@@ -439,7 +420,7 @@ class PowerSGD(Codec):
                 dst[:] = flat.view(np.uint16)
             else:
                 src = flat if flat.dtype in (np.float32, np.float64) else flat.astype(np.float32)
-                cast_cpu.encode_f16(src, dst)
+                kernels.of(src).cast.encode_f16(src, dst)
             _refuse_overflow(views["data"], "float16")
 
         return EncodePlan(params, [SectionSpec("data", "f2", 2 * n)], fill16)
@@ -507,7 +488,7 @@ class PowerSGD(Codec):
             raw = params[role]
             if raw is None:
                 f = views[role]
-                bad = lowrank_cpu.count_nonfinite(f)
+                bad = kernels.of(f).lowrank.count_nonfinite(f)
                 if bad:
                     raise PayloadValueError(f"P3: factor {role.upper()} holds {bad} NaN or infinite value(s)")
             else:
@@ -519,7 +500,9 @@ class PowerSGD(Codec):
     @classmethod
     def _passthrough_data(cls, params: dict[str, Any], views: Mapping[str, np.ndarray]) -> np.ndarray:
         data = views["data"]
-        bad = sparse_cpu.count_nonfinite(*key_bits(data, "float32" if params["mode"] == "fp32" else "float16"))
+        bad = kernels.of(data).sparse.count_nonfinite(
+            *key_bits(data, "float32" if params["mode"] == "fp32" else "float16")
+        )
         if bad:
             raise PayloadValueError(f"P3: pass-through data holds {bad} NaN or infinite value(s)")
         return data
@@ -553,7 +536,7 @@ class PowerSGD(Codec):
                 else:
                     out[:] = data
             else:
-                cast_cpu.decode_f16(data.view(np.uint16), out, accumulate)
+                kernels.of(data.view(np.uint16)).cast.decode_f16(data.view(np.uint16), out, accumulate)
             return
         p, q = cls._factors(params, entry, views)
         decompress(p, q, out, accumulate=accumulate)

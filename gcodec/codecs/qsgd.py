@@ -17,10 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..kernels import quant_cpu
+from ..layout import quant as qlayout
 from .base import Aggregation, Param
-from .quantizer import SEED_PARAM, QuantLayout, ScaledQuantizer
+from .quantizer import QuantLayout, ScaledQuantizer
 from .registry import register_codec
+from .seeds import PER_WORKER_SEED
 
 __all__ = ["QSGD", "code_width"]
 
@@ -52,7 +53,7 @@ class QSGD(ScaledQuantizer):
     PARAMS = {
         "levels": Param(int, 15, "number of non-zero magnitude levels s", min=1, max=127),
         "bucket_size": Param(int, 512, "elements per norm (0: whole tensor)", min=0, max=1 << 24),
-        "seed": SEED_PARAM,
+        "seed": PER_WORKER_SEED,
     }
 
     @classmethod
@@ -62,6 +63,6 @@ class QSGD(ScaledQuantizer):
             group_size=params["bucket_size"],
             width=code_width(s),
             qmax=s,
-            rule=quant_cpu.RULE_L2,
+            rule=qlayout.RULE_L2,
             stochastic=True,
         )

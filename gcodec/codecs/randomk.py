@@ -5,7 +5,7 @@ Random-K keeps k elements picked uniformly at random. The indices are not sent: 
 (specs/rng.md), so the payload is the header plus k values, and its size never depends on the data
 (steady, predictable traffic). Workers that share ``seed`` and ``stream`` (pass the same ``step``)
 pick the same indices, so their payloads can be **summed before decoding**: add the value sections
-(:func:`sum_payloads`), decode once. With ``values={"id": "fp16"}`` the values travel as binary16
+(:func:`gcodec.sum_payloads`), decode once. With ``values={"id": "fp16"}`` the values travel as binary16
 and stay summable; a nested codec with per-payload scales (``uniform``) makes the payload
 gather-only.
 
@@ -16,44 +16,38 @@ form amplifies noise) and relies on :class:`gcodec.ErrorFeedback`, as Top-K does
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ..arrays import DTYPES
+from .. import kernels
+from ..arrays import backend_of
 from ..arrays import dtype_name as _dtype_name
 from ..errors import ConfigError, HeaderError, PayloadValueError
-from ..format.container import PendingTensor, TensorEntry, write_payload
-from ..kernels import sparse_cpu
-from ..rng import random_u32
+from ..sections import TensorEntry, numel
 from . import compose
 from .base import Aggregation, EncodeContext, EncodePlan, Param
 from .kcount import check_ratio_k, k_for
-from .quantizer import SEED_PARAM, STREAM_PARAM, StreamCounter
 from .registry import register_codec
+from .seeds import SHARED_SEED, STREAM_PARAM
 from .topk import ValuesHost, decode_values, expected_values, key_bits, plan_values
 
-__all__ = ["RandomK", "randomk_indices", "sum_payloads"]
+__all__ = ["RandomK", "randomk_indices", "value_codec"]
 
 _NONE = type(None)
 
 
-def randomk_indices(numel: int, k: int, seed: int, stream: int) -> np.ndarray:
-    """The k increasing indices a ``randomk`` payload with these params covers (int64)."""
-    if not 0 <= k <= numel:
-        raise ConfigError(f"randomk: k={k} must lie in [0, numel={numel}]")
-    words = random_u32(seed, stream, 2 * k) if k < numel else np.empty(0, np.uint32)
+def randomk_indices(n: int, k: int, seed: int, stream: int, *, backend: str = "cpu") -> Any:
+    """The k increasing indices a ``randomk`` payload with these params covers (int64), computed
+    by ``backend``'s kernels."""
+    if not 0 <= k <= n:
+        raise ConfigError(f"randomk: k={k} must lie in [0, numel={n}]")
+    K = kernels.get(backend)
+    words = K.philox.random_u32(seed, stream, 2 * k) if k < n else np.empty(0, np.uint32)
     out = np.empty(k, np.int64)
-    sparse_cpu.randomk_indices(numel, k, words, out)
+    K.sparse.randomk_indices(n, k, words, out)
     return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 @register_codec
@@ -77,12 +71,12 @@ class RandomK(ValuesHost):
     PARAMS = {
         "ratio": Param((float, _NONE), 0.01, "fraction of elements kept"),
         "k": Param((int, _NONE), None, "number of elements kept (instead of ratio)"),
-        "seed": SEED_PARAM,
+        "seed": SHARED_SEED,
         "values": Param((dict, str, _NONE), None, "codec config for the kept values, or None for raw"),
     }
     WIRE = {
         "k": Param(int, 0, "number of kept elements", min=0),
-        "seed": SEED_PARAM,
+        "seed": SHARED_SEED,
         "stream": STREAM_PARAM,
         "values": Param((dict, _NONE), None, "nested value codec, or nil for raw values"),
     }
@@ -97,7 +91,6 @@ class RandomK(ValuesHost):
         agg = compose.combined_aggregation(Aggregation.SUMMABLE, nested)
         if agg is not Aggregation.SUMMABLE:
             self.aggregation = agg  # type: ignore[misc]  # per instance: depends on the value codec
-        self._streams = StreamCounter()
 
     @classmethod
     def wire_schema(cls) -> dict[str, Param]:
@@ -111,10 +104,6 @@ class RandomK(ValuesHost):
         """The number of elements kept from a tensor of ``n`` elements."""
         return k_for(self._params, n)
 
-    def next_stream(self, key: str | None = None) -> int:
-        """The stream the next encode of ``key`` without ``step=`` will use."""
-        return self._streams.peek(key)
-
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = x.reshape(-1)
         dname = _dtype_name(flat.dtype)
@@ -122,15 +111,15 @@ class RandomK(ValuesHost):
         k = self.k_for(n)
         # Taken before the input is checked: every call advances the key's counter, refused or not,
         # so workers calling in lockstep keep sharing streams after one of them refused NaN input.
-        stream = self._streams.take(ctx)
+        stream = ctx.take_stream()
         bits, mask, infkey = key_bits(flat, dname)
-        bad = sparse_cpu.count_nonfinite(bits, mask, infkey)
+        bad = kernels.of(bits).sparse.count_nonfinite(bits, mask, infkey)
         if bad:
             raise PayloadValueError(
                 f"randomk: input has NaN or infinite values ({bad} found); see specs/codecs/randomk.md"
             )
         seed = self._params["seed"]
-        idx = randomk_indices(n, k, seed, stream)
+        idx = randomk_indices(n, k, seed, stream, backend=backend_of(flat))
         vwire, sections, vfill = plan_values(self._nested, flat, idx, dname, ctx)
         params = {"k": k, "seed": seed, "stream": stream, "values": vwire}
         return EncodePlan(params, sections, vfill)
@@ -140,7 +129,7 @@ class RandomK(ValuesHost):
     def expected_sections(
         cls, params: dict[str, Any], shape: tuple[int, ...], dtype: str = "float32"
     ) -> list[tuple[str, str, int]]:
-        n = _numel(shape)
+        n = numel(shape)
         if params["k"] > n:
             raise HeaderError(f"R1: k={params['k']} exceeds the tensor's {n} elements")
         return expected_values(params, dtype, params["k"])
@@ -150,7 +139,7 @@ class RandomK(ValuesHost):
     def _values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> np.ndarray:
         vals = decode_values(params, entry, views, params["k"])
         if params["values"] is None:
-            bad = sparse_cpu.count_nonfinite_values(vals)
+            bad = kernels.of(vals).sparse.count_nonfinite_values(vals)
             if bad:
                 raise PayloadValueError(f"R2: {bad} value(s) are NaN or infinite")
         return vals
@@ -170,59 +159,13 @@ class RandomK(ValuesHost):
         accumulate: bool,
     ) -> None:
         vals = cls._values(params, entry, views)  # every check before ``out`` is touched
-        idx = randomk_indices(entry.numel, params["k"], params["seed"], params["stream"])
+        idx = randomk_indices(entry.numel, params["k"], params["seed"], params["stream"], backend=backend_of(out))
         if not accumulate:
             out[:] = 0
-        sparse_cpu.scatter(idx, vals, out, accumulate)
+        kernels.of(idx).sparse.scatter(idx, vals, out, accumulate)
 
 
-def sum_payloads(payloads: Sequence[Any], *, checksum: bool = True) -> memoryview:
-    """Sum ``randomk`` payloads that share shape, dtype, k, seed and stream, without decoding them.
-
-    The values are added in float64 and written back in the payloads' value form (raw in the
-    tensor dtype, or re-encoded by the nested codec, e.g. rounded once to binary16). Decoding the
-    result equals the sum of the decodes up to that one rounding. Raises ConfigError when the
-    payloads do not share their indices or their value codec is not summable.
-    """
-    from ..api import _checked
-
-    if not payloads:
-        raise ConfigError("sum_payloads needs at least one payload")
-    first = None
-    acc = None
-    for buf in payloads:
-        p, checked = _checked(buf, None, full=True)
-        if p.header.is_bundle or len(checked) != 1:
-            raise ConfigError("sum_payloads takes single-tensor randomk payloads")
-        e, _, params = checked[0]
-        if e.codec != "randomk":
-            raise ConfigError(f"sum_payloads takes randomk payloads, not {e.codec!r}")
-        ident = (e.shape, e.dtype, params["k"], params["seed"], params["stream"], _value_codec(params))
-        if first is None:
-            first = (e, params, ident)
-        elif ident != first[2]:
-            raise ConfigError(f"payloads select different indices or value codecs: {ident} vs {first[2]}")
-        vals = np.asarray(decode_values(params, e, p.views(e), params["k"]), np.float64)
-        acc = vals.copy() if acc is None else acc + vals
-    assert first is not None and acc is not None
-    e, params, _ = first
-    if params["values"] is not None:
-        nested = compose.nested_codec_from_config("values", _value_codec(params), "randomk")
-        assert nested is not None
-        if nested.aggregation is not Aggregation.SUMMABLE:
-            raise ConfigError(f"value codec {nested.codec_id!r} is not summable")
-    else:
-        nested = None
-    dt = DTYPES[e.dtype]
-    summed = acc.astype(dt)
-    idx = np.arange(params["k"], dtype=np.int64)
-    vwire, sections, vfill = plan_values(nested, summed, idx, e.dtype, EncodeContext())
-    new_params = {**params, "values": vwire}
-    pend = PendingTensor("randomk", RandomK.version, e.dtype, e.shape, new_params, sections, vfill)
-    return write_payload([pend], checksum=checksum)
-
-
-def _value_codec(params: dict[str, Any]) -> dict[str, Any] | None:
+def value_codec(params: dict[str, Any]) -> dict[str, Any] | None:
     v = params["values"]
     if v is None:
         return None

@@ -18,15 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
 from ..errors import PayloadValueError
-from ..format.container import SectionSpec, TensorEntry
-from ..kernels import quant_cpu, sign_cpu
+from ..sections import SectionSpec, TensorEntry, numel
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
 from .registry import register_codec
 
 __all__ = ["Sign"]
-
-_E16 = np.empty(0, np.uint16)
 
 
 def _sections(n: int, group_size: int) -> list[tuple[str, str, int]]:
@@ -60,7 +58,7 @@ class Sign(Codec):
         gs = self._params["group_size"]
 
         def fill(views: Mapping[str, np.ndarray]) -> None:
-            nbad = encode_into(flat, views["bits"], views["scales"], gs)
+            nbad = kernels.of(flat).sign.encode(flat, views["bits"], views["scales"], gs)
             if nbad:
                 raise PayloadValueError(
                     f"sign: input has NaN or infinite values in {nbad} group(s); the codec cannot represent them"
@@ -80,8 +78,8 @@ class Sign(Codec):
         gs = self._params["group_size"]
         flat = x.reshape(-1)
         n = flat.size
-        g, sub, chunk, fused = quant_cpu.geometry(n, gs, 64)
-        if not fused or flat.dtype != np.float32 or new_residual.dtype != np.float32:
+        K = kernels.of(flat)
+        if not K.sign.fuses_feedback(n, gs) or flat.dtype != np.float32 or new_residual.dtype != np.float32:
             return None
         e = residual.reshape(-1) if residual is not None else np.empty(0, np.float32)
         if residual is not None and e.dtype != np.float32:
@@ -91,9 +89,7 @@ class Sign(Codec):
         def fill(views: Mapping[str, np.ndarray]) -> None:
             if n == 0:
                 return
-            nbad = sign_cpu.sign_encode_feedback(
-                flat, e, residual is not None, out_e, views["bits"], views["scales"], g, sub, chunk
-            )
+            nbad = K.sign.encode_feedback(flat, e, residual is not None, out_e, views["bits"], views["scales"], gs)
             if nbad:
                 raise PayloadValueError(
                     f"sign: {nbad} group(s) or residual(s) of x + residual are NaN or infinite; "
@@ -104,7 +100,7 @@ class Sign(Codec):
 
     @classmethod
     def expected_sections(cls, params: dict[str, Any], shape: tuple[int, ...]) -> list[tuple[str, str, int]]:
-        return _sections(int(np.prod(shape, dtype=object)), params["group_size"])
+        return _sections(numel(shape), params["group_size"])
 
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
@@ -131,17 +127,4 @@ class Sign(Codec):
         n = entry.numel
         if n:
             gs = params["group_size"]
-            sign_cpu.sign_decode(views["bits"], views["scales"], out, gs if gs > 0 else n, accumulate)
-
-
-def encode_into(flat: np.ndarray, bits: np.ndarray, scales: np.ndarray, group_size: int) -> int:
-    """Run the sign kernels for one tensor; returns the number of groups that could not be encoded."""
-    n = flat.size
-    if n == 0:
-        return 0
-    g, sub, chunk, fused = quant_cpu.geometry(n, group_size, 64)
-    nbad = 0
-    if not fused:
-        nbad += quant_cpu.large_group_scales(flat, scales, _E16, g, quant_cpu.RULE_MEANABS, 1, 0.0)
-    nbad += sign_cpu.sign_encode(flat, bits, scales, g, sub, chunk, fused)
-    return nbad
+            kernels.of(out).sign.sign_decode(views["bits"], views["scales"], out, gs if gs > 0 else n, accumulate)

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..kernels import quant_cpu
+from ..layout import quant as qlayout
 from .base import Aggregation, Param
-from .quantizer import SEED_PARAM, QuantLayout, ScaledQuantizer
+from .quantizer import QuantLayout, ScaledQuantizer
 from .registry import register_codec
+from .seeds import PER_WORKER_SEED
 
 __all__ = ["TernGrad"]
 
@@ -44,7 +45,7 @@ class TernGrad(ScaledQuantizer):
     PARAMS = {
         "group_size": Param(int, 0, "elements per scale (0: whole tensor)", min=0, max=1 << 24),
         "clip": Param(float, 0.0, "clip at c * standard deviation (0: off)", min=0.0, max=1e6),
-        "seed": SEED_PARAM,
+        "seed": PER_WORKER_SEED,
     }
 
     @classmethod
@@ -53,7 +54,7 @@ class TernGrad(ScaledQuantizer):
             group_size=params["group_size"],
             width=2,
             qmax=1,
-            rule=quant_cpu.RULE_MAX,
+            rule=qlayout.RULE_MAX,
             stochastic=True,
             clip=float(params["clip"]),
         )

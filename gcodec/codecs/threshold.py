@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
 from ..arrays import DTYPES
 from ..arrays import dtype_name as _dtype_name
 from ..errors import PayloadValueError
-from ..kernels import sparse_cpu
 from .base import EncodeContext, EncodePlan, Param
 from .registry import register_codec
 from .topk import SparseIndexCodec, key_bits
@@ -94,7 +94,7 @@ class Threshold(SparseIndexCodec):
         t = self._params["threshold"]
         bits, mask, infkey = key_bits(flat, dname)
         kt = bits.dtype.type(threshold_key(t, dname))
-        count, nan = sparse_cpu.count_ge(bits, mask, infkey, kt)
+        count, nan = kernels.of(bits).sparse.count_ge(bits, mask, infkey, kt)
         if nan:
             raise PayloadValueError(
                 f"threshold: input has NaN or infinite values ({nan} found); see specs/codecs/threshold.md"
@@ -102,13 +102,13 @@ class Threshold(SparseIndexCodec):
         slack = 64  # the collecting pass writes whole blocks
         idx = np.empty(count + slack, np.int64)
         vbits = np.empty(count + slack, bits.dtype)
-        c = sparse_cpu.collect_ge(bits, mask, kt, idx, vbits)
+        c = kernels.of(bits).sparse.collect_ge(bits, mask, kt, idx, vbits)
         assert c == count
         return self._plan_selected(flat, dname, idx[:count], {"threshold": t}, ctx, vbits[:count])
 
     @classmethod
     def _check_decoded_values(cls, params: dict[str, Any], vals: np.ndarray) -> None:
-        j = sparse_cpu.first_below(vals, params["threshold"])
+        j = kernels.of(vals).sparse.first_below(vals, params["threshold"])
         if j >= 0:
             raise PayloadValueError(
                 f"TH4: value {j} ({vals[j]!r}) is not finite or lies below the threshold {params['threshold']!r}"

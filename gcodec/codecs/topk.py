@@ -7,7 +7,7 @@ memory"; Lin et al. 2018, "Deep Gradient Compression").
 
 Selection is exact: the k largest magnitudes, ties broken by the lowest index, non-finite input
 rejected. It runs in one pass over the input after a sampled threshold estimate (see
-:mod:`gcodec.kernels.sparse_cpu`). Indices are sorted and delta-coded in blocks of 64 gaps, each
+:mod:`gcodec.kernels.cpu.sparse`). Indices are sorted and delta-coded in blocks of 64 gaps, each
 block bit-packed at the width of its largest gap: about 9.5 bits per kept index at 1 % density,
 against 32 for raw uint32 indices.
 
@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
 from ..errors import ConfigError, HeaderError, PayloadValueError
-from ..format.container import SectionSpec, TensorEntry
-from ..kernels import cast_cpu, sparse_cpu
+from ..layout import sparse as slayout
+from ..sections import SectionSpec, TensorEntry, numel
 from . import compose
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
 from .kcount import check_ratio_k, k_for
@@ -73,13 +74,6 @@ def _scratch(cap: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndar
     return cand, cbits.view(dtype), hist
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 # --------------------------------------------------------------------------------------------
 # values: raw in the input dtype, or through a nested codec (role "values")
 
@@ -100,7 +94,7 @@ def plan_values(
     if vbits is None:
         ut = _UINT[flat.dtype.itemsize]
         vbits = np.empty(k, ut)
-        sparse_cpu.gather(flat.view(ut), idx, vbits)
+        kernels.of(flat.view(ut)).sparse.gather(flat.view(ut), idx, vbits)
     if nested is None:
         code = VALUE_CODES[dtype_name]
 
@@ -131,11 +125,11 @@ def decode_values(params: dict[str, Any], entry: TensorEntry, views: Mapping[str
     v = views["values"]
     if v.dtype == np.float16:
         out = np.empty(k, np.float32)
-        cast_cpu.decode_f16(v.view(np.uint16), out, False)
+        kernels.of(v.view(np.uint16)).cast.decode_f16(v.view(np.uint16), out, False)
         return out
     if v.dtype == np.uint16:
         out = np.empty(k, np.float32)
-        cast_cpu.decode_bf16(v, out, False)
+        kernels.of(v).cast.decode_bf16(v, out, False)
         return out
     return v
 
@@ -200,8 +194,8 @@ class SparseIndexCodec(ValuesHost):
         coding = self._params["index_coding"]
         sections: list[SectionSpec] = []
         if coding == "delta":
-            widths = np.empty((k + sparse_cpu.GAP_BLOCK - 1) // sparse_cpu.GAP_BLOCK, np.uint8)
-            nbytes = int(sparse_cpu.delta_widths(idx, widths))
+            widths = np.empty((k + slayout.GAP_BLOCK - 1) // slayout.GAP_BLOCK, np.uint8)
+            nbytes = int(kernels.of(idx).sparse.delta_widths(idx, widths))
             sections += [SectionSpec("index_widths", "u1", widths.shape[0]), SectionSpec("indices", "u1", nbytes)]
         else:
             if n > 1 << 32:
@@ -215,7 +209,7 @@ class SparseIndexCodec(ValuesHost):
         def fill(views: Mapping[str, np.ndarray]) -> None:
             if coding == "delta":
                 views["index_widths"][:] = widths
-                sparse_cpu.delta_pack(idx, widths, views["indices"])
+                kernels.of(idx).sparse.delta_pack(idx, widths, views["indices"])
             else:
                 views["indices"][:] = idx
             vfill(views)
@@ -226,7 +220,7 @@ class SparseIndexCodec(ValuesHost):
     @classmethod
     def _check_wire_shape(cls, params: dict[str, Any], shape: tuple[int, ...]) -> None:
         r = cls.RULE
-        n = _numel(shape)
+        n = numel(shape)
         k = params["k"]
         if k > n:
             raise HeaderError(f"{r}1: k={k} exceeds the tensor's {n} elements")
@@ -235,7 +229,7 @@ class SparseIndexCodec(ValuesHost):
                 raise HeaderError(f"{r}1: index_bytes={params['index_bytes']} but raw indices of k={k} take {4 * k}")
             if n > 1 << 32:
                 raise HeaderError(f"{r}1: raw indices cannot address {n} elements (at most 2**32)")
-        elif params["index_bytes"] > (k * sparse_cpu.MAX_WIDTH + 7) // 8 + k // sparse_cpu.GAP_BLOCK + 1:
+        elif params["index_bytes"] > (k * slayout.MAX_WIDTH + 7) // 8 + k // slayout.GAP_BLOCK + 1:
             raise HeaderError(f"{r}1: index_bytes={params['index_bytes']} is more than k={k} gaps can take")
 
     @classmethod
@@ -246,7 +240,7 @@ class SparseIndexCodec(ValuesHost):
         cls._check_wire_shape(params, shape)
         k = params["k"]
         if params["index_coding"] == "delta":
-            nblocks = (k + sparse_cpu.GAP_BLOCK - 1) // sparse_cpu.GAP_BLOCK
+            nblocks = (k + slayout.GAP_BLOCK - 1) // slayout.GAP_BLOCK
             out = [("index_widths", "u1", nblocks), ("indices", "u1", params["index_bytes"])]
         else:
             out = [("indices", "u4", params["index_bytes"])]
@@ -260,16 +254,16 @@ class SparseIndexCodec(ValuesHost):
         n = entry.numel
         idx = np.empty(k, np.int64)
         if params["index_coding"] == "raw":
-            code, where = sparse_cpu.check_raw_indices(views["indices"], n)
-            if code == sparse_cpu.ERR_ORDER:
+            code, where = kernels.of(views["indices"]).sparse.check_raw_indices(views["indices"], n)
+            if code == slayout.ERR_ORDER:
                 raise PayloadValueError(f"{r}3: raw index {where} is not greater than the one before it")
-            if code == sparse_cpu.ERR_RANGE:
+            if code == slayout.ERR_RANGE:
                 raise PayloadValueError(f"{r}3: index {where} is {int(views['indices'][where])}, not below numel {n}")
             idx[:] = views["indices"]
             return idx
         widths = views["index_widths"]
-        maxw = min(sparse_cpu.MAX_WIDTH, max(n - 1, 0).bit_length())
-        total = sparse_cpu.delta_bytes(widths, k, maxw)
+        maxw = min(slayout.MAX_WIDTH, max(n - 1, 0).bit_length())
+        total = kernels.of(widths).sparse.delta_bytes(widths, k, maxw)
         if total < 0:
             b = -1 - total
             raise PayloadValueError(f"{r}2: index block {b} has width {int(widths[b])}; at most {maxw} for numel {n}")
@@ -277,16 +271,16 @@ class SparseIndexCodec(ValuesHost):
             raise PayloadValueError(
                 f"{r}2: index widths imply {total} index bytes; index_bytes is {params['index_bytes']}"
             )
-        code, where = sparse_cpu.delta_unpack(views["indices"], widths, k, n, idx)
-        if code == sparse_cpu.ERR_RANGE:
+        code, where = kernels.of(views["indices"]).sparse.delta_unpack(views["indices"], widths, k, n, idx)
+        if code == slayout.ERR_RANGE:
             raise PayloadValueError(f"{r}3: index {where} is not below numel {n}")
-        if code == sparse_cpu.ERR_NOT_MINIMAL:
+        if code == slayout.ERR_NOT_MINIMAL:
             raise PayloadValueError(
                 f"{r}2: index block {where} has width {int(widths[where])}, not the bit length of its largest gap"
             )
-        if code == sparse_cpu.ERR_PAD:
+        if code == slayout.ERR_PAD:
             raise PayloadValueError(f"{r}2: unused bits at the end of index block {where} are not zero")
-        if code != sparse_cpu.OK:
+        if code != slayout.OK:
             raise PayloadValueError(f"{r}2: index bytes do not match the widths")
         return idx
 
@@ -321,7 +315,7 @@ class SparseIndexCodec(ValuesHost):
         vals = cls._values(params, entry, views)
         if not accumulate:
             out[:] = 0
-        sparse_cpu.scatter(idx, vals, out, accumulate)
+        kernels.of(idx).sparse.scatter(idx, vals, out, accumulate)
 
 
 @register_codec
@@ -384,8 +378,8 @@ class TopK(SparseIndexCodec):
         bits, mask, infkey = key_bits(flat, dname)
         idx = np.empty(k, np.int64)
         vbits = np.empty(k, bits.dtype)
-        cand, cbits, hist = _scratch(int(sparse_cpu.candidate_capacity(n, k)), bits.dtype)
-        bad = sparse_cpu.topk_select(bits, mask, infkey, k, idx, vbits, cand, cbits, hist)
+        cand, cbits, hist = _scratch(int(kernels.of(bits).sparse.candidate_capacity(n, k)), bits.dtype)
+        bad = kernels.of(bits).sparse.topk_select(bits, mask, infkey, k, idx, vbits, cand, cbits, hist)
         if bad:
             raise PayloadValueError(
                 f"topk: input has NaN or infinite values ({bad} found); see specs/codecs/topk.md section 2"
@@ -394,6 +388,6 @@ class TopK(SparseIndexCodec):
 
     @classmethod
     def _check_decoded_values(cls, params: dict[str, Any], vals: np.ndarray) -> None:
-        bad = sparse_cpu.count_nonfinite_values(vals)
+        bad = kernels.of(vals).sparse.count_nonfinite_values(vals)
         if bad:
             raise PayloadValueError(f"T4: {bad} value(s) are NaN or infinite")

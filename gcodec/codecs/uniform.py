@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..kernels import quant_cpu
+from ..layout import quant as qlayout
 from .base import Aggregation, Param
-from .quantizer import SEED_PARAM, QuantLayout, ScaledQuantizer
+from .quantizer import QuantLayout, ScaledQuantizer
 from .registry import register_codec
+from .seeds import PER_WORKER_SEED
 
 __all__ = ["Uniform"]
 
@@ -49,7 +50,7 @@ class Uniform(ScaledQuantizer):
         "group_size": Param(int, 64, "elements per scale", min=1, max=1 << 24),
         "rounding": Param(str, "nearest", "rounding rule", choices=("nearest", "stochastic")),
         "scale_dtype": Param(str, "float32", "element type of the scales", choices=("float32", "float16")),
-        "seed": SEED_PARAM,
+        "seed": PER_WORKER_SEED,
     }
 
     @classmethod
@@ -63,7 +64,7 @@ class Uniform(ScaledQuantizer):
             group_size=params["group_size"],
             width=bits,
             qmax=(1 << (bits - 1)) - 1,
-            rule=quant_cpu.RULE_ABSMAX,
+            rule=qlayout.RULE_ABSMAX,
             stochastic=params["rounding"] == "stochastic",
             scale_f16=params["scale_dtype"] == "float16",
         )

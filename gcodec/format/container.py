@@ -25,6 +25,7 @@ from ..errors import (
     UnsupportedVersionError,
 )
 from ..limits import Limits, get_limits
+from ..sections import SECTION_DTYPES, SectionInfo, SectionSpec, TensorEntry
 from .header import check_tree, pack_canonical, unpack_strict
 
 __all__ = [
@@ -56,12 +57,6 @@ PREAMBLE_SIZE = 16
 ALIGN = 8
 _PREAMBLE = struct.Struct("<4sBBHII")
 
-#: Element types a section may declare: little-endian NumPy type codes.
-SECTION_DTYPES: dict[str, np.dtype] = {
-    code: np.dtype("<" + code) if code[1] != "1" else np.dtype(code)
-    for code in ("u1", "i1", "u2", "i2", "f2", "u4", "i4", "f4", "u8", "i8", "f8")
-}
-
 #: Required features this reader implements (none are defined in format 1.0).
 KNOWN_FEATURES: frozenset[str] = frozenset()
 
@@ -72,72 +67,6 @@ _TENSOR_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 def align_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
-
-
-@dataclasses.dataclass(frozen=True)
-class SectionSpec:
-    """A section a codec asks for: its name, element type code and byte length."""
-
-    name: str
-    dtype: str
-    nbytes: int
-
-    @property
-    def count(self) -> int:
-        return self.nbytes // SECTION_DTYPES[self.dtype].itemsize
-
-
-@dataclasses.dataclass(frozen=True)
-class SectionInfo:
-    """A section as laid out in a payload: ``offset`` is relative to the start of the data area."""
-
-    name: str
-    dtype: str
-    offset: int
-    nbytes: int
-
-    @property
-    def count(self) -> int:
-        return self.nbytes // SECTION_DTYPES[self.dtype].itemsize
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorEntry:
-    """One tensor's record in the header."""
-
-    codec: str
-    version: int
-    dtype: str
-    shape: tuple[int, ...]
-    params: dict[str, Any]
-    sections: tuple[SectionInfo, ...]
-    name: str | None = None
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    def section(self, name: str) -> SectionInfo:
-        for s in self.sections:
-            if s.name == name:
-                return s
-        raise KeyError(name)
-
-    def to_wire(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "codec": self.codec,
-            "version": self.version,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "params": self.params,
-            "sections": [[s.name, s.dtype, s.offset, s.nbytes] for s in self.sections],
-        }
-        if self.name is not None:
-            d["name"] = self.name
-        return d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,8 +120,14 @@ def write_payload(
     meta: Mapping[str, str] | None = None,
     checksum: bool = True,
     limits: Limits | None = None,
+    alloc: Callable[[int], np.ndarray] | None = None,
 ) -> memoryview:
-    """Lay out and fill a payload; returns a writable ``memoryview`` of its bytes."""
+    """Lay out and fill a payload; returns a writable ``memoryview`` of its bytes.
+
+    ``alloc(nbytes)`` provides the payload's memory: a 1-D uint8 array of exactly ``nbytes`` (a slice
+    of a reused send buffer, say). Default: a fresh ``np.empty``. Every byte is written, padding
+    included, so the memory need not be zeroed.
+    """
     lim = limits or get_limits()
     # Step 1: section offsets, packed in order at ALIGN-byte boundaries of the data area.
     entries: list[TensorEntry] = []
@@ -216,7 +151,9 @@ def write_payload(
     data_start = align_up(PREAMBLE_SIZE + len(hbytes))
     total = data_start + data_length + (4 if checksum else 0)
     lim.check("payload size", total, "max_payload_bytes")
-    buf = np.empty(total, dtype=np.uint8)
+    buf = np.empty(total, dtype=np.uint8) if alloc is None else alloc(total)
+    if buf.dtype != np.uint8 or buf.shape != (total,):
+        raise ValueError(f"payload allocator returned {buf.dtype} {buf.shape}, not uint8 ({total},)")
     flags = FLAG_PAYLOAD_CRC if checksum else 0
     pre = _PREAMBLE.pack(MAGIC, MAJOR, MINOR, flags, len(hbytes), 0)
     hcrc = crc32c(hbytes, crc32c(pre[:12]))

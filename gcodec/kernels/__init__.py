@@ -1,92 +1,48 @@
-"""Hot loops, one per backend. ``*_cpu`` modules hold fused Numba kernels compiled with cache=True.
+"""Hot loops, one folder per backend, behind one small dispatch.
 
-Every kernel works on flat, C-contiguous arrays and is the only place a codec's inner loop lives.
-Kernels split their work into fixed-size chunks; their result never depends on the number of
-threads. The quantizer, sign and feedback kernels are ``njit(nogil=True)`` functions over a range
-of chunks, run on a small thread pool by :func:`run_chunks` (a ``parallel=True`` wrapper per kernel
-cost 3-4 s of cold compile each); the others use ``numba.prange``. Both follow
-``numba.get_num_threads()``.
+A codec never names a backend's modules. It asks for the kernels of the array it works on::
 
-Waking a thread pool costs tens of microseconds, and milliseconds when the cores are busy, which
-dwarfs the work on a bias vector. :func:`threads_for` runs tensors below :data:`SMALL` elements on
-the calling thread alone; the API layer wraps every encode and decode in it.
+    K = kernels.of(x)          # the backend's kernel package
+    K.quant.scaled_decode(...)
+
+Every backend package (``gcodec.kernels.cpu`` today) exposes the same modules (``cast``, ``quant``,
+``sign``, ``sparse``, ``lowrank``, ``philox``) with the same functions, plus ``threads_for(n)``, the
+context in which a tensor of ``n`` elements is processed. A new backend is one more folder here and
+one more entry in :data:`BACKENDS`; the codecs do not change. Wire-layout facts the kernels share
+with the codecs live in :mod:`gcodec.layout`, not here.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+import importlib
+from types import ModuleType
 from typing import Any
 
-import numba
+from ..arrays import backend_of
+from ..errors import ConfigError
 
-__all__ = ["SMALL", "run_chunks", "threads_for"]
+__all__ = ["BACKENDS", "get", "of"]
 
-#: Tensors with fewer elements than this run single-threaded.
-SMALL = 1 << 16
-
-
-@contextmanager
-def threads_for(n: int) -> Iterator[None]:
-    """Limit Numba's parallel regions to one thread (thread-locally) when ``n`` is small."""
-    if n >= SMALL:
-        yield
-        return
-    old = numba.get_num_threads()
-    if old == 1:
-        yield
-        return
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
+#: Backend name -> the package holding its kernels (imported on first use).
+BACKENDS: dict[str, str] = {"cpu": "gcodec.kernels.cpu"}
+_loaded: dict[str, ModuleType] = {}
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_pid = 0
-_pool_lock = threading.Lock()
+def get(backend: str) -> ModuleType:
+    """The kernel package of ``backend``; ConfigError when gcodec has none for it."""
+    mod = _loaded.get(backend)
+    if mod is not None:
+        return mod
+    name = BACKENDS.get(backend)
+    if name is None:
+        raise ConfigError(
+            f"gcodec has no kernels for {backend!r} arrays (backends: {sorted(BACKENDS)}); "
+            "copy the array to host memory first (e.g. tensor.cpu(), cupy.asnumpy)"
+        )
+    mod = _loaded[backend] = importlib.import_module(name)
+    return mod
 
 
-def _forget_pool_after_fork() -> None:
-    # A forked child has none of the parent's worker threads, and the lock may have been held by
-    # another parent thread at the fork: start over with a new lock and, when needed, a new pool.
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_forget_pool_after_fork)
-
-
-def _executor() -> ThreadPoolExecutor:
-    """The worker threads (NUMBA_NUM_THREADS - 1 of them; made anew in a forked child)."""
-    global _pool, _pool_pid
-    with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max(1, numba.config.NUMBA_NUM_THREADS - 1), thread_name_prefix="gcodec")
-            _pool_pid = os.getpid()
-        return _pool
-
-
-def run_chunks(kernel: Any, n: int, C: int, *args: Any) -> int:
-    """The sum of ``kernel(*args, lo, hi)`` over a partition of [0, n) into ranges of whole
-    ``C``-element chunks, one range per thread.
-
-    ``kernel`` is an ``njit(nogil=True)`` function that does a range of chunks in order. As many
-    threads run as ``numba.get_num_threads()`` says (the calling thread is one of them), so
-    ``numba.set_num_threads`` and :func:`gcodec.kernels.threads_for` apply as to a ``prange``;
-    the bytes never depend on the thread count. (A ``prange`` wrapper per kernel cost 3-4 s of
-    cold compile each.)
-    """
-    nchunks = -(-n // C)
-    t = min(numba.get_num_threads(), nchunks)
-    if t <= 1:
-        return int(kernel(*args, 0, n))
-    cut = [min(n, nchunks * i // t * C) for i in range(t + 1)]
-    futures = [_executor().submit(kernel, *args, cut[i], cut[i + 1]) for i in range(1, t)]
-    total = int(kernel(*args, cut[0], cut[1]))
-    return total + sum(int(f.result()) for f in futures)
+def of(x: Any) -> ModuleType:
+    """The kernel package for the backend where array ``x`` lives."""
+    return get(backend_of(x))

@@ -12,19 +12,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from . import run_chunks
-from .quant_cpu import (
-    CHUNK,
-    RULE_MEANABS,
-    _scale,
-    add_signs8,
-    lane_sum,
-    put_signs8,
-    sign_bits64,
-    store_u64,
-)
+from ...layout.quant import RULE_MEANABS
+from .quant import CHUNK, geometry
+from .scales import _scale, lane_sum, large_group_scales
+from .simd import add_signs8, put_signs8, sign_bits64, store_u64
+from .threads import run_chunks
 
-__all__ = ["sign_decode", "sign_encode", "sign_encode_feedback"]
+__all__ = ["encode", "encode_feedback", "fuses_feedback", "sign_decode", "sign_encode", "sign_encode_feedback"]
 
 _E16 = np.empty(0, np.uint16)
 
@@ -206,3 +200,36 @@ def sign_encode_feedback(x, e, has_e, enew, codes, scales, G, L, C):  # type: ig
     residuals (the caller then discards ``enew``).
     """
     return run_chunks(_feedback_chunk, x.shape[0], C, x, e, has_e, enew, codes, scales, G, L)
+
+
+def encode(flat: np.ndarray, bits: np.ndarray, scales: np.ndarray, group_size: int) -> int:
+    """Run the sign kernels for one tensor; returns the number of groups that could not be encoded."""
+    n = flat.size
+    if n == 0:
+        return 0
+    g, sub, chunk, fused = geometry(n, group_size, 64)
+    nbad = 0
+    if not fused:
+        nbad += large_group_scales(flat, scales, _E16, g, RULE_MEANABS, 1, 0.0)
+    nbad += sign_encode(flat, bits, scales, g, sub, chunk, fused)
+    return nbad
+
+
+def fuses_feedback(n: int, group_size: int) -> bool:
+    """Whether :func:`encode_feedback` applies (each group fits in one sub-block)."""
+    return geometry(n, group_size, 64)[3]
+
+
+def encode_feedback(
+    flat: np.ndarray,
+    e: np.ndarray,
+    has_e: bool,
+    new_e: np.ndarray,
+    bits: np.ndarray,
+    scales: np.ndarray,
+    group_size: int,
+) -> int:
+    """Sign-encode ``flat + e`` and write the new residual into ``new_e`` in one pass (float32, when
+    :func:`fuses_feedback`); returns the number of groups or residuals that are not finite."""
+    g, sub, chunk, _ = geometry(flat.size, group_size, 64)
+    return sign_encode_feedback(flat, e, has_e, new_e, bits, scales, g, sub, chunk)

@@ -35,20 +35,11 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
-GAP_BLOCK = 64  # gaps per index block (one width byte each)
-MAX_WIDTH = 56  # widest gap field a reader accepts (gaps < 2**56)
+from ...layout.sparse import ERR_BYTES, ERR_NOT_MINIMAL, ERR_ORDER, ERR_PAD, ERR_RANGE, GAP_BLOCK, OK
+
 _SAMPLE = 1 << 14  # keys in the threshold sample
 _SMALL = 1 << 16  # below this many elements, select on all keys directly
 _CB = 8  # keys per compared block in the selecting pass (one AVX2 compare of 32-bit keys)
-
-# error codes of the index decoders (see index_error_message)
-OK = 0
-ERR_WIDTH = 1  # a block width exceeds the limit
-ERR_NOT_MINIMAL = 2  # a block width is not the bit length of its largest gap
-ERR_RANGE = 3  # an index >= numel
-ERR_ORDER = 4  # raw indices not strictly increasing
-ERR_PAD = 5  # unused bits of the last index byte are not zero
-ERR_BYTES = 6  # index_bytes disagrees with the widths
 
 
 # --------------------------------------------------------------------------------------------

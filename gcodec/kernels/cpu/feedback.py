@@ -1,0 +1,28 @@
+"""Error-feedback residuals on the CPU: ``residual = corrected - decoded`` in place, with a count of
+non-finite results (the caller refuses to keep a residual that is not finite)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .quant import CHUNK
+from .threads import run_chunks
+
+__all__ = ["residual_inplace"]
+
+
+@njit(cache=True, nogil=True)
+def _residual_range(corrected, decoded, lo, hi):  # pragma: no cover - jitted
+    """corrected[lo:hi] -= decoded[lo:hi]; returns how many results are NaN or infinite."""
+    bad = 0
+    for i in range(lo, hi):
+        r = corrected[i] - decoded[i]
+        corrected[i] = r
+        bad += not (abs(r) <= 1.7976931348623157e308)
+    return bad
+
+
+def residual_inplace(corrected: np.ndarray, decoded: np.ndarray) -> int:
+    """corrected -= decoded (flat arrays of one dtype); returns how many results are NaN or infinite."""
+    return run_chunks(_residual_range, corrected.shape[0], CHUNK, corrected, decoded)

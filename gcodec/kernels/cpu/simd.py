@@ -1,0 +1,224 @@
+"""LLVM vector-IR intrinsics for the CPU kernels: lane sums, absmax bits, sign masks, unaligned words.
+
+Numba leaves LLVM's SLP vectoriser off, so loops whose parallelism is across scalars (the eight
+float64 lanes of a sum, a 64-bit sign mask) are written here as LLVM vector IR. The sums keep the
+fixed lane order of specs/codecs/qsgd.md §3, so they are bit-exact on every target.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__ = [
+    "add_signs8",
+    "load_u64",
+    "max_bits",
+    "max_sums",
+    "put_signs8",
+    "sign_bits64",
+    "store_u64",
+    "sum_abs",
+    "sum_sq",
+    "sum_v",
+]
+
+# --------------------------------------------------------------------------------------------
+# SIMD helpers
+#
+# Numba leaves LLVM's SLP vectoriser off, so eight scalar accumulators (the lane sums of
+# specs/codecs/qsgd.md §3) stay scalar, one add chain each. These intrinsics write the loops in
+# LLVM vector IR instead: a <8 x float> load per octet, widened to <8 x double>, added lane-wise,
+# with no fast-math flags (IEEE adds and multiplies, never reassociated or fused), so the results
+# are bit-identical to the scalar definition on every target LLVM supports.
+
+
+def _elem_ptr(builder, arrty, arr, index, context):
+    """Pointer to element ``index`` of a 1-D C array."""
+    a = cgutils.create_struct_proxy(arrty)(context, builder, value=arr)
+    return builder.gep(a.data, [index])
+
+
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_VF32 = ir.VectorType(ir.FloatType(), 8)
+_VF64 = ir.VectorType(ir.DoubleType(), 8)
+_VU32 = ir.VectorType(_I32, 8)
+_VU64 = ir.VectorType(_I64, 8)
+
+
+def _octet_reducer(kind: str):  # type: ignore[no-untyped-def]
+    """An intrinsic ``f(x, lo, m)`` over the float32 elements x[lo : lo + m] (``m`` >= 0).
+
+    ``kind``: "sq" (lane sum of v^2), "abs" (of |v|), "v" (of v), "max" (max of the bits of |v|,
+    uint32), or "msq" (the tuple (max bits, lane sum of v, lane sum of v^2)). Sums are the lane
+    sums of qsgd.md §3 (at most RBLOCK elements): lane j adds the terms of elements j, j+8, ...
+    in order from +0, the lanes are added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+    The tail (m % 8 elements) is loaded into a zeroed octet: adding +0.0 to a lane that started at
+    +0 changes nothing, nor does a max with 0.
+    """
+    sums = {"sq": 1, "abs": 1, "v": 1, "max": 0, "msq": 2}[kind]
+    has_max = kind in ("max", "msq")
+
+    @intrinsic
+    def reduce_octets(typingctx, x, lo, m):  # type: ignore[no-untyped-def]
+        if not (isinstance(x, types.Array) and x.dtype == types.float32 and x.ndim == 1):
+            return None
+        if kind == "max":
+            ret = types.uint32
+        elif kind == "msq":
+            ret = types.Tuple((types.uint32, types.float64, types.float64))
+        else:
+            ret = types.float64
+        sig = ret(x, lo, m)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            arr, lo_v, m_v = args
+            base = _elem_ptr(builder, signature.args[0], arr, lo_v, context)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_VF64, [0.0] * 8)) for _ in range(sums)]
+            mx = cgutils.alloca_once_value(builder, ir.Constant(_VU32, [0] * 8)) if has_max else None
+
+            def add(v):  # type: ignore[no-untyped-def]
+                if sums:
+                    d = builder.fpext(v, _VF64)
+                    if kind == "sq":
+                        terms = [builder.fmul(d, d)]
+                    elif kind == "abs":
+                        nosign = builder.and_(builder.bitcast(d, _VU64), ir.Constant(_VU64, [(1 << 63) - 1] * 8))
+                        terms = [builder.bitcast(nosign, _VF64)]  # |d|: the sign bit cleared
+                    elif kind == "v":
+                        terms = [d]
+                    else:
+                        terms = [d, builder.fmul(d, d)]
+                    for acc, t in zip(accs, terms):
+                        builder.store(builder.fadd(builder.load(acc), t), acc)
+                if mx is not None:
+                    bits = builder.and_(builder.bitcast(v, _VU32), ir.Constant(_VU32, [0x7FFFFFFF] * 8))
+                    old = builder.load(mx)
+                    builder.store(builder.select(builder.icmp_unsigned(">", bits, old), bits, old), mx)
+
+            nk = builder.ashr(m_v, ir.Constant(m_v.type, 3))
+            with cgutils.for_range(builder, nk) as loop:
+                p = builder.gep(base, [builder.shl(loop.index, ir.Constant(loop.index.type, 3))])
+                add(builder.load(builder.bitcast(p, _VF32.as_pointer()), align=4))
+            r = builder.and_(m_v, ir.Constant(m_v.type, 7))
+            with builder.if_then(builder.icmp_signed(">", r, ir.Constant(r.type, 0)), likely=False):
+                tail = builder.gep(base, [builder.shl(nk, ir.Constant(nk.type, 3))])
+                octet = cgutils.alloca_once_value(builder, ir.Constant(_VF32, [0.0] * 8))
+                with cgutils.for_range(builder, r) as loop:
+                    e = builder.load(builder.gep(tail, [loop.index]))
+                    j = builder.trunc(loop.index, _I32)
+                    builder.store(builder.insert_element(builder.load(octet), e, j), octet)
+                add(builder.load(octet))
+
+            def lanes(acc):  # type: ignore[no-untyped-def]
+                v = builder.load(acc)
+                ln = [builder.extract_element(v, ir.Constant(_I32, j)) for j in range(8)]
+                pairs = [builder.fadd(ln[2 * j], ln[2 * j + 1]) for j in range(4)]
+                return builder.fadd(builder.fadd(pairs[0], pairs[1]), builder.fadd(pairs[2], pairs[3]))
+
+            out = []
+            if mx is not None:
+                v = builder.load(mx)
+                best = builder.extract_element(v, ir.Constant(_I32, 0))
+                for j in range(1, 8):
+                    e = builder.extract_element(v, ir.Constant(_I32, j))
+                    best = builder.select(builder.icmp_unsigned(">", e, best), e, best)
+                out.append(best)
+            out += [lanes(acc) for acc in accs]
+            if len(out) == 1:
+                return out[0]
+            return context.make_tuple(builder, signature.return_type, out)
+
+        return sig, codegen
+
+    return reduce_octets
+
+
+sum_sq = _octet_reducer("sq")
+sum_abs = _octet_reducer("abs")
+sum_v = _octet_reducer("v")
+max_bits = _octet_reducer("max")
+max_sums = _octet_reducer("msq")
+
+
+@intrinsic
+def sign_bits64(typingctx, x, i):  # type: ignore[no-untyped-def]
+    """uint64 whose bit t is (x[i + t] < 0) for t < 64 (float32 compare: false for -0.0 and NaN).
+
+    One <64 x float> compare turned into a bit mask (vcmpps + vmovmskps on x86).
+    """
+    if not (isinstance(x, types.Array) and x.dtype == types.float32 and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        f64 = ir.VectorType(ir.FloatType(), 64)
+        p = _elem_ptr(builder, signature.args[0], args[0], args[1], context)
+        v = builder.load(builder.bitcast(p, f64.as_pointer()), align=4)
+        neg = builder.fcmp_ordered("<", v, ir.Constant(f64, [0.0] * 64))
+        return builder.bitcast(neg, _I64)
+
+    return types.uint64(x, i), codegen
+
+
+def _sign_putter(accumulate: bool):  # type: ignore[no-untyped-def]
+    """An intrinsic ``f(out, i, b, s)``: out[i + t] (+)= (-1.0 if bit t of the byte b is set else
+    1.0) * s for t < 8 (float32 products; float64 ``out`` gets them widened, exactly)."""
+
+    @intrinsic
+    def put_signs8(typingctx, out, i, b, s):  # type: ignore[no-untyped-def]
+        if not (isinstance(out, types.Array) and out.dtype in (types.float32, types.float64)):
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            arr, idx, byte, sv = args
+            neg = builder.bitcast(builder.trunc(byte, ir.IntType(8)), ir.VectorType(ir.IntType(1), 8))
+            one = builder.select(neg, ir.Constant(_VF32, [-1.0] * 8), ir.Constant(_VF32, [1.0] * 8))
+            vs = builder.insert_element(ir.Constant(_VF32, ir.Undefined), sv, ir.Constant(_I32, 0))
+            v = builder.fmul(one, builder.shuffle_vector(vs, vs, ir.Constant(_VU32, [0] * 8)))
+            vt = _VF32
+            if signature.args[0].dtype == types.float64:
+                vt = _VF64
+                v = builder.fpext(v, vt)
+            p = builder.bitcast(_elem_ptr(builder, signature.args[0], arr, idx, context), vt.as_pointer())
+            if accumulate:
+                v = builder.fadd(builder.load(p, align=4), v)
+            builder.store(v, p, align=4)
+            return context.get_dummy_value()
+
+        return types.void(out, i, b, types.float32), codegen
+
+    return put_signs8
+
+
+put_signs8 = _sign_putter(False)
+add_signs8 = _sign_putter(True)
+
+
+@intrinsic
+def store_u64(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
+    """Store the uint64 ``v`` little-endian at bytes arr[i : i + 8] of a (u)int8 array, unaligned."""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        p = _elem_ptr(builder, signature.args[0], args[0], args[1], context)
+        builder.store(args[2], builder.bitcast(p, _I64.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(arr, i, types.uint64), codegen
+
+
+@intrinsic
+def load_u64(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """The uint64 little-endian at bytes arr[i : i + 8] of a uint8 array, unaligned."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.uint8 and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        p = _elem_ptr(builder, signature.args[0], args[0], args[1], context)
+        return builder.load(builder.bitcast(p, _I64.as_pointer()), align=1)
+
+    return types.uint64(arr, i), codegen

@@ -1,0 +1,109 @@
+"""The backend seam, array intake, caller-owned state and send buffers (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gcodec
+from gcodec import kernels
+from gcodec.arrays import backend_of, intake
+
+X = np.linspace(-1, 1, 1000, dtype=np.float32)
+
+
+class FakeDeviceArray:
+    """Looks like a CUDA array to gcodec (``__cuda_array_interface__``) and counts host copies."""
+
+    def __init__(self) -> None:
+        self.shape = (4, 3)
+        self.dtype = np.dtype(np.float32)
+        self.copies = 0
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": "<f4", "data": (0, False), "version": 3}
+
+    def __array__(self, *a, **k):  # a host copy would go through here
+        self.copies += 1
+        return np.zeros(self.shape, np.float32)
+
+
+def test_host_arrays_use_the_cpu_kernels():
+    assert backend_of(X) == "cpu" and kernels.of(X) is kernels.get("cpu")
+    for name in ("cast", "quant", "sign", "sparse", "lowrank", "philox", "feedback", "threads_for"):
+        assert hasattr(kernels.get("cpu"), name), name
+
+
+def test_intake_keeps_host_arrays_in_place():
+    a = np.zeros((8, 8), np.float32)
+    got = intake(a)
+    assert got.backend == "cpu" and np.shares_memory(got.array, a)
+    strided = a[:, ::2]
+    got = intake(strided)  # a strided array is the one case that is copied (to C order)
+    assert got.array.flags.c_contiguous and not np.shares_memory(got.array, a)
+
+
+def test_device_arrays_are_recognised_never_copied_and_refused_without_a_backend():
+    d = FakeDeviceArray()
+    got = intake(d)
+    assert got.backend == "cuda" and got.array is d and got.shape == (4, 3) and d.copies == 0
+    with pytest.raises(gcodec.ConfigError, match="no kernels for 'cuda'"):
+        gcodec.get_codec("fp16").encode(d)
+    assert d.copies == 0  # refused, not silently copied to the host
+
+
+def test_unknown_backend_is_a_config_error():
+    with pytest.raises(gcodec.ConfigError, match="backends"):
+        kernels.get("tpu")
+
+
+@pytest.mark.parametrize("cid", ["fp16", "uniform", "topk", "sign"])
+def test_encode_into_a_send_buffer_is_byte_identical_and_reusable(cid):
+    codec = gcodec.get_codec(cid)
+    want = bytes(codec.encode(X))
+    buf = bytearray(len(want) + 100)
+    for _ in range(2):  # the same buffer, step after step
+        got = gcodec.encode(X, codec, out=buf)
+        assert bytes(got) == want and len(got) == len(want)
+        assert np.shares_memory(np.frombuffer(got, np.uint8), np.frombuffer(buf, np.uint8))
+    arr = np.empty(len(want), np.uint8)
+    assert bytes(codec.encode(X, out=arr)) == want
+
+
+def test_encode_into_a_buffer_that_is_too_small_or_read_only():
+    codec = gcodec.get_codec("fp16")
+    n = len(codec.encode(X))
+    with pytest.raises(gcodec.ConfigError, match=f"needs {n}"):
+        gcodec.encode(X, codec, out=bytearray(n - 1))
+    with pytest.raises(gcodec.ConfigError, match="writable"):
+        gcodec.encode(X, codec, out=bytes(n))
+    with pytest.raises(gcodec.ConfigError, match="writable"):
+        gcodec.encode(X, codec, out=np.zeros(n, np.float32))
+
+
+def test_codecs_hold_no_state_and_equal_codecs_keep_separate_default_states():
+    a = gcodec.get_codec("qsgd", seed=1)
+    b = gcodec.get_codec("qsgd", seed=1)
+    assert a == b and hash(a) == hash(b)
+    a.encode(X)
+    assert a.default_state().next_stream() == 1 and b.default_state().next_stream() == 0
+    assert a.default_state() is a.default_state()
+
+
+def test_explicit_state_drives_the_stream_and_the_warm_start():
+    st = gcodec.CodecState()
+    p = gcodec.get_codec("powersgd", rank=2)
+    m = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    gcodec.encode(m, p, key="w", state=st)
+    assert st.get_array("q", "w").shape == (16, 2)  # the warm-start Q went to the caller's state
+    assert p.default_state().get_array("q", "w") is None
+    first = gcodec.encode(m, p, key="w", state=gcodec.CodecState())
+    again = gcodec.encode(m, p, key="w", state=gcodec.CodecState())
+    assert bytes(first) == bytes(again)  # same state in, same bytes out
+
+
+def test_nested_codecs_keep_their_own_state():
+    c = gcodec.get_codec("topk", ratio=0.1, values={"id": "uniform", "bits": 4, "rounding": "stochastic"})
+    st = gcodec.CodecState()
+    for i in range(3):
+        info = gcodec.validate(gcodec.encode(X, c, key="w", state=st))
+        assert info.params["values"]["params"]["stream"] == i
+    assert st.child("values").next_stream("w/values") == 3 and st.next_stream("w") == 0
