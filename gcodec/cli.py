@@ -52,8 +52,26 @@ def _print_json(obj: Any, out: TextIO) -> None:
 # files
 
 
+def _read_stdin() -> np.ndarray:
+    """Standard input's bytes (``-`` as a path), read up to one byte past max_payload_bytes."""
+    lim = get_limits()
+    parts, total = [], 0
+    while True:  # in pieces: a read sized by the limit would allocate the limit
+        piece = sys.stdin.buffer.read(1 << 20)
+        if not piece:
+            break
+        total += len(piece)
+        if total > lim.max_payload_bytes:
+            raise UsageError(f"standard input exceeds max_payload_bytes={lim.max_payload_bytes}")
+        parts.append(piece)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
 def _read_payload_file(path: str) -> np.ndarray:
-    """The file's bytes as a uint8 array; UsageError when it is missing or unreadable."""
+    """The file's bytes as a uint8 array (``-``: standard input); UsageError when it is missing or
+    unreadable."""
+    if path == "-":
+        return _read_stdin()
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
     size = os.path.getsize(path)
@@ -417,11 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("inspect", help="describe a payload: header, tensors, sections, sizes, validity")
-    p.add_argument("file")
+    p.add_argument("file", help="a payload file, or - for standard input")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("validate", help="run every check of the spec on payload files")
+    p = sub.add_parser("validate", help="run every check of the spec on payload files (- reads standard input)")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(func=cmd_validate)
 

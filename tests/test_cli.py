@@ -321,6 +321,19 @@ def test_validate_many_files(capsys, tmp_path, payload_file):
     assert f"FAIL {bad}: LayoutError" in err
 
 
+def test_validate_reads_standard_input(tmp_path, payload_file):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for data, rc, stream, start in (
+        (payload_file.read_bytes(), 0, "stdout", "OK -: uniform [37, 65] float32 "),
+        (payload_file.read_bytes()[:-1], 1, "stderr", "FAIL -: LayoutError"),
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "gcodec", "validate", "-"], input=data, capture_output=True, env=env, timeout=120
+        )
+        assert p.returncode == rc, p.stderr
+        assert getattr(p, stream).decode().startswith(start)
+
+
 def test_validate_needs_a_file(capsys):
     rc, _, _ = run(capsys, "validate")
     assert rc == 2
