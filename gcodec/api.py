@@ -28,6 +28,7 @@ from .format.container import (
 )
 from .kernels import threads_for
 from .limits import Limits, get_limits
+from .outcheck import flat_out, refuse_overlaps
 
 __all__ = [
     "PayloadInfo",
@@ -305,17 +306,11 @@ def _decode_entry(
         if accumulate:
             raise ConfigError("accumulate=True needs out=")
         result = _alloc(e.shape, dtype)
+        flat = result.reshape(-1)
     else:
-        if not isinstance(out, np.ndarray):
-            raise ConfigError(f"out= must be a numpy array, got {type(out).__name__}")
-        if out.size != e.numel:
-            raise ConfigError(f"out= has {out.size} elements; the payload's tensor has shape {list(e.shape)}")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise ConfigError("out= must be C-contiguous and writeable")
-        if out.dtype not in DTYPES.values():
-            raise ConfigError(f"out= dtype {out.dtype} is not one of float32/float16/bfloat16/float64")
+        flat = flat_out(out, e.numel, e.shape)
+        refuse_overlaps(p.buffer, [("out=", flat)])
         result = out
-    flat = result.reshape(-1)
     views = p.views(e)
     with threads_for(flat.size):
         if flat.dtype in _KERNEL_OUT:
@@ -343,9 +338,13 @@ def decode(
     with ``accumulate=True`` the decoded values are *added* to ``out`` without a temporary, so
     summing N workers' payloads costs one pass each. Every container, header and
     section-size check runs before ``out`` is touched; with ``accumulate=True`` every value check
-    runs first too, so a bad payload never half-updates a sum. Without ``accumulate``, a value
-    rule that a kernel checks while it decodes (e.g. a forbidden uniform code) may raise after
-    ``out`` was partly overwritten.
+    runs first too, so a bad payload never half-updates a sum (for a bundle: no entry of ``out`` is
+    touched unless every tensor and every ``out`` entry passed). ``out`` must be exactly what the
+    kernels write: a C-contiguous, aligned, writeable, native-endian array of the tensor's element
+    count (an ndarray subclass such as ``np.matrix`` is written through a plain view of its memory)
+    that does not overlap the payload's bytes; anything else raises :class:`~gcodec.ConfigError`.
+    Without ``accumulate``, a value rule that a kernel checks while it decodes (e.g. a forbidden
+    uniform code) may raise after ``out`` was partly overwritten.
     """
     p, checked = _checked(buf, limits, full=False)
     if not p.header.is_bundle:
@@ -388,11 +387,24 @@ def _decode_many(
 ) -> dict[str, np.ndarray]:
     if out is not None and not isinstance(out, Mapping):
         raise ConfigError("out= must be a dict of arrays for decode_bundle")
-    result = {}
-    for e, cls, params in checked:
+    # The whole bundle is checked before any output is touched: every out= entry (present, of the
+    # right size and kind, not overlapping the payload or each other), and with accumulate=True every
+    # value rule of every tensor, so that a bad tensor "b" never leaves tensor "a" already summed.
+    targets: list[tuple[str, np.ndarray | None]] = []
+    flats: list[tuple[str, np.ndarray]] = []
+    for e, _, _ in checked:
         name = e.name if e.name is not None else ""
         o = out.get(name) if out is not None else None
         if accumulate and o is None:
             raise ConfigError(f"accumulate=True needs out[{name!r}]")
+        if o is not None:
+            flats.append((f"out[{name!r}]", flat_out(o, e.numel, e.shape, f"out[{name!r}]")))
+        targets.append((name, o))
+    refuse_overlaps(p.buffer, flats)
+    if accumulate:
+        for e, cls, params in checked:
+            cls.check_values(params, e, p.views(e))
+    result = {}
+    for (e, cls, params), (name, o) in zip(checked, targets):
         result[name] = _decode_entry(p, e, cls, params, o, accumulate)
     return result
