@@ -51,6 +51,16 @@ def dtype_from_name(name: str) -> np.dtype:
 def _torch_to_numpy(x: Any) -> np.ndarray:
     import torch
 
+    if getattr(x, "is_meta", False) or str(getattr(x, "device", "")) == "meta":
+        raise ConfigError("cannot encode a torch meta tensor: it has no data")
+    if getattr(x, "layout", torch.strided) != torch.strided:
+        raise ConfigError(
+            f"cannot encode a torch tensor of layout {x.layout}; gcodec encodes dense tensors (call .to_dense())"
+        )
+    if getattr(x, "is_quantized", False) or x.dtype not in _TORCH_FLOATS(torch):
+        raise ConfigError(
+            f"unsupported torch dtype {x.dtype}; gcodec encodes float32, float16, bfloat16 and float64"
+        )
     t = x.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -60,10 +70,22 @@ def _torch_to_numpy(x: Any) -> np.ndarray:
     return t.numpy()
 
 
+def _TORCH_FLOATS(torch: Any) -> tuple[Any, ...]:
+    return (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 def as_numpy(x: Any) -> np.ndarray:
-    """A C-contiguous NumPy view (or, when unavoidable, copy) of ``x`` in host memory."""
+    """A C-contiguous NumPy view (or, when unavoidable, copy) of ``x`` in host memory.
+
+    ``np.matrix`` and masked arrays are refused (a matrix does not flatten, a mask would be lost);
+    other ndarray subclasses (``np.memmap``, ...) are read through a plain ndarray view.
+    """
+    if isinstance(x, np.matrix):
+        raise ConfigError("cannot encode np.matrix (it does not flatten); pass np.asarray(m)")
+    if isinstance(x, np.ma.MaskedArray):
+        raise ConfigError("cannot encode a masked array: the mask would be lost; pass m.filled(0) or m.data")
     if isinstance(x, np.ndarray):
-        arr = x
+        arr = x.view(np.ndarray) if type(x) is not np.ndarray else x
     elif type(x).__module__.startswith("torch"):
         arr = _torch_to_numpy(x)
     elif hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):

@@ -16,10 +16,14 @@ import numpy as np
 
 from .errors import ConfigError, LimitExceededError
 
-__all__ = ["NUMPY_MAXDIMS", "Limits", "get_limits", "limits", "set_limits"]
+__all__ = ["MAX_NESTING_CAP", "NUMPY_MAXDIMS", "Limits", "get_limits", "limits", "set_limits"]
 
 #: The most dimensions a NumPy array can have (64 since NumPy 2.0, 32 before).
 NUMPY_MAXDIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+#: The largest ``max_nesting``: msgpack itself refuses 1024 levels and more (the F8 check counts the
+#: scalars inside the deepest container as one more level).
+MAX_NESTING_CAP = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,11 @@ class Limits:
             v = getattr(self, f.name)
             if type(v) is not int or v < 0:
                 raise ConfigError(f"Limits.{f.name} must be a non-negative integer, got {v!r}")
+        if self.max_nesting > MAX_NESTING_CAP:
+            raise ConfigError(
+                f"Limits.max_nesting={self.max_nesting} cannot work: msgpack refuses headers nested deeper "
+                f"than 1024 levels; use at most {MAX_NESTING_CAP}"
+            )
 
     def check_ndim(self, ndim: int, where: str = "") -> None:
         """``max_ndim``, capped at what NumPy can represent whatever the configured value."""

@@ -311,3 +311,24 @@ def test_bundle_accumulate_with_a_bad_out_entry_touches_nothing(bad):
     with pytest.raises(gcodec.ConfigError):
         gcodec.decode(b, out=outs, accumulate=True)
     np.testing.assert_array_equal(outs["a"], 0.0)
+
+
+def test_encode_of_array_subclasses():
+    with pytest.raises(gcodec.ConfigError, match="matrix"):
+        gcodec.get_codec("uniform").encode(np.matrix(np.ones((2, 3), np.float32)))
+    with pytest.raises(gcodec.ConfigError, match="mask"):
+        gcodec.get_codec("fp16").encode(np.ma.masked_array(np.ones(3, np.float32), mask=[0, 1, 0]))
+    with pytest.raises(gcodec.ConfigError, match="dtype"):
+        gcodec.get_codec("fp16").encode(np.array([1.0, 2.0], dtype=object))
+
+
+def test_encode_of_unsupported_torch_tensors_is_a_config_error():
+    torch = pytest.importorskip("torch")
+    codec = gcodec.get_codec("fp16")
+    bad = [torch.empty(4, device="meta"), torch.ones(4).to_sparse()]
+    if hasattr(torch, "float8_e4m3fn"):
+        bad.append(torch.ones(4).to(torch.float8_e4m3fn))
+    bad.append(torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8))
+    for t in bad:
+        with pytest.raises(gcodec.ConfigError):
+            codec.encode(t)

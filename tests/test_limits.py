@@ -16,6 +16,7 @@ import pytest
 
 import gcodec
 from gcodec import LimitExceededError, Limits
+from gcodec.limits import MAX_NESTING_CAP
 from tests.fuzzkit import encode_case, parse_payload, rebuild, serial_kernels, usable_cases
 
 
@@ -117,6 +118,10 @@ TIGHT = {
 }
 
 
+#: the largest value a field accepts, where it is below 2**40
+LARGEST = {"max_nesting": MAX_NESTING_CAP}
+
+
 def test_every_limits_field_is_covered():
     assert set(TIGHT) == {f.name for f in dataclasses.fields(Limits)}
 
@@ -147,7 +152,7 @@ def test_limit_enforced_on_encode(field):
 @pytest.mark.parametrize("field", sorted(TIGHT))
 def test_what_encode_accepts_decode_accepts(field):
     """Under any limit, encode and decode agree: either both refuse or both pass."""
-    for value in (TIGHT[field], TIGHT[field] * 4, 1 << 40):
+    for value in (TIGHT[field], TIGHT[field] * 4, LARGEST.get(field, 1 << 40)):
         with gcodec.limits(**{field: value}):
             try:
                 b = bytes(_encode_one())
@@ -251,3 +256,15 @@ def test_tiny_payload_declaring_a_huge_tensor_never_raises_memory_error():
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     bad = [r for r in results if r[2] not in ("ok", "GcodecError") or (r[1] == "decode" and r[2] == "ok")]
     assert not bad, "\n".join(" ".join(r) for r in bad)
+
+
+def test_max_sections_below_a_bundle_is_a_limit_error():
+    """msgpack's max_array_len must not pre-empt the limits with a HeaderError."""
+    xs = {f"t{i}": np.ones(4, np.float32) for i in range(40)}
+    b = gcodec.encode_bundle(xs, "fp16")
+    lim = Limits(max_sections=4)
+    for fn in (gcodec.decode, gcodec.validate):
+        with pytest.raises(LimitExceededError, match="max_sections"):
+            fn(b, limits=lim)
+    with pytest.raises(LimitExceededError, match="max_tensors"):
+        gcodec.validate(b, limits=Limits(max_tensors=4))

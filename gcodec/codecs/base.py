@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import ConfigError, HeaderError, SizeMismatchError
 from ..format.container import SectionSpec, TensorEntry
+from ..quote import short
 
 __all__ = ["Aggregation", "Codec", "EncodeContext", "EncodePlan", "Param", "check_params"]
 
@@ -61,9 +62,9 @@ class Param:
             value, ok = float(value), True
         if not ok:
             names = "/".join(k.__name__ for k in kinds)
-            raise err(f"{where}{name} must be {names}, got {value!r}")
+            raise err(f"{where}{name} must be {names}, got {short(value)}")
         if self.choices is not None and value not in self.choices:
-            raise err(f"{where}{name}={value!r} is not one of {list(self.choices)}")
+            raise err(f"{where}{name}={short(value)} is not one of {list(self.choices)}")
         if self.min is not None and value < self.min:
             raise err(f"{where}{name}={value!r} is below the minimum {self.min}")
         if self.max is not None and value > self.max:
@@ -85,7 +86,7 @@ def check_params(
     """Check ``given`` against ``schema``; raise ``err`` naming the field on the first problem."""
     unknown = sorted(set(given) - set(schema))
     if unknown and not allow_unknown:
-        raise err(f"{where}unknown parameter(s) {unknown}; known: {sorted(schema)}")
+        raise err(f"{where}unknown parameter(s) {short(unknown)}; known: {sorted(schema)}")
     out: dict[str, Any] = {}
     for name, p in schema.items():
         if name in given:
@@ -236,7 +237,8 @@ class Codec(ABC):
         got = [(s.name, s.dtype, s.nbytes) for s in entry.sections]
         if [w[:2] for w in want] != [g[:2] for g in got]:
             raise SizeMismatchError(
-                f"C2: {where}.sections are {[g[:2] for g in got]}; codec {cls.codec_id!r} needs {[w[:2] for w in want]}"
+                f"C2: {where}.sections are {short([g[:2] for g in got[:200]])}; "
+                f"codec {cls.codec_id!r} needs {short([w[:2] for w in want[:200]])}"
             )
         for (name, _, nb_want), (_, _, nb_got) in zip(want, got):
             if nb_want != nb_got:

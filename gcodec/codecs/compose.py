@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import ConfigError, HeaderError, UnknownCodecError, UnsupportedVersionError
 from ..format.container import SectionInfo, SectionSpec, TensorEntry
+from ..quote import short
 from .base import Aggregation, Codec, EncodeContext, check_params
 from .registry import codec_class, get_codec
 
@@ -108,7 +109,7 @@ def parse_nested(raw: Any, where: str, *, strict: bool = True) -> NestedSpec:
         raise HeaderError(f"H1: {where} lacks {missing}")
     extra = sorted(keys - _NESTED_KEYS)
     if extra and strict:
-        raise HeaderError(f"H1: {where} has unknown key(s) {extra}")
+        raise HeaderError(f"H1: {where} has unknown key(s) {short(extra)}")
     cid, version, params = raw["codec"], raw["version"], raw["params"]
     if not isinstance(cid, str):
         raise HeaderError(f"H1: {where}.codec must be a string")
@@ -119,7 +120,7 @@ def parse_nested(raw: Any, where: str, *, strict: bool = True) -> NestedSpec:
     if _is_host(cls):
         raise HeaderError(f"H1: {where}.codec {cid!r} is composite; only elementwise codecs nest")
     if type(version) is not int or version < 1:
-        raise HeaderError(f"H1: {where}.version must be a positive integer, got {version!r}")
+        raise HeaderError(f"H1: {where}.version must be a positive integer, got {short(version)}")
     if version > cls.version:
         raise UnsupportedVersionError(
             f"C0: {where} uses {cid!r} version {version}; this reader knows up to {cls.version}"

@@ -15,7 +15,10 @@ import msgpack
 from ..errors import HeaderError, LimitExceededError
 from ..limits import Limits
 
-__all__ = ["canonical", "pack_canonical", "unpack_strict"]
+__all__ = ["MSGPACK_MAX_DEPTH", "canonical", "pack_canonical", "unpack_strict"]
+
+#: msgpack refuses deeper nesting itself (StackError), whatever max_nesting says.
+MSGPACK_MAX_DEPTH = 1024
 
 
 def canonical(obj: Any, depth: int = 0) -> Any:
@@ -87,12 +90,16 @@ def unpack_strict(data: bytes | memoryview, limits: Limits) -> Any:
             object_pairs_hook=_no_duplicates,
             max_str_len=n,
             max_bin_len=0,
-            max_array_len=min(n, limits.max_sections * 4 + 16),
+            max_array_len=n,  # the counts are limits, checked (LimitExceededError) after parsing
             max_map_len=n,
             max_ext_len=0,
         )
     except HeaderError:
         raise
+    except msgpack.StackError:
+        raise LimitExceededError(
+            f"F8: header nesting exceeds msgpack's {MSGPACK_MAX_DEPTH} levels (max_nesting={limits.max_nesting})"
+        ) from None
     except msgpack.ExtraData:
         raise HeaderError("F8: header has bytes after its msgpack object") from None
     except UnicodeDecodeError as e:
