@@ -29,6 +29,7 @@ from .format.container import (
 from .kernels import threads_for
 from .limits import Limits, get_limits
 from .outcheck import flat_out, refuse_overlaps
+from .resources import check_pending_resources, check_resources, staging_bytes
 
 __all__ = [
     "PayloadInfo",
@@ -82,6 +83,7 @@ def encode_with(
     """Encode one tensor with ``codec`` (what :meth:`Codec.encode` calls)."""
     lim = limits or get_limits()
     pend = _pending(codec, x, None, lim, ctx or EncodeContext())
+    check_pending_resources([pend], lim)
     return write_payload([pend], meta=meta, checksum=checksum, limits=lim)
 
 
@@ -113,6 +115,7 @@ def encode_bundle(
         else:
             c = get_codec(codec)
         pend.append(_pending(c, x, name, lim, EncodeContext(name, step)))
+    check_pending_resources(pend, lim)
     return write_payload(pend, meta=meta, checksum=checksum, limits=lim)
 
 
@@ -216,9 +219,11 @@ class PayloadInfo:
 def _checked(
     buf: Any, limits: Limits | None, *, full: bool
 ) -> tuple[ParsedPayload, list[tuple[TensorEntry, type[Codec], dict[str, Any]]]]:
-    p = read_payload(buf, limits=limits)
+    lim = limits or get_limits()
+    p = read_payload(buf, limits=lim)
     strict = p.minor <= MINOR
     out = []
+    work = 0
     for i, e in enumerate(p.header.tensors):
         cls = codec_class(e.codec)
         where = f"tensors[{i}]"
@@ -229,6 +234,9 @@ def _checked(
         if e.version < 1:
             raise UnsupportedVersionError(f"C0: {where} codec version {e.version} does not exist")
         params = cls.check_entry(e, where, strict=strict)
+        check_resources(cls, params, e, lim, where)
+        work += cls.decode_work(params, e)
+        lim.check("decode work (multiply-adds)", work, "max_decode_work", where)
         if full:
             cls.check_values(params, e, p.views(e))
         out.append((e, cls, params))
@@ -288,8 +296,8 @@ def _alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     except MemoryError:
         nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
         raise LimitExceededError(
-            f"cannot allocate {nbytes} bytes for the decoded tensor; lower max_output_bytes to refuse such "
-            "payloads up front"
+            f"cannot allocate {nbytes} bytes for decoding; lower max_output_bytes and max_scratch_bytes to "
+            "refuse such payloads up front"
         ) from None
 
 
@@ -316,6 +324,12 @@ def _decode_entry(
         if flat.dtype in _KERNEL_OUT:
             cls.decode_into(params, e, views, flat, accumulate)
         else:  # 16-bit outputs: decode in float32, then round once into the output
+            if out is not None:  # the header's dtype was accounted for; out= may differ
+                get_limits().check(
+                    "decode scratch bytes",
+                    cls.decode_scratch_bytes(params, e) + staging_bytes(e.numel, flat.dtype),
+                    "max_scratch_bytes",
+                )
             tmp = _alloc((flat.size,), np.dtype(np.float32))
             if accumulate:
                 tmp[...] = flat

@@ -82,10 +82,38 @@ def test_limit_messages_name_the_field_and_limit():
         gcodec.decode(_fp16_payload([1 << 40]))
 
 
+def _topk_declaring(shape: list[int], dtype: str = "float32") -> bytes:
+    """A ~200-byte topk payload with k = 0 whose header declares ``shape``."""
+    b = bytes(gcodec.get_codec("topk", k=0).encode(np.ones(4, np.float32)))
+    h, data = parse_payload(b)
+    t = h["tensors"][0]
+    t["shape"], t["dtype"] = shape, dtype
+    t["sections"][-1][1] = {"float32": "f4", "float64": "f8", "float16": "f2", "bfloat16": "u2"}[dtype]
+    return rebuild(h, data)
+
+
 def test_default_limits_admit_realistic_tensors():
+    """The defaults serve a receiver of untrusted payloads (docs/limits.md): one layer of up to 2**28
+    elements and 1 GiB decoded passes; a 200-byte payload cannot ask for gigabytes."""
     lim = gcodec.get_limits()
-    assert lim.max_elements >= 1 << 32 and lim.max_output_bytes >= 1 << 34
     assert lim.max_ndim >= 8 and lim.max_tensors >= 4096
+    assert lim.max_elements == 1 << 28 and lim.max_output_bytes == 1 << 30
+    gcodec.validate(_topk_declaring([1 << 14, 1 << 14]))  # 2**28 float32: exactly 1 GiB
+    gcodec.validate(_topk_declaring([1 << 14, 1 << 14], "bfloat16"))  # + 1 GiB float32 staging
+    tiny = _topk_declaring([1 << 29])  # issue 10: 204 bytes declaring 2 GiB of float32
+    assert len(tiny) < 300
+    for fn in (gcodec.validate, gcodec.decode):
+        with pytest.raises(LimitExceededError, match=r"max_elements=268435456.*gcodec\.limits\(max_elements="):
+            fn(tiny)
+
+
+def test_a_billion_parameter_tensor_decodes_with_explicit_limits():
+    big = _topk_declaring([1_000_000_000])
+    with pytest.raises(LimitExceededError):
+        gcodec.validate(big)
+    lim = dataclasses.replace(gcodec.get_limits(), max_elements=1 << 31, max_output_bytes=8 << 30)
+    info = gcodec.validate(big, limits=lim)
+    assert info.original_nbytes == 4_000_000_000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,13 +127,14 @@ def _encode_one():
 
 
 def _encode_bundle():
-    return gcodec.encode_bundle({"a": X, "b": X[0]}, "uniform")
+    return gcodec.encode_bundle({"a": X, "b": X[0].astype(np.float16)}, "uniform")
 
 
 PAYLOAD = bytes(gcodec.get_codec("uniform").encode(X))
-BUNDLE = bytes(gcodec.encode_bundle({"a": X, "b": X[0]}, "uniform"))
+BUNDLE = bytes(_encode_bundle())
 
-#: field -> a value that the 2-tensor, 4 x 25 float32 uniform bundle exceeds
+#: field -> a value that the 2-tensor uniform bundle (4 x 25 float32, 25 float16: 100 bytes of
+#: float32 staging) exceeds
 TIGHT = {
     "max_header_bytes": 100,
     "max_tensors": 1,
@@ -115,6 +144,8 @@ TIGHT = {
     "max_output_bytes": 399,
     "max_payload_bytes": 200,
     "max_nesting": 3,
+    "max_decode_work": 99,
+    "max_scratch_bytes": 99,
 }
 
 
@@ -146,7 +177,7 @@ def test_limit_enforced_on_encode(field):
             _encode_bundle()
     lim = dataclasses.replace(gcodec.get_limits(), **{field: TIGHT[field]})
     with pytest.raises(LimitExceededError, match=field):
-        gcodec.encode_bundle({"a": X, "b": X[0]}, "uniform", limits=lim)
+        gcodec.encode_bundle({"a": X, "b": X[0].astype(np.float16)}, "uniform", limits=lim)
 
 
 @pytest.mark.parametrize("field", sorted(TIGHT))

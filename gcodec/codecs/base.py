@@ -200,6 +200,20 @@ class Codec(ABC):
         """Value-level rules (raise PayloadValueError). Decoding checks what it must anyway."""
         return None
 
+    # ---- resource accounting (checked against gcodec.Limits before anything is allocated) --------
+    @classmethod
+    def decode_work(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """Multiply-adds the decode of this entry takes (``max_decode_work``); numel by default."""
+        return entry.numel
+
+    @classmethod
+    def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """An upper bound on the temporaries :meth:`decode_into` and :meth:`check_values` allocate
+        besides the output, in bytes (``max_scratch_bytes``); a codec with k-sized or factor-sized
+        temporaries overrides this. Allocations proportional to the sections' own bytes are not
+        counted here (the documented memory bound covers them as a multiple of the payload)."""
+        return 0
+
     # ---- header checking -----------------------------------------------------------------
     @classmethod
     def wire_schema(cls) -> dict[str, Param]:

@@ -169,6 +169,15 @@ def check_role_values(
         spec.cls.check_values(spec.params, nested_entry(role, spec, host, count), nested_views(role, views))
 
 
+def nested_scratch_bytes(raw: Any, host: TensorEntry, count: int) -> int:
+    """Temporaries of :func:`decode_nested` for the declaration ``raw`` (checked already): the
+    ``count``-element result and the nested codec's own scratch."""
+    spec = parse_nested(raw, "nested", strict=False)
+    wd = 8 if host.dtype == "float64" else 4
+    sub = TensorEntry(spec.cls.codec_id, spec.version, nested_dtype(host.dtype), (count,), spec.params, ())
+    return count * wd + spec.cls.decode_scratch_bytes(spec.params, sub)
+
+
 def decode_nested(
     role: str, spec: NestedSpec, host: TensorEntry, views: Mapping[str, np.ndarray], count: int, dtype: Any
 ) -> np.ndarray:

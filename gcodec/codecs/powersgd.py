@@ -525,6 +525,27 @@ class PowerSGD(Codec):
         return data
 
     @classmethod
+    def decode_work(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """m * n * rank multiply-adds for P Q^T (numel for a pass-through)."""
+        return entry.numel * max(1, params["rank"])
+
+    @classmethod
+    def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """Decoded nested factors, the factor copies of :func:`decompress` (P widened for float64
+        outputs, Q transposed, both at 8 bytes per element at most) and its row block."""
+        if params["mode"] != "lowrank":
+            return 0
+        mn = matrix_shape(entry.shape)
+        assert mn is not None
+        m, n = mn
+        r = params["rank"]
+        total = 16 * (m + n) * r + 8 * max(n, 1 << 16)
+        for role, rows in (("p", m), ("q", n)):
+            if params[role] is not None:
+                total += compose.nested_scratch_bytes(params[role], entry, rows * r)
+        return total
+
+    @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         if params["mode"] != "lowrank":
             cls._passthrough_data(params, views)

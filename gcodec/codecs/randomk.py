@@ -156,6 +156,13 @@ class RandomK(ValuesHost):
         return vals
 
     @classmethod
+    def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """2k random words (uint32), k int64 indices, and the values."""
+        k = params["k"]
+        words = 8 * k if k < entry.numel else 0
+        return words + 8 * k + cls.values_scratch_bytes(params, entry)
+
+    @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         compose.check_role_values(params, "values", entry, views, params["k"])
         cls._values(params, entry, views)

@@ -153,6 +153,15 @@ class ValuesHost(Codec):
     raw in the tensor's dtype, or through the nested codec declared in ``params["values"]``."""
 
     @classmethod
+    def values_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """The k decoded values: none for raw float32/float64 (a view), float32 for raw 16-bit
+        values, the nested codec's output (and its own temporaries) otherwise."""
+        k = params["k"]
+        if params["values"] is not None:
+            return compose.nested_scratch_bytes(params["values"], entry, k)
+        return 4 * k if entry.dtype in ("float16", "bfloat16") else 0
+
+    @classmethod
     def _entry_sections(cls, params: dict[str, Any], entry: TensorEntry) -> list[tuple[str, str, int]]:
         return cls.expected_sections(params, entry.shape, dtype=entry.dtype)  # type: ignore[call-arg]
 
@@ -293,6 +302,11 @@ class SparseIndexCodec(ValuesHost):
     @classmethod
     def _check_decoded_values(cls, params: dict[str, Any], vals: np.ndarray) -> None:
         """Codec-specific value rules for raw values (overridden)."""
+
+    @classmethod
+    def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """k int64 indices and the values."""
+        return 8 * params["k"] + cls.values_scratch_bytes(params, entry)
 
     @classmethod
     def _values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> np.ndarray:
