@@ -38,7 +38,7 @@ def flat_out(out: Any, numel: int, shape: tuple[int, ...], where: str = "out=") 
     if not out.flags.aligned:
         raise ConfigError(f"{where} must be aligned to its element size")
     flat = out.view(np.ndarray).reshape(-1)
-    if flat.ndim != 1 or flat.shape[0] != numel or not np.may_share_memory(flat, out):
+    if flat.ndim != 1 or flat.shape[0] != numel:
         raise ConfigError(f"{where} cannot be viewed as a flat array of {numel} elements")
     return flat
 
