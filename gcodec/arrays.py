@@ -58,9 +58,7 @@ def _torch_to_numpy(x: Any) -> np.ndarray:
             f"cannot encode a torch tensor of layout {x.layout}; gcodec encodes dense tensors (call .to_dense())"
         )
     if getattr(x, "is_quantized", False) or x.dtype not in _TORCH_FLOATS(torch):
-        raise ConfigError(
-            f"unsupported torch dtype {x.dtype}; gcodec encodes float32, float16, bfloat16 and float64"
-        )
+        raise ConfigError(f"unsupported torch dtype {x.dtype}; gcodec encodes float32, float16, bfloat16 and float64")
     t = x.detach()
     if t.device.type != "cpu":
         t = t.cpu()

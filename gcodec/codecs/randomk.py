@@ -32,7 +32,7 @@ from .base import Aggregation, EncodeContext, EncodePlan, Param
 from .kcount import check_ratio_k, k_for
 from .quantizer import SEED_PARAM, STREAM_PARAM, StreamCounter
 from .registry import register_codec
-from .topk import ValuesHost, decode_values, expected_values, key_bits, plan_values
+from .topk import ValuesHost, check_nested_values_finite, decode_values, expected_values, key_bits, plan_values
 
 __all__ = ["RandomK", "randomk_indices", "sum_payloads"]
 
@@ -153,6 +153,8 @@ class RandomK(ValuesHost):
             bad = sparse_cpu.count_nonfinite_values(vals)
             if bad:
                 raise PayloadValueError(f"R2: {bad} value(s) are NaN or infinite")
+        else:
+            check_nested_values_finite(vals, "R2")
         return vals
 
     @classmethod
@@ -221,12 +223,18 @@ def sum_payloads(payloads: Sequence[Any], *, checksum: bool = True) -> memoryvie
     else:
         nested = None
     dt = DTYPES[e.dtype]
-    summed = acc.astype(dt)
+    with np.errstate(over="ignore"):  # an overflow is refused below, with the payload it would make
+        summed = acc.astype(dt)
     idx = np.arange(params["k"], dtype=np.int64)
     vwire, sections, vfill = plan_values(nested, summed, idx, e.dtype, EncodeContext())
     new_params = {**params, "values": vwire}
     pend = PendingTensor("randomk", RandomK.version, e.dtype, e.shape, new_params, sections, vfill)
-    return write_payload([pend], checksum=checksum)
+    out = write_payload([pend], checksum=checksum)
+    try:  # the sum of valid payloads may overflow the value type: never hand out an invalid payload
+        _checked(out, None, full=True)
+    except PayloadValueError as err:
+        raise PayloadValueError(f"sum_payloads: the summed values cannot be sent: {err}") from None
+    return out
 
 
 def _value_codec(params: dict[str, Any]) -> dict[str, Any] | None:

@@ -148,6 +148,14 @@ def check_nested(entry: TensorEntry, roles_counts: dict[str, int], where: str, s
             compose.check_nested_entry(role, spec, entry, count, where, strict)
 
 
+def check_nested_values_finite(vals: np.ndarray, rule: str) -> None:
+    """Values decoded by a nested codec must be finite: a nested fp16/bf16 may carry NaN or ±inf,
+    which the host codec refuses on encode and so must refuse on decode."""
+    bad = sparse_cpu.count_nonfinite_values(vals)
+    if bad:
+        raise PayloadValueError(f"{rule}: {bad} value(s) decoded by the nested codec are NaN or infinite")
+
+
 class ValuesHost(Codec):
     """Base of the codecs that send ``k`` values of the tensor (``topk``, ``threshold``, ``randomk``):
     raw in the tensor's dtype, or through the nested codec declared in ``params["values"]``."""
@@ -313,6 +321,8 @@ class SparseIndexCodec(ValuesHost):
         vals = decode_values(params, entry, views, params["k"])
         if params["values"] is None:
             cls._check_decoded_values(params, vals)
+        else:
+            check_nested_values_finite(vals, f"{cls.RULE}4")
         return vals
 
     @classmethod
