@@ -299,3 +299,65 @@ def test_max_sections_below_a_bundle_is_a_limit_error():
             fn(b, limits=lim)
     with pytest.raises(LimitExceededError, match="max_tensors"):
         gcodec.validate(b, limits=Limits(max_tensors=4))
+
+
+# ---------------------------------------------------------------------------------------------
+# peak memory of a decode stays within the documented bound (docs/limits.md, issue 10 items 3, 6)
+
+
+def _memory_cases():
+    from gcodec.arrays import BFLOAT16
+
+    x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+    m = x.reshape(1024, 1024)
+    return {
+        "randomk bf16": (gcodec.get_codec("randomk", ratio=0.25), x.astype(BFLOAT16)),
+        "topk bf16": (gcodec.get_codec("topk", ratio=0.25), x.astype(BFLOAT16)),
+        "topk nested fp16": (gcodec.get_codec("topk", ratio=0.25, values={"id": "fp16"}), x),
+        "randomk nested uniform f16": (gcodec.get_codec("randomk", ratio=0.25, values="uniform"), x.astype(np.float16)),
+        "threshold raw": (gcodec.get_codec("threshold", threshold=0.5, index_coding="raw"), x),
+        "powersgd bf16 r16": (gcodec.get_codec("powersgd", rank=16), m.astype(BFLOAT16)),
+        "powersgd f64 r12": (gcodec.get_codec("powersgd", rank=12), m.astype(np.float64)),
+        "uniform f16": (gcodec.get_codec("uniform"), x.astype(np.float16)),
+    }
+
+
+@pytest.mark.parametrize("label", sorted(_memory_cases()))
+def test_decode_peak_memory_within_documented_bound(label):
+    """peak <= output bytes + scratch (as counted against max_scratch_bytes) + 4 x payload + 1 MiB."""
+    from gcodec.api import _checked
+    from gcodec.resources import scratch_bytes
+
+    codec, x = _memory_cases()[label]
+    b = bytes(codec.encode(x, step=0))
+    _, checked = _checked(b, None, full=False)
+    e, cls, params = checked[0]
+    bound = x.nbytes + scratch_bytes(cls, params, e) + 4 * len(b) + (1 << 20)
+    for fn in (gcodec.validate, gcodec.decode):
+        fn(b)  # warm up
+        err, peak = _peak(lambda f=fn: f(b))
+        assert err is None and peak <= bound, f"{fn.__name__}: {peak} > {bound}"
+    # and the scratch limit refuses the payload up front, before any of it is allocated
+    lim = dataclasses.replace(gcodec.get_limits(), max_scratch_bytes=scratch_bytes(cls, params, e) - 1)
+    for fn in (gcodec.validate, gcodec.decode):
+        err, peak = _peak(lambda f=fn: f(b, limits=lim))
+        assert isinstance(err, LimitExceededError) and "max_scratch_bytes" in str(err)
+        assert peak < SMALL_PEAK + 4 * len(b)
+
+
+def test_sparse_index_temporaries_count_against_the_scratch_limit():
+    """Issue 10: an 18.9 MB topk payload (k = 2**27, 1-bit values) made validate allocate 1.5 GiB.
+    Its k-sized temporaries (8k index bytes + 4k decoded values = 1.5 GiB) are now counted against
+    max_scratch_bytes, and refused before they exist when they exceed it."""
+    from tests.test_powersgd import _zero_payload
+
+    sign = {"codec": "sign", "params": {"group_size": 256}, "version": 1}
+    k = 1 << 27
+    params = {"k": k, "index_coding": "delta", "index_bytes": 0, "values": sign}
+    b = _zero_payload("topk", [k], params)
+    assert len(b) < 21 << 20  # index_widths (k / 64 bytes) and 1-bit values; zero-width gaps
+    with gcodec.limits(max_scratch_bytes=(12 * k) - 1):
+        for fn in (gcodec.validate, gcodec.decode):
+            err, peak = _peak(lambda f=fn: f(b))
+            assert isinstance(err, LimitExceededError) and "max_scratch_bytes" in str(err), repr(err)
+            assert peak < SMALL_PEAK + 4 * len(b)
