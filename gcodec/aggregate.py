@@ -18,7 +18,7 @@ from .codecs import compose
 from .codecs.base import Aggregation, EncodeContext
 from .codecs.randomk import RandomK, value_codec
 from .codecs.topk import decode_values, plan_values
-from .errors import ConfigError
+from .errors import ConfigError, PayloadValueError
 from .format.container import PendingTensor
 from .limits import get_limits
 
@@ -61,9 +61,15 @@ def sum_payloads(payloads: Sequence[Any], *, checksum: bool = True, out: Any = N
     else:
         nested = None
     dt = DTYPES[e.dtype]
-    summed = acc.astype(dt)
+    with np.errstate(over="ignore"):  # an overflow is refused below, with the payload it would make
+        summed = acc.astype(dt)
     idx = np.arange(params["k"], dtype=np.int64)
     vwire, sections, vfill = plan_values(nested, summed, idx, e.dtype, EncodeContext())
     new_params = {**params, "values": vwire}
     pend = PendingTensor("randomk", RandomK.version, e.dtype, e.shape, new_params, sections, vfill)
-    return write_pending([pend], meta=None, checksum=checksum, limits=get_limits(), out=out)
+    result = write_pending([pend], meta=None, checksum=checksum, limits=get_limits(), out=out)
+    try:  # the sum of valid payloads may overflow the value type: never hand out an invalid payload
+        _checked(result, None, full=True)
+    except PayloadValueError as err:
+        raise PayloadValueError(f"sum_payloads: the summed values cannot be sent: {err}") from None
+    return result

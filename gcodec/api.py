@@ -32,6 +32,8 @@ from .format.container import (
     write_payload,
 )
 from .limits import Limits, get_limits
+from .outcheck import flat_out, refuse_overlaps
+from .resources import check_pending_resources, check_resources, staging_bytes
 from .sections import numel
 
 __all__ = [
@@ -111,7 +113,10 @@ def write_pending(
     limits: Limits,
     out: Any = None,
 ) -> memoryview:
-    """Lay out and fill the payload of ``pend``, in ``out`` when given (every encode ends here)."""
+    """Lay out and fill the payload of ``pend``, in ``out`` when given (every encode ends here).
+
+    A sender refuses what its peers' default limits would refuse (decode work, scratch memory)."""
+    check_pending_resources(pend, limits)
     return write_payload(pend, meta=meta, checksum=checksum, limits=limits, alloc=_into(out))
 
 
@@ -282,9 +287,11 @@ class PayloadInfo:
 def _checked(
     buf: Any, limits: Limits | None, *, full: bool
 ) -> tuple[ParsedPayload, list[tuple[TensorEntry, type[Codec], dict[str, Any]]]]:
-    p = read_payload(buf, limits=limits)
+    lim = limits or get_limits()
+    p = read_payload(buf, limits=lim)
     strict = p.minor <= MINOR
     out = []
+    work = 0
     for i, e in enumerate(p.header.tensors):
         cls = codec_class(e.codec)
         where = f"tensors[{i}]"
@@ -295,6 +302,9 @@ def _checked(
         if e.version < 1:
             raise UnsupportedVersionError(f"C0: {where} codec version {e.version} does not exist")
         params = cls.check_entry(e, where, strict=strict)
+        check_resources(cls, params, e, lim, where)
+        work += cls.decode_work(params, e)
+        lim.check("decode work (multiply-adds)", work, "max_decode_work", where)
         if full:
             cls.check_values(params, e, p.views(e))
         out.append((e, cls, params))
@@ -354,8 +364,8 @@ def _alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     except MemoryError:
         nbytes = numel(shape) * dtype.itemsize
         raise LimitExceededError(
-            f"cannot allocate {nbytes} bytes for the decoded tensor; lower max_output_bytes to refuse such "
-            "payloads up front"
+            f"cannot allocate {nbytes} bytes for decoding; lower max_output_bytes and max_scratch_bytes to "
+            "refuse such payloads up front"
         ) from None
 
 
@@ -372,22 +382,22 @@ def _decode_entry(
         if accumulate:
             raise ConfigError("accumulate=True needs out=")
         result = _alloc(e.shape, dtype)
+        flat = result.reshape(-1)
     else:
-        if not isinstance(out, np.ndarray):
-            raise ConfigError(f"out= must be a numpy array, got {type(out).__name__}")
-        if out.size != e.numel:
-            raise ConfigError(f"out= has {out.size} elements; the payload's tensor has shape {list(e.shape)}")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise ConfigError("out= must be C-contiguous and writeable")
-        if out.dtype not in DTYPES.values():
-            raise ConfigError(f"out= dtype {out.dtype} is not one of float32/float16/bfloat16/float64")
+        flat = flat_out(out, e.numel, e.shape)
+        refuse_overlaps(p.buffer, [("out=", flat)])
         result = out
-    flat = result.reshape(-1)
     views = p.views(e)
     with kernels.of(flat).threads_for(flat.size):
         if flat.dtype in _KERNEL_OUT:
             cls.decode_into(params, e, views, flat, accumulate)
         else:  # 16-bit outputs: decode in float32, then round once into the output
+            if out is not None:  # the header's dtype was accounted for; out= may differ
+                get_limits().check(
+                    "decode scratch bytes",
+                    cls.decode_scratch_bytes(params, e) + staging_bytes(e.numel, flat.dtype),
+                    "max_scratch_bytes",
+                )
             tmp = _alloc((flat.size,), np.dtype(np.float32))
             if accumulate:
                 tmp[...] = flat
@@ -410,9 +420,13 @@ def decode(
     with ``accumulate=True`` the decoded values are *added* to ``out`` without a temporary, so
     summing N workers' payloads costs one pass each. Every container, header and
     section-size check runs before ``out`` is touched; with ``accumulate=True`` every value check
-    runs first too, so a bad payload never half-updates a sum. Without ``accumulate``, a value
-    rule that a kernel checks while it decodes (e.g. a forbidden uniform code) may raise after
-    ``out`` was partly overwritten.
+    runs first too, so a bad payload never half-updates a sum (for a bundle: no entry of ``out`` is
+    touched unless every tensor and every ``out`` entry passed). ``out`` must be exactly what the
+    kernels write: a C-contiguous, aligned, writeable, native-endian array of the tensor's element
+    count (an ndarray subclass such as ``np.matrix`` is written through a plain view of its memory)
+    that does not overlap the payload's bytes; anything else raises :class:`~gcodec.ConfigError`.
+    Without ``accumulate``, a value rule that a kernel checks while it decodes (e.g. a forbidden
+    uniform code) may raise after ``out`` was partly overwritten.
     """
     p, checked = _checked(buf, limits, full=False)
     if not p.header.is_bundle:
@@ -455,12 +469,25 @@ def _decode_many(
 ) -> dict[str, np.ndarray]:
     if out is not None and not isinstance(out, Mapping):
         raise ConfigError("out= must be a dict of arrays for decode_bundle")
-    result = {}
-    for e, cls, params in checked:
+    # The whole bundle is checked before any output is touched: every out= entry (present, of the
+    # right size and kind, not overlapping the payload or each other), and with accumulate=True every
+    # value rule of every tensor, so that a bad tensor "b" never leaves tensor "a" already summed.
+    targets: list[tuple[str, np.ndarray | None]] = []
+    flats: list[tuple[str, np.ndarray]] = []
+    for e, _, _ in checked:
         name = e.name if e.name is not None else ""
         o = out.get(name) if out is not None else None
         if accumulate and o is None:
             raise ConfigError(f"accumulate=True needs out[{name!r}]")
+        if o is not None:
+            flats.append((f"out[{name!r}]", flat_out(o, e.numel, e.shape, f"out[{name!r}]")))
+        targets.append((name, o))
+    refuse_overlaps(p.buffer, flats)
+    if accumulate:
+        for e, cls, params in checked:
+            cls.check_values(params, e, p.views(e))
+    result = {}
+    for (e, cls, params), (name, o) in zip(checked, targets):
         result[name] = _decode_entry(p, e, cls, params, o, accumulate)
     return result
 

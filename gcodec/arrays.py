@@ -55,11 +55,23 @@ def dtype_from_name(name: str) -> np.dtype:
 def _torch_to_numpy(x: Any) -> np.ndarray:
     import torch
 
+    if getattr(x, "is_meta", False) or str(getattr(x, "device", "")) == "meta":
+        raise ConfigError("cannot encode a torch meta tensor: it has no data")
+    if getattr(x, "layout", torch.strided) != torch.strided:
+        raise ConfigError(
+            f"cannot encode a torch tensor of layout {x.layout}; gcodec encodes dense tensors (call .to_dense())"
+        )
+    if getattr(x, "is_quantized", False) or x.dtype not in _TORCH_FLOATS(torch):
+        raise ConfigError(f"unsupported torch dtype {x.dtype}; gcodec encodes float32, float16, bfloat16 and float64")
     t = x.detach()
     t = t.contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(BFLOAT16)
     return t.numpy()
+
+
+def _TORCH_FLOATS(torch: Any) -> tuple[Any, ...]:
+    return (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _is_torch(x: Any) -> bool:
@@ -125,8 +137,12 @@ def intake(x: Any) -> Intake:
         except TypeError:
             dt = np.dtype(np.uint8) if "bfloat16" not in str(x.dtype) else BFLOAT16
         return Intake(x, backend, dt, tuple(int(d) for d in x.shape))
-    if isinstance(x, np.ndarray):
-        arr = x
+    if isinstance(x, np.matrix):
+        raise ConfigError("cannot encode np.matrix (it does not flatten); pass np.asarray(m)")
+    if isinstance(x, np.ma.MaskedArray):
+        raise ConfigError("cannot encode a masked array: the mask would be lost; pass m.filled(0) or m.data")
+    if isinstance(x, np.ndarray):  # other subclasses (np.memmap, ...) are read through a plain view
+        arr = x.view(np.ndarray) if type(x) is not np.ndarray else x
     elif _is_torch(x):
         arr = _torch_to_numpy(x)
     elif isinstance(x, np.generic):

@@ -16,18 +16,26 @@ import numpy as np
 
 from .errors import ConfigError, LimitExceededError
 
-__all__ = ["NUMPY_MAXDIMS", "Limits", "get_limits", "limits", "set_limits"]
+__all__ = ["MAX_NESTING_CAP", "NUMPY_MAXDIMS", "Limits", "get_limits", "limits", "set_limits"]
 
 #: The most dimensions a NumPy array can have (64 since NumPy 2.0, 32 before).
 NUMPY_MAXDIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+#: The largest ``max_nesting``: msgpack itself refuses 1024 levels and more (the F8 check counts the
+#: scalars inside the deepest container as one more level).
+MAX_NESTING_CAP = 1000
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Upper bounds on what one payload may declare.
 
-    The defaults admit any realistic gradient (2**34 elements, 64 GiB decoded) while refusing
-    absurd headers at once.
+    The defaults are those of a receiver of untrusted payloads: any single gradient tensor of up to
+    2**28 elements and 1 GiB decoded (one layer of a multi-billion-parameter model; a DDP bucket is
+    25 MiB) is admitted, while a 200-byte payload cannot make a receiver allocate more than 1 GiB
+    of output plus 2 GiB of temporaries, or spend more than about 2**32 multiply-adds. A receiver
+    that expects bigger tensors raises them: ``gcodec.limits(max_elements=2**31,
+    max_output_bytes=8 << 30)``. See docs/limits.md.
 
     Attributes:
         max_header_bytes: largest msgpack header accepted (1 MiB).
@@ -37,37 +45,59 @@ class Limits:
         max_elements: most elements of one tensor.
         max_output_bytes: most bytes the decoded tensors of one payload may take, all together.
         max_payload_bytes: largest payload accepted or produced.
-        max_nesting: deepest nesting of maps and arrays inside the header.
+        max_nesting: deepest nesting of maps and arrays inside the header (at most 1000).
+        max_decode_work: most multiply-adds the decode of one payload may take, all tensors together
+            (numel per tensor; m*n*rank for a low-rank PowerSGD tensor).
+        max_scratch_bytes: most bytes of temporaries (beyond the outputs) that decoding or validating
+            one tensor may allocate: index and value arrays of sparse codecs, a float32 staging buffer
+            for 16-bit outputs, factor copies of PowerSGD.
     """
 
     max_header_bytes: int = 1 << 20
     max_tensors: int = 65536
     max_sections: int = 1 << 18
     max_ndim: int = 32
-    max_elements: int = 1 << 34
-    max_output_bytes: int = 1 << 36
-    max_payload_bytes: int = 1 << 37
+    max_elements: int = 1 << 28
+    max_output_bytes: int = 1 << 30
+    max_payload_bytes: int = 1 << 31
     max_nesting: int = 8
+    max_decode_work: int = 1 << 32
+    max_scratch_bytes: int = 1 << 31
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if type(v) is not int or v < 0:
                 raise ConfigError(f"Limits.{f.name} must be a non-negative integer, got {v!r}")
+        if self.max_nesting > MAX_NESTING_CAP:
+            raise ConfigError(
+                f"Limits.max_nesting={self.max_nesting} cannot work: msgpack refuses headers nested deeper "
+                f"than 1024 levels; use at most {MAX_NESTING_CAP}"
+            )
 
     def check_ndim(self, ndim: int, where: str = "") -> None:
         """``max_ndim``, capped at what NumPy can represent whatever the configured value."""
         self.check("ndim", ndim, "max_ndim", where)
         if ndim > NUMPY_MAXDIMS:
             loc = f" at {where}" if where else ""
-            raise LimitExceededError(f"ndim {ndim} exceeds NumPy's {NUMPY_MAXDIMS} dimensions{loc}")
+            raise LimitExceededError(
+                f"ndim {ndim} exceeds NumPy's {NUMPY_MAXDIMS} dimensions{loc} (no limit can raise this)"
+            )
 
     def check(self, what: str, value: int, limit_name: str, where: str = "") -> None:
         """Raise :class:`LimitExceededError` when ``value`` exceeds the named limit."""
         limit = getattr(self, limit_name)
         if value > limit:
             loc = f" at {where}" if where else ""
-            raise LimitExceededError(f"{what} {value} exceeds {limit_name}={limit}{loc}")
+            raise LimitExceededError(f"{what} {value} exceeds {limit_name}={limit}{loc}; {how_to_raise(limit_name)}")
+
+
+def how_to_raise(limit_name: str) -> str:
+    """The hint every LimitExceededError message ends with."""
+    return (
+        f"if the payload is trusted, raise the limit: gcodec.limits({limit_name}=...) for a block, "
+        f"limits=gcodec.Limits({limit_name}=...) for one call, or gcodec.set_limits(...)"
+    )
 
 
 _current = Limits()

@@ -202,3 +202,133 @@ def test_limits_on_encode():
         gcodec.get_codec("fp16").encode(np.ones(101, np.float32))
     with gcodec.limits(max_ndim=2), pytest.raises(gcodec.LimitExceededError):
         gcodec.get_codec("fp16").encode(np.ones((1, 1, 1), np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# out=: anything that is not exactly what the kernels need is refused, or handled (issue 10, item 1)
+
+
+def _codec_payloads(n: int = 4096) -> list[bytes]:
+    x = np.linspace(-2, 2, n, dtype=np.float32).reshape(2, n // 2)
+    return [bytes(gcodec.get_codec(cid, **kw).encode(x, key="t", step=0)) for cid, kw in _OUT_CODECS]
+
+
+_OUT_CODECS = [("fp16", {}), ("uniform", {}), ("topk", {"ratio": 0.1}), ("randomk", {"ratio": 0.1}), ("powersgd", {})]
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("i", range(len(_OUT_CODECS)), ids=[c for c, _ in _OUT_CODECS])
+def test_out_matrix_subclass_is_decoded_correctly(i, accumulate):
+    """np.matrix stays 2-D under reshape(-1): a kernel given it would write past its end."""
+    b = _codec_payloads()[i]
+    want = gcodec.decode(b)
+    m = np.matrix(np.zeros((2, 2048), np.float32))
+    got = gcodec.decode(b, out=m, accumulate=accumulate)
+    assert got is m
+    np.testing.assert_array_equal(np.asarray(m), want)
+
+
+def test_out_refusals():
+    b = bytes(gcodec.get_codec("fp16").encode(np.ones((2, 4), np.float32)))
+    ro = np.zeros(8, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(gcodec.ConfigError, match="writeable"):
+        gcodec.decode(b, out=ro)
+    with pytest.raises(gcodec.ConfigError, match="dtype"):
+        gcodec.decode(b, out=np.zeros(8, ">f4"))
+    unaligned = np.zeros(8 * 4 + 1, np.uint8)[1:].view(np.float32)
+    assert not unaligned.flags.aligned
+    with pytest.raises(gcodec.ConfigError, match="aligned"):
+        gcodec.decode(b, out=unaligned)
+    with pytest.raises(gcodec.ConfigError, match="contiguous"):
+        gcodec.decode(b, out=np.zeros(16, np.float32)[::2])
+    with pytest.raises(gcodec.ConfigError, match="numpy array"):
+        gcodec.decode(b, out=[0.0] * 8)
+
+
+def test_out_overlapping_the_payload_is_refused():
+    x = np.arange(64, dtype=np.float32)
+    b = bytearray(gcodec.get_codec("fp16").encode(x))
+    raw = np.frombuffer(b, np.uint8)
+    start = len(b) - 4 - 128  # the data section: 64 binary16 values
+    out = raw[start : start + 128].view(np.float16)
+    assert out.size == 64 and out.flags.aligned
+    with pytest.raises(gcodec.ConfigError, match="overlaps the payload"):
+        gcodec.decode(raw, out=out)
+    with pytest.raises(gcodec.ConfigError, match="overlaps the payload"):
+        gcodec.decode(b, out=out)
+
+
+def test_bundle_outs_must_not_overlap_each_other():
+    x = np.ones(8, np.float32)
+    b = gcodec.encode_bundle({"a": x, "b": x})
+    shared = np.zeros(8, np.float32)
+    with pytest.raises(gcodec.ConfigError, match="overlap"):
+        gcodec.decode(b, out={"a": shared, "b": shared})
+    np.testing.assert_array_equal(shared, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# bundles with accumulate=True: the whole bundle is checked before any output is touched (item 4)
+
+
+def _bundle_with_bad_b() -> bytes:
+    from tests.fuzzkit import parse_payload, rebuild
+
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    b = bytes(gcodec.encode_bundle({"a": x, "b": x}, "uniform"))
+    h, data = parse_payload(b)
+    name, _, off, _nb = h["tensors"][1]["sections"][1]
+    assert name == "codes"
+    data = bytearray(data)
+    data[off] = 0x80  # code -128: outside [-127, 127] (rule U2), CRCs recomputed by rebuild
+    return rebuild(h, bytes(data))
+
+
+def test_bundle_accumulate_with_a_bad_value_touches_nothing():
+    b = _bundle_with_bad_b()
+    outs = {"a": np.full(64, 7.0, np.float32), "b": np.full(64, 7.0, np.float32)}
+    with pytest.raises(gcodec.PayloadValueError, match="U2"):
+        gcodec.decode(b, out=outs, accumulate=True)
+    np.testing.assert_array_equal(outs["a"], 7.0)
+    np.testing.assert_array_equal(outs["b"], 7.0)
+
+
+@pytest.mark.parametrize("bad", ["missing", "size", "readonly", "dtype"])
+def test_bundle_accumulate_with_a_bad_out_entry_touches_nothing(bad):
+    x = np.ones(8, np.float32)
+    b = gcodec.encode_bundle({"a": x, "b": x}, "fp16")
+    outs = {"a": np.zeros(8, np.float32), "b": np.zeros(8, np.float32)}
+    if bad == "missing":
+        del outs["b"]
+    elif bad == "size":
+        outs["b"] = np.zeros(9, np.float32)
+    elif bad == "readonly":
+        outs["b"].flags.writeable = False
+    else:
+        outs["b"] = np.zeros(8, np.int32)
+    with pytest.raises(gcodec.ConfigError):
+        gcodec.decode(b, out=outs, accumulate=True)
+    np.testing.assert_array_equal(outs["a"], 0.0)
+
+
+def test_encode_of_array_subclasses():
+    with pytest.raises(gcodec.ConfigError, match="matrix"):
+        gcodec.get_codec("uniform").encode(np.matrix(np.ones((2, 3), np.float32)))
+    with pytest.raises(gcodec.ConfigError, match="mask"):
+        gcodec.get_codec("fp16").encode(np.ma.masked_array(np.ones(3, np.float32), mask=[0, 1, 0]))
+    with pytest.raises(gcodec.ConfigError, match="dtype"):
+        gcodec.get_codec("fp16").encode(np.array([1.0, 2.0], dtype=object))
+
+
+def test_encode_of_unsupported_torch_tensors_is_a_config_error():
+    torch = pytest.importorskip("torch")
+    codec = gcodec.get_codec("fp16")
+    bad = [torch.empty(4, device="meta"), torch.ones(4).to_sparse()]
+    if hasattr(torch, "float8_e4m3fn"):
+        bad.append(torch.ones(4).to(torch.float8_e4m3fn))
+    bad.append(torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8))
+    for t in bad:
+        with pytest.raises(gcodec.ConfigError):
+            codec.encode(t)

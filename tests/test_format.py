@@ -320,3 +320,54 @@ def test_payload_accepts_any_buffer_type():
     with pytest.raises(gcodec.FormatError):
         gcodec.decode("not bytes")  # type: ignore[arg-type]
     assert PREAMBLE_SIZE == 16
+
+
+# ---------------------------------------------------------------------------------------------
+# error classes of issue 10
+
+
+def test_F9_name_nil_refused_in_a_newer_minor():
+    """§7.2 item 7: a name, if present, is a string; a newer minor (lenient on unknown keys) too."""
+    buf = payload()
+    h, _ = split(buf)
+    h["tensors"][0]["name"] = None
+    with pytest.raises(gcodec.HeaderError, match=r"F9: tensors\[0\]\.name"):
+        read_payload(bytes(rebuild(buf, h, minor=1)))
+
+
+@pytest.mark.parametrize("depth", [1025, 5000])
+def test_F8_nesting_beyond_msgpack_is_a_limit(depth):
+    buf = payload()
+    deep = b"\x91" * depth + b"\x01"
+    # {"deep": [[[...]]], ...}: nesting far beyond any max_nesting
+    hb = b"\x81\xa4deep" + deep
+    with pytest.raises(gcodec.LimitExceededError, match=r"nesting.*max_nesting"):
+        read_payload(bytes(rebuild(buf, hb)))
+
+
+def test_max_nesting_is_capped_at_what_msgpack_can_parse():
+    with pytest.raises(gcodec.ConfigError, match="max_nesting"):
+        gcodec.Limits(max_nesting=2000)
+    gcodec.Limits(max_nesting=1000)
+
+
+def test_object_dtype_payload_is_a_format_error():
+    b = np.array([object()] * 4, dtype=object)
+    for fn in (gcodec.decode, gcodec.validate, gcodec.api.inspect_header):
+        with pytest.raises(gcodec.FormatError, match="object"):
+            fn(b)
+
+
+def test_quoted_header_lists_are_truncated():
+    buf = payload()
+    h, _ = split(buf)
+    # 5000 empty sections ahead of the real ones: a valid layout, refused by C2 which quotes the list
+    h["tensors"][0]["sections"] = [[f"s{i}", "u1", 0, 0] for i in range(5000)] + h["tensors"][0]["sections"]
+    with pytest.raises(gcodec.GcodecError) as info:
+        gcodec.validate(bytes(rebuild(buf, h)))
+    assert len(str(info.value)) < 1000 and "…" in str(info.value)
+    h, _ = split(buf)
+    h["tensors"][0]["dtype"] = "x" * 100_000
+    with pytest.raises(gcodec.HeaderError) as info:
+        gcodec.validate(bytes(rebuild(buf, h)))
+    assert len(str(info.value)) < 1000 and "…" in str(info.value)

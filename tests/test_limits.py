@@ -16,6 +16,7 @@ import pytest
 
 import gcodec
 from gcodec import LimitExceededError, Limits
+from gcodec.limits import MAX_NESTING_CAP
 from tests.fuzzkit import encode_case, parse_payload, rebuild, serial_kernels, usable_cases
 
 
@@ -81,10 +82,38 @@ def test_limit_messages_name_the_field_and_limit():
         gcodec.decode(_fp16_payload([1 << 40]))
 
 
+def _topk_declaring(shape: list[int], dtype: str = "float32") -> bytes:
+    """A ~200-byte topk payload with k = 0 whose header declares ``shape``."""
+    b = bytes(gcodec.get_codec("topk", k=0).encode(np.ones(4, np.float32)))
+    h, data = parse_payload(b)
+    t = h["tensors"][0]
+    t["shape"], t["dtype"] = shape, dtype
+    t["sections"][-1][1] = {"float32": "f4", "float64": "f8", "float16": "f2", "bfloat16": "u2"}[dtype]
+    return rebuild(h, data)
+
+
 def test_default_limits_admit_realistic_tensors():
+    """The defaults serve a receiver of untrusted payloads (docs/limits.md): one layer of up to 2**28
+    elements and 1 GiB decoded passes; a 200-byte payload cannot ask for gigabytes."""
     lim = gcodec.get_limits()
-    assert lim.max_elements >= 1 << 32 and lim.max_output_bytes >= 1 << 34
     assert lim.max_ndim >= 8 and lim.max_tensors >= 4096
+    assert lim.max_elements == 1 << 28 and lim.max_output_bytes == 1 << 30
+    gcodec.validate(_topk_declaring([1 << 14, 1 << 14]))  # 2**28 float32: exactly 1 GiB
+    gcodec.validate(_topk_declaring([1 << 14, 1 << 14], "bfloat16"))  # + 1 GiB float32 staging
+    tiny = _topk_declaring([1 << 29])  # issue 10: 204 bytes declaring 2 GiB of float32
+    assert len(tiny) < 300
+    for fn in (gcodec.validate, gcodec.decode):
+        with pytest.raises(LimitExceededError, match=r"max_elements=268435456.*gcodec\.limits\(max_elements="):
+            fn(tiny)
+
+
+def test_a_billion_parameter_tensor_decodes_with_explicit_limits():
+    big = _topk_declaring([1_000_000_000])
+    with pytest.raises(LimitExceededError):
+        gcodec.validate(big)
+    lim = dataclasses.replace(gcodec.get_limits(), max_elements=1 << 31, max_output_bytes=8 << 30)
+    info = gcodec.validate(big, limits=lim)
+    assert info.original_nbytes == 4_000_000_000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,13 +127,14 @@ def _encode_one():
 
 
 def _encode_bundle():
-    return gcodec.encode_bundle({"a": X, "b": X[0]}, "uniform")
+    return gcodec.encode_bundle({"a": X, "b": X[0].astype(np.float16)}, "uniform")
 
 
 PAYLOAD = bytes(gcodec.get_codec("uniform").encode(X))
-BUNDLE = bytes(gcodec.encode_bundle({"a": X, "b": X[0]}, "uniform"))
+BUNDLE = bytes(_encode_bundle())
 
-#: field -> a value that the 2-tensor, 4 x 25 float32 uniform bundle exceeds
+#: field -> a value that the 2-tensor uniform bundle (4 x 25 float32, 25 float16: 100 bytes of
+#: float32 staging) exceeds
 TIGHT = {
     "max_header_bytes": 100,
     "max_tensors": 1,
@@ -114,7 +144,13 @@ TIGHT = {
     "max_output_bytes": 399,
     "max_payload_bytes": 200,
     "max_nesting": 3,
+    "max_decode_work": 99,
+    "max_scratch_bytes": 99,
 }
+
+
+#: the largest value a field accepts, where it is below 2**40
+LARGEST = {"max_nesting": MAX_NESTING_CAP}
 
 
 def test_every_limits_field_is_covered():
@@ -141,13 +177,13 @@ def test_limit_enforced_on_encode(field):
             _encode_bundle()
     lim = dataclasses.replace(gcodec.get_limits(), **{field: TIGHT[field]})
     with pytest.raises(LimitExceededError, match=field):
-        gcodec.encode_bundle({"a": X, "b": X[0]}, "uniform", limits=lim)
+        gcodec.encode_bundle({"a": X, "b": X[0].astype(np.float16)}, "uniform", limits=lim)
 
 
 @pytest.mark.parametrize("field", sorted(TIGHT))
 def test_what_encode_accepts_decode_accepts(field):
     """Under any limit, encode and decode agree: either both refuse or both pass."""
-    for value in (TIGHT[field], TIGHT[field] * 4, 1 << 40):
+    for value in (TIGHT[field], TIGHT[field] * 4, LARGEST.get(field, 1 << 40)):
         with gcodec.limits(**{field: value}):
             try:
                 b = bytes(_encode_one())
@@ -251,3 +287,77 @@ def test_tiny_payload_declaring_a_huge_tensor_never_raises_memory_error():
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     bad = [r for r in results if r[2] not in ("ok", "GcodecError") or (r[1] == "decode" and r[2] == "ok")]
     assert not bad, "\n".join(" ".join(r) for r in bad)
+
+
+def test_max_sections_below_a_bundle_is_a_limit_error():
+    """msgpack's max_array_len must not pre-empt the limits with a HeaderError."""
+    xs = {f"t{i}": np.ones(4, np.float32) for i in range(40)}
+    b = gcodec.encode_bundle(xs, "fp16")
+    lim = Limits(max_sections=4)
+    for fn in (gcodec.decode, gcodec.validate):
+        with pytest.raises(LimitExceededError, match="max_sections"):
+            fn(b, limits=lim)
+    with pytest.raises(LimitExceededError, match="max_tensors"):
+        gcodec.validate(b, limits=Limits(max_tensors=4))
+
+
+# ---------------------------------------------------------------------------------------------
+# peak memory of a decode stays within the documented bound (docs/limits.md, issue 10 items 3, 6)
+
+
+def _memory_cases():
+    from gcodec.arrays import BFLOAT16
+
+    x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+    m = x.reshape(1024, 1024)
+    return {
+        "randomk bf16": (gcodec.get_codec("randomk", ratio=0.25), x.astype(BFLOAT16)),
+        "topk bf16": (gcodec.get_codec("topk", ratio=0.25), x.astype(BFLOAT16)),
+        "topk nested fp16": (gcodec.get_codec("topk", ratio=0.25, values={"id": "fp16"}), x),
+        "randomk nested uniform f16": (gcodec.get_codec("randomk", ratio=0.25, values="uniform"), x.astype(np.float16)),
+        "threshold raw": (gcodec.get_codec("threshold", threshold=0.5, index_coding="raw"), x),
+        "powersgd bf16 r16": (gcodec.get_codec("powersgd", rank=16), m.astype(BFLOAT16)),
+        "powersgd f64 r12": (gcodec.get_codec("powersgd", rank=12), m.astype(np.float64)),
+        "uniform f16": (gcodec.get_codec("uniform"), x.astype(np.float16)),
+    }
+
+
+@pytest.mark.parametrize("label", sorted(_memory_cases()))
+def test_decode_peak_memory_within_documented_bound(label):
+    """peak <= output bytes + scratch (as counted against max_scratch_bytes) + 4 x payload + 1 MiB."""
+    from gcodec.api import _checked
+    from gcodec.resources import scratch_bytes
+
+    codec, x = _memory_cases()[label]
+    b = bytes(codec.encode(x, step=0))
+    _, checked = _checked(b, None, full=False)
+    e, cls, params = checked[0]
+    bound = x.nbytes + scratch_bytes(cls, params, e) + 4 * len(b) + (1 << 20)
+    for fn in (gcodec.validate, gcodec.decode):
+        fn(b)  # warm up
+        err, peak = _peak(lambda f=fn: f(b))
+        assert err is None and peak <= bound, f"{fn.__name__}: {peak} > {bound}"
+    # and the scratch limit refuses the payload up front, before any of it is allocated
+    lim = dataclasses.replace(gcodec.get_limits(), max_scratch_bytes=scratch_bytes(cls, params, e) - 1)
+    for fn in (gcodec.validate, gcodec.decode):
+        err, peak = _peak(lambda f=fn: f(b, limits=lim))
+        assert isinstance(err, LimitExceededError) and "max_scratch_bytes" in str(err)
+        assert peak < SMALL_PEAK + 4 * len(b)
+
+
+def test_sparse_index_temporaries_count_against_the_scratch_limit():
+    """Issue 10: an 18.9 MB topk payload (k = 2**27, 1-bit values) made validate allocate 1.5 GiB.
+    Its k-sized temporaries (8k index bytes + 4k decoded values = 1.5 GiB) are now counted against
+    max_scratch_bytes, and refused before they exist when they exceed it."""
+    from tests.test_powersgd import _zero_payload
+
+    sign = {"codec": "sign", "params": {"group_size": 256}, "version": 1}
+    k = 1 << 27
+    params = {"k": k, "index_coding": "delta", "index_bytes": 0, "values": sign}
+    b = _zero_payload("topk", [k], params)
+    assert len(b) < 21 << 20  # index_widths (k / 64 bytes) and 1-bit values; zero-width gaps
+    with gcodec.limits(max_scratch_bytes=(12 * k) - 1):
+        for fn in (gcodec.validate, gcodec.decode):
+            err, peak = _peak(lambda f=fn: f(b))
+            assert isinstance(err, LimitExceededError) and "max_scratch_bytes" in str(err), repr(err)
+            assert peak < SMALL_PEAK + 4 * len(b)

@@ -234,3 +234,107 @@ def test_error_feedback_other_keys_unaffected():
         ef.encode(_input(Case("uniform", {}, (100,)), "float32", 3, np.nan), key="b")
     np.testing.assert_array_equal(ef.residual("a"), a)
     assert ef.keys() == ["a"]
+
+
+# ---------------------------------------------------------------------------------------------
+# reject-policy codecs: a hostile payload (valid CRCs) cannot decode to NaN or ±Inf (issue 10, item 8)
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _edit(b: bytes, section: str, fn) -> bytes:
+    """Rewrite one section's bytes with ``fn(uint8 array)``; CRCs are recomputed."""
+    h, data = parse_payload(b)
+    data = bytearray(data)
+    for name, _dt, off, nb in h["tensors"][0]["sections"]:
+        if name == section:
+            view = np.frombuffer(memoryview(data)[off : off + nb], np.uint8)
+            fn(view)
+            return rebuild(h, bytes(data))
+    raise KeyError(section)
+
+
+def _f32(view: np.ndarray, value: float, count: int | None = None) -> None:
+    v = view.view(np.float32)
+    v[: count if count is not None else v.size] = value
+
+
+def _hostile() -> dict[str, bytes]:
+    x = np.linspace(-1, 1, 256, dtype=np.float32)
+    m = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32)
+    out = {}
+    b = bytes(gcodec.get_codec("uniform").encode(x))
+    b = _edit(b, "scales", lambda v: _f32(v, FLT_MAX, 1))
+    out["uniform scale FLT_MAX, code 127"] = _edit(b, "codes", lambda v: v.__setitem__(0, 0x7F))
+    b = bytes(gcodec.get_codec("qsgd").encode(x, step=0))
+    out["qsgd step 3e38"] = _edit(b, "scales", lambda v: _f32(v, 3e38))
+    b = bytes(gcodec.get_codec("powersgd", rank=2, min_compression_rate=1.0).encode(m))
+    b = _edit(b, "p", lambda v: _f32(v, 1e30))
+    out["powersgd factors 1e30"] = _edit(b, "q", lambda v: _f32(v, 1e30))
+    for cid, kw in (("topk", {"ratio": 0.1}), ("threshold", {"threshold": 0.5}), ("randomk", {"ratio": 0.1})):
+        for vid, nan_bits in (("fp16", 0x7E00), ("bf16", 0x7F80)):
+            b = bytes(gcodec.get_codec(cid, values={"id": vid}, **kw).encode(x, step=0))
+            out[f"{cid} nested {vid} non-finite"] = _edit(
+                b, "values.data", lambda v, n=nan_bits: v.view("<u2").__setitem__(0, n)
+            )
+    for vid, bits in (("fp16", 0x7C00), ("bf16", 0xFFC0)):
+        b = bytes(gcodec.get_codec("powersgd", rank=2, min_compression_rate=1.0, factors={"id": vid}).encode(m))
+        out[f"powersgd nested {vid} factor non-finite"] = _edit(
+            b, "p.data", lambda v, n=bits: v.view("<u2").__setitem__(3, n)
+        )
+    return out
+
+
+HOSTILE = _hostile()
+
+
+@pytest.mark.parametrize("label", sorted(HOSTILE))
+def test_reject_policy_payloads_never_decode_non_finite(label):
+    b = HOSTILE[label]
+    for fn in (gcodec.validate, gcodec.decode):
+        with pytest.raises(PayloadValueError):
+            fn(b)
+    acc = np.zeros(gcodec.api.inspect_header(b).shape, np.float32)
+    with pytest.raises(PayloadValueError):
+        gcodec.decode(b, out=acc, accumulate=True)
+    assert np.isfinite(acc).all() and not acc.any()
+
+
+def test_largest_valid_uniform_scale_decodes_finite():
+    """The rule's edge: float32(127 * scale) finite passes and decodes to a finite value."""
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    s = np.float32(FLT_MAX / 127)
+    while np.isinf(np.float32(127) * s):  # the largest scale whose 127 * s is finite in float32
+        s = np.nextafter(s, np.float32(0))
+    b = _edit(bytes(gcodec.get_codec("uniform").encode(x)), "scales", lambda v: _f32(v, float(s), 1))
+    b = _edit(b, "codes", lambda v: v.__setitem__(0, 0x7F))
+    y = gcodec.decode(b)
+    assert np.isfinite(y).all() and y[0] == np.float32(127) * s
+    bigger = _edit(b, "scales", lambda v: _f32(v, float(np.nextafter(s, np.float32(np.inf))), 1))
+    with pytest.raises(PayloadValueError, match="U1"):
+        gcodec.validate(bigger)
+
+
+# ---------------------------------------------------------------------------------------------
+# encoders write a valid payload or raise (issue 10, item 9)
+
+
+@pytest.mark.parametrize(
+    "cid,params,x",
+    [
+        ("qsgd", {"levels": 3, "bucket_size": 0}, np.float32([3e38, 3e38, 1.0])),
+        ("qsgd", {"levels": 15, "bucket_size": 4}, np.float64([2e38, -2e38, 2e38, 1])),
+        ("uniform", {}, np.float32([FLT_MAX, 1.0])),
+        ("powersgd", {"rank": 1, "min_compression_rate": 1.0}, np.full((8, 8), 1e300)),
+        ("powersgd", {"rank": 1, "min_compression_rate": 1.0}, np.full((8, 8), 3e37, np.float32)),
+    ],
+    ids=["qsgd-f32", "qsgd-f64", "uniform-fltmax", "powersgd-f64-beyond-f32", "powersgd-product"],
+)
+def test_encoders_refuse_finite_inputs_they_cannot_represent(cid, params, x):
+    codec = gcodec.get_codec(cid, **params)
+    try:
+        b = codec.encode(x, step=0)
+    except PayloadValueError:
+        return
+    gcodec.validate(b)  # if it writes a payload, the payload must be valid
+    assert np.isfinite(gcodec.decode(b)).all()

@@ -291,3 +291,48 @@ def test_error_feedback_works_with_powersgd():
 @pytest.mark.parametrize("name, make, error, rule", [c for c in INVALID if "_powersgd_" in c[0]])
 def test_rule(name, make, error, rule):
     assert_refused(make(), error, rule)
+
+
+# ---------------------------------------------------------------------------------------------
+# decode work is a limit (issue 10, item 5)
+
+
+def _zero_payload(codec: str, shape: list[int], params: dict) -> bytes:
+    """A structurally valid payload with every section zero (valid CRCs), built from the header alone."""
+    from tests.fuzzkit import rebuild
+
+    cls = gcodec.codec_class(codec)
+    secs, pos = [], 0
+    for name, dt, nb in cls.expected_sections(params, tuple(shape)):
+        pos = (pos + 7) // 8 * 8
+        secs.append([name, dt, pos, nb])
+        pos += nb
+    length = (pos + 7) // 8 * 8
+    t = {"codec": codec, "version": 1, "dtype": "float32", "shape": shape, "params": params, "sections": secs}
+    return rebuild({"tensors": [t], "data_length": length}, bytes(length))
+
+
+def test_decode_work_limit_refuses_huge_rank_before_decoding():
+    """8192 x 8192 at rank 1024 with 1-bit factors: a 2 MiB payload asking for 2**36 multiply-adds."""
+    sign = {"codec": "sign", "params": {"group_size": 256}, "version": 1}
+    params = {"mode": "lowrank", "p": sign, "q": sign, "rank": 1024}
+    b = _zero_payload("powersgd", [8192, 8192], params)
+    assert len(b) < 3 << 20
+    for fn in (gcodec.validate, gcodec.decode):
+        with pytest.raises(gcodec.LimitExceededError, match=r"68719476736 exceeds max_decode_work=.*gcodec\.limits"):
+            fn(b)
+    # the same shape at rank 32 is within the default
+    ok = _zero_payload("powersgd", [8192, 8192], {**params, "rank": 32})
+    assert gcodec.validate(ok).shape == (8192, 8192)
+    with pytest.raises(gcodec.LimitExceededError, match="max_decode_work"):
+        gcodec.validate(ok, limits=gcodec.Limits(max_decode_work=(8192 * 8192 * 32) - 1))
+
+
+def test_encoder_refuses_what_exceeds_the_work_limit():
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    codec = gcodec.get_codec("powersgd", rank=8)
+    with gcodec.limits(max_decode_work=64 * 64 * 8 - 1):
+        with pytest.raises(gcodec.LimitExceededError, match="max_decode_work"):
+            codec.encode(x)
+    with gcodec.limits(max_decode_work=64 * 64 * 8):
+        gcodec.decode(codec.encode(x))

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, HeaderError, SizeMismatchError
+from ..quote import short
 from ..sections import SectionSpec, TensorEntry
 from .state import CodecState, default_state
 
@@ -62,9 +63,9 @@ class Param:
             value, ok = float(value), True
         if not ok:
             names = "/".join(k.__name__ for k in kinds)
-            raise err(f"{where}{name} must be {names}, got {value!r}")
+            raise err(f"{where}{name} must be {names}, got {short(value)}")
         if self.choices is not None and value not in self.choices:
-            raise err(f"{where}{name}={value!r} is not one of {list(self.choices)}")
+            raise err(f"{where}{name}={short(value)} is not one of {list(self.choices)}")
         if self.min is not None and value < self.min:
             raise err(f"{where}{name}={value!r} is below the minimum {self.min}")
         if self.max is not None and value > self.max:
@@ -86,7 +87,7 @@ def check_params(
     """Check ``given`` against ``schema``; raise ``err`` naming the field on the first problem."""
     unknown = sorted(set(given) - set(schema))
     if unknown and not allow_unknown:
-        raise err(f"{where}unknown parameter(s) {unknown}; known: {sorted(schema)}")
+        raise err(f"{where}unknown parameter(s) {short(unknown)}; known: {sorted(schema)}")
     out: dict[str, Any] = {}
     for name, p in schema.items():
         if name in given:
@@ -210,6 +211,20 @@ class Codec(ABC):
         """Value-level rules (raise PayloadValueError). Decoding checks what it must anyway."""
         return None
 
+    # ---- resource accounting (checked against gcodec.Limits before anything is allocated) --------
+    @classmethod
+    def decode_work(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """Multiply-adds the decode of this entry takes (``max_decode_work``); numel by default."""
+        return entry.numel
+
+    @classmethod
+    def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """An upper bound on the temporaries :meth:`decode_into` and :meth:`check_values` allocate
+        besides the output, in bytes (``max_scratch_bytes``); a codec with k-sized or factor-sized
+        temporaries overrides this. Allocations proportional to the sections' own bytes are not
+        counted here (the documented memory bound covers them as a multiple of the payload)."""
+        return 0
+
     # ---- header checking -----------------------------------------------------------------
     @classmethod
     def wire_schema(cls) -> dict[str, Param]:
@@ -247,7 +262,8 @@ class Codec(ABC):
         got = [(s.name, s.dtype, s.nbytes) for s in entry.sections]
         if [w[:2] for w in want] != [g[:2] for g in got]:
             raise SizeMismatchError(
-                f"C2: {where}.sections are {[g[:2] for g in got]}; codec {cls.codec_id!r} needs {[w[:2] for w in want]}"
+                f"C2: {where}.sections are {short([g[:2] for g in got[:200]])}; "
+                f"codec {cls.codec_id!r} needs {short([w[:2] for w in want[:200]])}"
             )
         for (name, _, nb_want), (_, _, nb_got) in zip(want, got):
             if nb_want != nb_got:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, HeaderError, UnknownCodecError, UnsupportedVersionError
+from ..quote import short
 from ..sections import SectionInfo, SectionSpec, TensorEntry
 from .base import Aggregation, Codec, EncodeContext, check_params
 from .registry import codec_class, get_codec
@@ -107,7 +108,7 @@ def parse_nested(raw: Any, where: str, *, strict: bool = True) -> NestedSpec:
         raise HeaderError(f"H1: {where} lacks {missing}")
     extra = sorted(keys - _NESTED_KEYS)
     if extra and strict:
-        raise HeaderError(f"H1: {where} has unknown key(s) {extra}")
+        raise HeaderError(f"H1: {where} has unknown key(s) {short(extra)}")
     cid, version, params = raw["codec"], raw["version"], raw["params"]
     if not isinstance(cid, str):
         raise HeaderError(f"H1: {where}.codec must be a string")
@@ -118,7 +119,7 @@ def parse_nested(raw: Any, where: str, *, strict: bool = True) -> NestedSpec:
     if _is_host(cls):
         raise HeaderError(f"H1: {where}.codec {cid!r} is composite; only elementwise codecs nest")
     if type(version) is not int or version < 1:
-        raise HeaderError(f"H1: {where}.version must be a positive integer, got {version!r}")
+        raise HeaderError(f"H1: {where}.version must be a positive integer, got {short(version)}")
     if version > cls.version:
         raise UnsupportedVersionError(
             f"C0: {where} uses {cid!r} version {version}; this reader knows up to {cls.version}"
@@ -165,6 +166,15 @@ def check_role_values(
     if params[role] is not None:
         spec = parse_nested(params[role], role, strict=False)
         spec.cls.check_values(spec.params, nested_entry(role, spec, host, count), nested_views(role, views))
+
+
+def nested_scratch_bytes(raw: Any, host: TensorEntry, count: int) -> int:
+    """Temporaries of :func:`decode_nested` for the declaration ``raw`` (checked already): the
+    ``count``-element result and the nested codec's own scratch."""
+    spec = parse_nested(raw, "nested", strict=False)
+    wd = 8 if host.dtype == "float64" else 4
+    sub = TensorEntry(spec.cls.codec_id, spec.version, nested_dtype(host.dtype), (count,), spec.params, ())
+    return count * wd + spec.cls.decode_scratch_bytes(spec.params, sub)
 
 
 def decode_nested(

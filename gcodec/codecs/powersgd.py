@@ -98,6 +98,20 @@ def _refuse_overflow(data: np.ndarray, dtype_name: str) -> None:
         )
 
 
+#: Rule P4's bound on rank * max|P| * max|Q| for tensors decoded in float32 (all but float64): half of
+#: FLT_MAX, so that no float32 sum of rank products can round up to infinity.
+FACTOR_PRODUCT_BOUND = 2.0**127
+
+
+def factor_product_ok(p: np.ndarray, q: np.ndarray, dtype_name: str) -> bool:
+    """Rule P4: every entry of P Q^T is finite in the decoder's arithmetic (always, for float64)."""
+    if dtype_name == "float64" or p.size == 0 or q.size == 0:
+        return True
+    r = p.shape[1] if p.ndim == 2 else 1
+    bound = float(r) * float(np.max(np.abs(p), initial=0.0)) * float(np.max(np.abs(q), initial=0.0))
+    return bound <= FACTOR_PRODUCT_BOUND
+
+
 def initial_q(
     n: int, rank: int, seed: int, stream: int, dtype: Any = np.float32, *, backend: str = "cpu"
 ) -> np.ndarray:
@@ -377,9 +391,18 @@ class PowerSGD(Codec):
         sections: list[SectionSpec] = []
         fills = []
         raw: dict[str, np.ndarray] = {}
+        dname = "float64" if mat.dtype == np.float64 else "float32"
+        if not factor_product_ok(p, q, dname):
+            raise PayloadValueError(
+                "powersgd: input too large: rank * max|P| * max|Q| exceeds 2**127, so P Q^T could overflow float32"
+            )
         for role, f in (("p", p), ("q", q)):
             if self._nested is None:
-                raw[role] = np.ascontiguousarray(f, dtype=np.float32).reshape(-1)
+                with np.errstate(over="ignore"):
+                    raw[role] = np.ascontiguousarray(f, dtype=np.float32).reshape(-1)
+                nover = kernels.of(raw[role]).lowrank.count_nonfinite(raw[role])
+                if nover:  # float64 input: a finite factor beyond float32's range (rule P3)
+                    raise PayloadValueError(f"powersgd: {nover} entries of factor {role.upper()} overflow float32")
                 sections.append(SectionSpec(role, "f4", 4 * raw[role].size))
             else:
                 wire, secs, fill = compose.plan_nested(role, self._nested, f.reshape(-1), ctx)
@@ -494,7 +517,16 @@ class PowerSGD(Codec):
             else:
                 spec = compose.parse_nested(raw, role, strict=False)
                 f = compose.decode_nested(role, spec, entry, views, rows * r, wd)
+                bad = kernels.of(f).lowrank.count_nonfinite(f)
+                if bad:  # a nested fp16/bf16 factor may carry NaN or infinity
+                    raise PayloadValueError(
+                        f"P3: factor {role.upper()} decoded by the nested codec holds {bad} NaN or infinite value(s)"
+                    )
             out.append(f.reshape(rows, r))
+        if not factor_product_ok(out[0], out[1], entry.dtype):
+            raise PayloadValueError(
+                "P4: rank * max|P| * max|Q| exceeds 2**127: P Q^T could overflow float32 (decode to infinity)"
+            )
         return out[0], out[1]
 
     @classmethod
@@ -506,6 +538,27 @@ class PowerSGD(Codec):
         if bad:
             raise PayloadValueError(f"P3: pass-through data holds {bad} NaN or infinite value(s)")
         return data
+
+    @classmethod
+    def decode_work(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """m * n * rank multiply-adds for P Q^T (numel for a pass-through)."""
+        return entry.numel * max(1, params["rank"])
+
+    @classmethod
+    def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """Decoded nested factors, the factor copies of :func:`decompress` (P widened for float64
+        outputs, Q transposed, both at 8 bytes per element at most) and its row block."""
+        if params["mode"] != "lowrank":
+            return 0
+        mn = matrix_shape(entry.shape)
+        assert mn is not None
+        m, n = mn
+        r = params["rank"]
+        total = 16 * (m + n) * r + 8 * max(n, 1 << 16)
+        for role, rows in (("p", m), ("q", n)):
+            if params[role] is not None:
+                total += compose.nested_scratch_bytes(params[role], entry, rows * r)
+        return total
 
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:

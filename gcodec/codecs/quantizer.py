@@ -74,6 +74,13 @@ class ScaledQuantizer(Codec):
                 sc16 = np.empty(0, np.uint16)
                 sc32 = views["scales"]
             nbad = kernels.of(flat).quant.encode(flat, codes, sc32, sc16, lay, params.get("seed", 0), stream)
+            if not nbad and not lay.scale_f16:
+                nover = int(np.count_nonzero(scale_overflows(sc32, lay.qmax)))
+                if nover:  # a finite input whose largest code would decode to infinity (rule 1)
+                    raise PayloadValueError(
+                        f"{name}: input too large: in {nover} group(s) the scale times {lay.qmax} overflows float32, "
+                        "so the payload would decode to infinity"
+                    )
             if nbad:
                 why = "NaN or infinite values"
                 if lay.scale_f16:
@@ -102,6 +109,14 @@ class ScaledQuantizer(Codec):
             raise PayloadValueError(
                 f"{p}1: scale of group {g} is {views['scales'][g]!r}; scales must be finite and >= +0"
             )
+        if not lay.scale_f16:  # float16 scales times qmax <= 127 never overflow float32
+            over = scale_overflows(views["scales"], lay.qmax)
+            if over.any():
+                g = int(np.flatnonzero(over)[0])
+                raise PayloadValueError(
+                    f"{p}1: scale of group {g} is {views['scales'][g]!r}; float32({lay.qmax} * scale) overflows, "
+                    "so its largest code would decode to infinity"
+                )
 
     @classmethod
     def _check_padding(cls, lay: QuantLayout, n: int, views: Mapping[str, np.ndarray]) -> None:
@@ -152,3 +167,9 @@ class ScaledQuantizer(Codec):
         nbad = kernels.of(out).quant.scaled_decode(views["codes"], sc32, sc16, out, g, lay.width, lay.qmax, accumulate)
         if nbad:
             raise PayloadValueError(cls._bad_codes(lay, nbad))
+
+
+def scale_overflows(scales: np.ndarray, qmax: int) -> np.ndarray:
+    """Where ``float32(qmax * scale)`` is infinite: the largest code of the group decodes to ±inf."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.isinf(np.asarray(scales, np.float32) * np.float32(qmax))

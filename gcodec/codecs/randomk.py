@@ -31,7 +31,7 @@ from .base import Aggregation, EncodeContext, EncodePlan, Param
 from .kcount import check_ratio_k, k_for
 from .registry import register_codec
 from .seeds import SHARED_SEED, STREAM_PARAM
-from .topk import ValuesHost, decode_values, expected_values, key_bits, plan_values
+from .topk import ValuesHost, check_nested_values_finite, decode_values, expected_values, key_bits, plan_values
 
 __all__ = ["RandomK", "randomk_indices", "value_codec"]
 
@@ -142,7 +142,16 @@ class RandomK(ValuesHost):
             bad = kernels.of(vals).sparse.count_nonfinite_values(vals)
             if bad:
                 raise PayloadValueError(f"R2: {bad} value(s) are NaN or infinite")
+        else:
+            check_nested_values_finite(vals, "R2")
         return vals
+
+    @classmethod
+    def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """2k random words (uint32), k int64 indices, and the values."""
+        k = params["k"]
+        words = 8 * k if k < entry.numel else 0
+        return words + 8 * k + cls.values_scratch_bytes(params, entry)
 
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:

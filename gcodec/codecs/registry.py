@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ..errors import ConfigError, UnknownCodecError
+from ..quote import short
 from .base import Codec
 
 __all__ = ["codec_class", "get_codec", "list_codecs", "register_codec"]
@@ -65,7 +66,7 @@ def codec_class(codec_id: str) -> type[Codec]:
     try:
         return _REGISTRY[codec_id]
     except KeyError:
-        raise UnknownCodecError(f"unknown codec {codec_id!r}; registered: {sorted(_REGISTRY)}") from None
+        raise UnknownCodecError(f"unknown codec {short(codec_id)}; registered: {sorted(_REGISTRY)}") from None
 
 
 def get_codec(codec_id: str | dict[str, Any] | Codec, **params: Any) -> Codec:

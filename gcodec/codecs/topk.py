@@ -142,9 +142,26 @@ def check_nested(entry: TensorEntry, roles_counts: dict[str, int], where: str, s
             compose.check_nested_entry(role, spec, entry, count, where, strict)
 
 
+def check_nested_values_finite(vals: np.ndarray, rule: str) -> None:
+    """Values decoded by a nested codec must be finite: a nested fp16/bf16 may carry NaN or ±inf,
+    which the host codec refuses on encode and so must refuse on decode."""
+    bad = kernels.of(vals).sparse.count_nonfinite_values(vals)
+    if bad:
+        raise PayloadValueError(f"{rule}: {bad} value(s) decoded by the nested codec are NaN or infinite")
+
+
 class ValuesHost(Codec):
     """Base of the codecs that send ``k`` values of the tensor (``topk``, ``threshold``, ``randomk``):
     raw in the tensor's dtype, or through the nested codec declared in ``params["values"]``."""
+
+    @classmethod
+    def values_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """The k decoded values: none for raw float32/float64 (a view), float32 for raw 16-bit
+        values, the nested codec's output (and its own temporaries) otherwise."""
+        k = params["k"]
+        if params["values"] is not None:
+            return compose.nested_scratch_bytes(params["values"], entry, k)
+        return 4 * k if entry.dtype in ("float16", "bfloat16") else 0
 
     @classmethod
     def _entry_sections(cls, params: dict[str, Any], entry: TensorEntry) -> list[tuple[str, str, int]]:
@@ -289,10 +306,17 @@ class SparseIndexCodec(ValuesHost):
         """Codec-specific value rules for raw values (overridden)."""
 
     @classmethod
+    def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """k int64 indices and the values."""
+        return 8 * params["k"] + cls.values_scratch_bytes(params, entry)
+
+    @classmethod
     def _values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> np.ndarray:
         vals = decode_values(params, entry, views, params["k"])
         if params["values"] is None:
             cls._check_decoded_values(params, vals)
+        else:
+            check_nested_values_finite(vals, f"{cls.RULE}4")
         return vals
 
     @classmethod

@@ -25,6 +25,7 @@ from ..errors import (
     UnsupportedVersionError,
 )
 from ..limits import Limits, get_limits
+from ..quote import short
 from ..sections import SECTION_DTYPES, SectionInfo, SectionSpec, TensorEntry
 from .header import check_tree, pack_canonical, unpack_strict
 
@@ -208,6 +209,11 @@ class ParsedPayload:
 
 def _as_bytes_array(buf: Any) -> np.ndarray:
     if isinstance(buf, np.ndarray):
+        if buf.dtype.hasobject or buf.dtype.fields is not None:
+            raise FormatError(
+                f"payload must be an array of plain bytes, not of {short(str(buf.dtype))} elements "
+                "(object and structured arrays hold no payload bytes)"
+            )
         if not buf.flags.c_contiguous:
             raise FormatError("payload buffer must be contiguous")
         if buf.dtype != np.uint8 or buf.ndim != 1:
@@ -253,7 +259,7 @@ def read_payload(buf: Any, *, limits: Limits | None = None, verify_checksum: boo
     header = _parse_header(raw, lim, strict_keys=minor <= MINOR)
     unknown = [f for f in header.features if f not in KNOWN_FEATURES]
     if unknown:
-        raise UnsupportedFeatureError(f"F10: payload requires unknown feature(s) {unknown}")
+        raise UnsupportedFeatureError(f"F10: payload requires unknown feature(s) {short(unknown)}")
     if minor <= MINOR and pack_canonical(header.to_wire()) != hbytes:
         raise HeaderError("F11: header is not in canonical form (key order, integer or float width, or defaults)")
     # F12-F13: layout.
@@ -296,7 +302,7 @@ def _check_layout(h: Header) -> None:
     pos = 0
     for i, t in enumerate(h.tensors):
         for j, s in enumerate(t.sections):
-            where = f"tensors[{i}].sections[{j}] ({s.name!r})"
+            where = f"tensors[{i}].sections[{j}] ({short(s.name)})"
             want = align_up(pos)
             if s.offset < pos:
                 raise LayoutError(f"F12: {where} at offset {s.offset} overlaps the previous section ending at {pos}")
@@ -313,7 +319,7 @@ def _want(cond: bool, msg: str) -> None:
 
 
 def _uint(v: Any, where: str) -> int:
-    _want(type(v) is int and v >= 0, f"F9: {where} must be a non-negative integer, got {v!r}")
+    _want(type(v) is int and v >= 0, f"F9: {where} must be a non-negative integer, got {short(v)}")
     return v
 
 
@@ -322,7 +328,7 @@ def _parse_header(raw: Any, lim: Limits, *, strict_keys: bool) -> Header:
     _want(isinstance(raw, dict), "F9: header must be a msgpack map")
     if strict_keys:
         extra = sorted(set(raw) - _TOP_KEYS)
-        _want(not extra, f"F9: unknown header key(s) {extra}")
+        _want(not extra, f"F9: unknown header key(s) {short(extra)}")
     _want("tensors" in raw, "F9: header lacks 'tensors'")
     _want("data_length" in raw, "F9: header lacks 'data_length'")
     data_length = _uint(raw["data_length"], "data_length")
@@ -369,14 +375,14 @@ def _parse_tensor(t: Any, i: int, lim: Limits, strict_keys: bool) -> TensorEntry
     _want(isinstance(t, dict), f"F9: {w} must be a map")
     if strict_keys:
         extra = sorted(set(t) - _TENSOR_KEYS)
-        _want(not extra, f"F9: unknown key(s) {extra} in {w}")
+        _want(not extra, f"F9: unknown key(s) {short(extra)} in {w}")
     for k in ("codec", "version", "dtype", "shape", "params", "sections"):
         _want(k in t, f"F9: {w} lacks {k!r}")
     codec = t["codec"]
     _want(isinstance(codec, str) and codec != "", f"F9: {w}.codec must be a non-empty string")
     version = _uint(t["version"], f"{w}.version")
     dtype = t["dtype"]
-    _want(dtype in _TENSOR_DTYPES, f"F9: {w}.dtype {dtype!r} is not one of {list(_TENSOR_DTYPES)}")
+    _want(dtype in _TENSOR_DTYPES, f"F9: {w}.dtype {short(dtype)} is not one of {list(_TENSOR_DTYPES)}")
     shape = t["shape"]
     _want(isinstance(shape, list), f"F9: {w}.shape must be a list")
     lim.check_ndim(len(shape), f"{w}.shape")
@@ -390,6 +396,9 @@ def _parse_tensor(t: Any, i: int, lim: Limits, strict_keys: bool) -> TensorEntry
     _want(isinstance(params, dict), f"F9: {w}.params must be a map")
     name = t.get("name")
     _want(name is None or isinstance(name, str), f"F9: {w}.name must be a string")
+    # Item 7: a name, if present, is a string. In a payload of a known minor a present nil is also
+    # not canonical (F11 reports it, after F9-F10); a newer minor's header is not re-encoded, so:
+    _want(strict_keys or "name" not in t or name is not None, f"F9: {w}.name must be a string, not nil")
     secs = t["sections"]
     _want(isinstance(secs, list), f"F9: {w}.sections must be a list")
     lim.check("section count", len(secs), "max_sections", f"{w}.sections")
@@ -400,11 +409,11 @@ def _parse_tensor(t: Any, i: int, lim: Limits, strict_keys: bool) -> TensorEntry
         _want(isinstance(s, list) and len(s) == 4, f"F9: {sw} must be [name, dtype, offset, nbytes]")
         sname, sdt, off, nb = s
         _want(isinstance(sname, str) and sname != "", f"F9: {sw} name must be a non-empty string")
-        _want(sname not in seen, f"F9: {sw} repeats section name {sname!r}")
+        _want(sname not in seen, f"F9: {sw} repeats section name {short(sname)}")
         seen.add(sname)
         _want(
             isinstance(sdt, str) and sdt in SECTION_DTYPES,
-            f"F9: {sw} element type {sdt!r} is not one of {list(SECTION_DTYPES)}",
+            f"F9: {sw} element type {short(sdt)} is not one of {list(SECTION_DTYPES)}",
         )
         _uint(off, f"{sw} offset")
         _uint(nb, f"{sw} nbytes")

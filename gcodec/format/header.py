@@ -13,9 +13,12 @@ from typing import Any
 import msgpack
 
 from ..errors import HeaderError, LimitExceededError
-from ..limits import Limits
+from ..limits import Limits, how_to_raise
 
-__all__ = ["canonical", "pack_canonical", "unpack_strict"]
+__all__ = ["MSGPACK_MAX_DEPTH", "canonical", "pack_canonical", "unpack_strict"]
+
+#: msgpack refuses deeper nesting itself (StackError), whatever max_nesting says.
+MSGPACK_MAX_DEPTH = 1024
 
 
 def canonical(obj: Any, depth: int = 0) -> Any:
@@ -59,7 +62,7 @@ def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
 def check_tree(obj: Any, limit: int, depth: int = 0) -> None:
     """F8: nesting depth within ``limit``; only nil, bool, int, float, str, array and map (text keys)."""
     if depth > limit:
-        raise LimitExceededError(f"F8: header nesting deeper than max_nesting={limit}")
+        raise LimitExceededError(f"F8: header nesting deeper than max_nesting={limit}; {how_to_raise('max_nesting')}")
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, str):
@@ -87,12 +90,17 @@ def unpack_strict(data: bytes | memoryview, limits: Limits) -> Any:
             object_pairs_hook=_no_duplicates,
             max_str_len=n,
             max_bin_len=0,
-            max_array_len=min(n, limits.max_sections * 4 + 16),
+            max_array_len=n,  # the counts are limits, checked (LimitExceededError) after parsing
             max_map_len=n,
             max_ext_len=0,
         )
     except HeaderError:
         raise
+    except msgpack.StackError:
+        raise LimitExceededError(
+            f"F8: header nesting exceeds msgpack's {MSGPACK_MAX_DEPTH} levels (max_nesting={limits.max_nesting}, "
+            "at most 1000)"
+        ) from None
     except msgpack.ExtraData:
         raise HeaderError("F8: header has bytes after its msgpack object") from None
     except UnicodeDecodeError as e:

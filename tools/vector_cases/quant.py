@@ -250,6 +250,8 @@ INVALID = [
     ("q1_negative_scale", _put("qsgd", "scales", 0, _f32(-0.5)), "PayloadValueError", "Q1"),
     ("q1_negative_zero_scale", _put("qsgd", "scales", 4, _f32(-0.0)), "PayloadValueError", "Q1"),
     ("q1_inf_scale", _put("qsgd", "scales", 0, _f32(float("inf"))), "PayloadValueError", "Q1"),
+    # finite, but 5 * 3e38 overflows float32: code 5 would decode to infinity
+    ("q1_step_times_levels_overflow", _put("qsgd", "scales", 0, _f32(3e38)), "PayloadValueError", "Q1"),
     ("q2_code_above_levels", _put("qsgd", "codes", 2, b"\x06"), "PayloadValueError", "Q2"),
     ("q2_code_below_minus_levels", _put("qsgd", "codes", 0, b"\x90"), "PayloadValueError", "Q2"),
     ("q2_code_minus_8", _put("qsgd", "codes", 3, b"\x08"), "PayloadValueError", "Q2"),

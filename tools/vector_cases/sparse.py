@@ -519,6 +519,18 @@ def _psgd_shape(shape: list[int]):
     return _relayout(psgd_rank2_base, fn_header=f)
 
 
+def _psgd_factor_product_overflow():
+    """Finite factors of 1e30: rank * max|P| * max|Q| = 2e60 > 2**127 (P Q^T would be infinite)."""
+
+    def f(blobs, t):
+        names = [s[0] for s in t["sections"]]
+        for role in ("p", "q"):
+            i = names.index(role)
+            blobs[i] = np.full(len(blobs[i]) // 4, 1e30, "<f4").tobytes()
+
+    return _relayout(psgd_rank2_base, fn_blobs=f)()
+
+
 def _psgd_passthrough_nan():
     def f(blobs, t):
         v = bytearray(blobs[0])
@@ -595,4 +607,5 @@ INVALID = [
     ("c3_powersgd_shape_vs_factors", _psgd_shape([5, 6]), "SizeMismatchError", "C3"),
     ("p3_powersgd_infinite_factor", _psgd_nan, "PayloadValueError", "P3"),
     ("p3_powersgd_passthrough_nan", _psgd_passthrough_nan, "PayloadValueError", "P3"),
+    ("p4_powersgd_factor_product_overflow", _psgd_factor_product_overflow, "PayloadValueError", "P4"),
 ]
