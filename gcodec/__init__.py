@@ -15,6 +15,7 @@ backend) → :mod:`gcodec.codecs` (algorithms) → :mod:`gcodec.format` (bytes) 
 
 from __future__ import annotations
 
+from . import limits  # the module, callable as the limits(...) context manager
 from .aggregate import sum_payloads
 from .api import (
     PayloadInfo,
@@ -42,7 +43,7 @@ from .errors import (
     UnsupportedVersionError,
 )
 from .feedback import ErrorFeedback
-from .limits import Limits, get_limits, limits, set_limits
+from .limits import Limits, get_limits, set_limits
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,10 @@ a sender cannot produce a payload its peers would refuse.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -125,3 +128,14 @@ def limits(**changes: int) -> Iterator[Limits]:
         yield _current
     finally:
         set_limits(old)
+
+
+class _LimitsModule(types.ModuleType):
+    """This module, callable: ``gcodec.limits(...)`` is the :func:`limits` context manager, and
+    ``import gcodec.limits as L`` still gives the module (``L.Limits``, ``L.set_limits``)."""
+
+    def __call__(self, **changes: int) -> contextlib.AbstractContextManager[Limits]:
+        return limits(**changes)
+
+
+sys.modules[__name__].__class__ = _LimitsModule

@@ -361,3 +361,15 @@ def test_sparse_index_temporaries_count_against_the_scratch_limit():
             err, peak = _peak(lambda f=fn: f(b))
             assert isinstance(err, LimitExceededError) and "max_scratch_bytes" in str(err), repr(err)
             assert peak < SMALL_PEAK + 4 * len(b)
+
+
+def test_limits_is_the_module_and_the_context_manager():
+    """``import gcodec.limits as L`` gives the module; ``gcodec.limits(...)`` still scopes limits."""
+    import importlib
+
+    L = importlib.import_module("gcodec.limits")
+    assert L is gcodec.limits and L.Limits is gcodec.Limits and L.set_limits is gcodec.set_limits
+    before = gcodec.get_limits().max_elements
+    with gcodec.limits(max_elements=7) as lim:
+        assert lim.max_elements == 7 and gcodec.get_limits().max_elements == 7
+    assert gcodec.get_limits().max_elements == before
