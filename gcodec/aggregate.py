@@ -17,7 +17,7 @@ from .arrays import DTYPES
 from .codecs import compose
 from .codecs.base import Aggregation, EncodeContext
 from .codecs.randomk import RandomK, value_codec
-from .codecs.topk import decode_values, plan_values
+from .codecs.sparse import decode_values, plan_values
 from .errors import ConfigError, PayloadValueError
 from .format.container import PendingTensor
 from .limits import get_limits

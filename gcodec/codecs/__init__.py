@@ -1,4 +1,4 @@
-"""Layer 2: codecs, pure algorithms from arrays to sections. Importing this registers the built-ins."""
+"""Codecs: pure algorithms from arrays to sections, with caller-owned state. Importing this registers the built-ins."""
 
 from . import (  # noqa: F401  (registration side effect)
     cast,

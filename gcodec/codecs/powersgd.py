@@ -48,8 +48,8 @@ from . import compose
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
 from .registry import register_codec
 from .seeds import SHARED_SEED
+from .sparse import check_nested, key_bits
 from .state import CodecState
-from .topk import check_nested, key_bits
 
 __all__ = [
     "LowRankRound",

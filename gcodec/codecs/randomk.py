@@ -28,10 +28,18 @@ from ..errors import ConfigError, HeaderError, PayloadValueError
 from ..sections import TensorEntry, numel
 from . import compose
 from .base import Aggregation, EncodeContext, EncodePlan, Param
-from .kcount import check_ratio_k, k_for
 from .registry import register_codec
 from .seeds import SHARED_SEED, STREAM_PARAM
-from .topk import ValuesHost, check_nested_values_finite, decode_values, expected_values, key_bits, plan_values
+from .sparse import (
+    ValuesHost,
+    check_nested_values_finite,
+    check_ratio_k,
+    decode_values,
+    expected_values,
+    k_for,
+    key_bits,
+    plan_values,
+)
 
 __all__ = ["RandomK", "randomk_indices", "value_codec"]
 

@@ -21,7 +21,7 @@ from ..arrays import dtype_name as _dtype_name
 from ..errors import PayloadValueError
 from .base import EncodeContext, EncodePlan, Param
 from .registry import register_codec
-from .topk import SparseIndexCodec, key_bits
+from .sparse import SparseIndexCodec, key_bits
 
 __all__ = ["Threshold", "threshold_key"]
 

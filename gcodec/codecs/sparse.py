@@ -1,0 +1,351 @@
+"""What the sparse codecs share: how many elements they keep, their value sections, and index coding.
+
+* :func:`k_for` / :func:`check_ratio_k`: ``ratio=`` or ``k=`` (``topk``, ``randomk``);
+* value sections (:class:`ValuesHost`): the kept values raw in the tensor's dtype, or through a
+  nested codec in role ``"values"`` (``topk``, ``threshold``, ``randomk``; specs/codecs/hybrid.md);
+* :class:`SparseIndexCodec`: strictly increasing indices, delta-coded in blocks of
+  ``layout.sparse.GAP_BLOCK`` gaps bit-packed at the width of each block's largest gap, or raw
+  uint32 (``topk``, ``threshold``; specs/codecs/topk.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import kernels
+from ..errors import ConfigError, HeaderError, PayloadValueError
+from ..layout import sparse as slayout
+from ..sections import SectionSpec, TensorEntry, numel
+from . import compose
+from .base import Aggregation, Codec, EncodeContext, EncodePlan
+
+__all__ = [
+    "SparseIndexCodec",
+    "ValuesHost",
+    "check_nested",
+    "check_nested_values_finite",
+    "check_ratio_k",
+    "decode_values",
+    "expected_values",
+    "k_for",
+    "key_bits",
+    "plan_values",
+    "values_section_code",
+]
+
+_NONE = type(None)
+
+#: Element type of a raw value section for each tensor dtype (bfloat16 travels as its bits).
+VALUE_CODES = {"float32": "f4", "float64": "f8", "float16": "f2", "bfloat16": "u2"}
+_ITEMSIZE = {"f4": 4, "f8": 8, "f2": 2, "u2": 2}
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_INF_KEY = {"float32": 0x7F800000, "float64": 0x7FF0000000000000, "float16": 0x7C00, "bfloat16": 0x7F80}
+
+
+def values_section_code(dtype_name: str) -> str:
+    return VALUE_CODES[dtype_name]
+
+
+def key_bits(flat: np.ndarray, dtype_name: str) -> tuple[np.ndarray, Any, Any]:
+    """(bits view, magnitude mask, infinity key) of a flat float array, for the selection kernels."""
+    ut = _UINT[flat.dtype.itemsize]
+    nb = 8 * flat.dtype.itemsize
+    return flat.view(ut), ut((1 << (nb - 1)) - 1), ut(_INF_KEY[dtype_name])
+
+
+# --------------------------------------------------------------------------------------------
+# values: raw in the input dtype, or through a nested codec (role "values")
+
+
+def plan_values(
+    nested: Codec | None,
+    flat: np.ndarray,
+    idx: np.ndarray,
+    dtype_name: str,
+    ctx: EncodeContext,
+    vbits: np.ndarray | None = None,
+) -> tuple[Any, list[SectionSpec], Any]:
+    """(header ``values`` entry, sections, fill) for the values at ``idx`` of ``flat``.
+
+    ``vbits``, when given, already holds those values' bit patterns (unsigned view of the dtype).
+    """
+    k = idx.shape[0]
+    if vbits is None:
+        ut = _UINT[flat.dtype.itemsize]
+        vbits = np.empty(k, ut)
+        kernels.of(flat.view(ut)).sparse.gather(flat.view(ut), idx, vbits)
+    if nested is None:
+        code = VALUE_CODES[dtype_name]
+
+        def fill(views: Mapping[str, np.ndarray]) -> None:
+            views["values"].view(vbits.dtype)[:] = vbits
+
+        return None, [SectionSpec("values", code, k * _ITEMSIZE[code])], fill
+    wd = np.float64 if dtype_name == "float64" else np.float32
+    vals = vbits.view(flat.dtype).astype(wd)
+    return compose.plan_nested("values", nested, vals, ctx)
+
+
+def expected_values(params: dict[str, Any], dtype_name: str, k: int) -> list[tuple[str, str, int]]:
+    raw = params["values"]
+    if raw is None:
+        code = VALUE_CODES[dtype_name]
+        return [("values", code, k * _ITEMSIZE[code])]
+    return compose.nested_expected_sections("values", compose.parse_nested(raw, "values", strict=False), k)
+
+
+def decode_values(params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray], k: int) -> np.ndarray:
+    """The k values as float32 or float64 (a zero-copy view when stored raw as f4/f8)."""
+    raw = params["values"]
+    if raw is not None:
+        spec = compose.parse_nested(raw, "values", strict=False)
+        wd = np.float64 if entry.dtype == "float64" else np.float32
+        return compose.decode_nested("values", spec, entry, views, k, wd)
+    v = views["values"]
+    if v.dtype == np.float16:
+        out = np.empty(k, np.float32)
+        kernels.of(v.view(np.uint16)).cast.decode_f16(v.view(np.uint16), out, False)
+        return out
+    if v.dtype == np.uint16:
+        out = np.empty(k, np.float32)
+        kernels.of(v).cast.decode_bf16(v, out, False)
+        return out
+    return v
+
+
+def check_nested(entry: TensorEntry, roles_counts: dict[str, int], where: str, strict: bool) -> None:
+    for role, count in roles_counts.items():
+        raw = entry.params.get(role)
+        if raw is not None:
+            spec = compose.parse_nested(raw, f"{where}.params.{role}", strict=strict)
+            compose.check_nested_entry(role, spec, entry, count, where, strict)
+
+
+def check_nested_values_finite(vals: np.ndarray, rule: str) -> None:
+    """Values decoded by a nested codec must be finite: a nested fp16/bf16 may carry NaN or ±inf,
+    which the host codec refuses on encode and so must refuse on decode."""
+    bad = kernels.of(vals).sparse.count_nonfinite_values(vals)
+    if bad:
+        raise PayloadValueError(f"{rule}: {bad} value(s) decoded by the nested codec are NaN or infinite")
+
+
+class ValuesHost(Codec):
+    """Base of the codecs that send ``k`` values of the tensor (``topk``, ``threshold``, ``randomk``):
+    raw in the tensor's dtype, or through the nested codec declared in ``params["values"]``."""
+
+    @classmethod
+    def values_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """The k decoded values: none for raw float32/float64 (a view), float32 for raw 16-bit
+        values, the nested codec's output (and its own temporaries) otherwise."""
+        k = params["k"]
+        if params["values"] is not None:
+            return compose.nested_scratch_bytes(params["values"], entry, k)
+        return 4 * k if entry.dtype in ("float16", "bfloat16") else 0
+
+    @classmethod
+    def _entry_sections(cls, params: dict[str, Any], entry: TensorEntry) -> list[tuple[str, str, int]]:
+        return cls.expected_sections(params, entry.shape, dtype=entry.dtype)  # type: ignore[call-arg]
+
+    @classmethod
+    def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
+        raw = entry.params.get("values")
+        if raw is not None:  # the nested declaration first, so the section list can be computed
+            compose.parse_nested(raw, f"{where}.params.values", strict=strict)
+        params = super().check_entry(entry, where, strict=strict)
+        if params["values"] is not None:
+            check_nested(entry, {"values": params["k"]}, where, strict)
+        return params
+
+
+# --------------------------------------------------------------------------------------------
+# the shared base of topk and threshold: increasing indices + values
+
+
+class SparseIndexCodec(ValuesHost):
+    """Base of the codecs that send explicit indices (``topk``, ``threshold``)."""
+
+    aggregation = Aggregation.GATHER
+    NESTED_ROLES = ("values",)
+    RULE = "T"  # rule prefix in error messages
+
+    def _init_values(self) -> None:
+        nested = compose.nested_codec_from_config("values", self._params["values"], self.codec_id)
+        self._nested = nested
+        self._params["values"] = None if nested is None else nested.get_config()
+
+    # ---- encoding helpers ----------------------------------------------------------------
+    def _plan_selected(
+        self,
+        flat: np.ndarray,
+        dtype_name: str,
+        idx: np.ndarray,
+        extra: dict[str, Any],
+        ctx: EncodeContext,
+        vbits: np.ndarray | None = None,
+    ) -> EncodePlan:
+        """Plan the index sections for ``idx`` and the value sections; ``vbits`` may hold the selected
+        elements' bit patterns already (the selection kernels collect them on the way)."""
+        k = idx.shape[0]
+        n = flat.shape[0]
+        coding = self._params["index_coding"]
+        sections: list[SectionSpec] = []
+        if coding == "delta":
+            widths = np.empty((k + slayout.GAP_BLOCK - 1) // slayout.GAP_BLOCK, np.uint8)
+            nbytes = int(kernels.of(idx).sparse.delta_widths(idx, widths))
+            sections += [SectionSpec("index_widths", "u1", widths.shape[0]), SectionSpec("indices", "u1", nbytes)]
+        else:
+            if n > 1 << 32:
+                raise ConfigError(f"{self.codec_id}: index_coding='raw' holds indices below 2**32; tensor has {n}")
+            nbytes = 4 * k
+            sections.append(SectionSpec("indices", "u4", nbytes))
+        vwire, vsections, vfill = plan_values(self._nested, flat, idx, dtype_name, ctx, vbits)
+        sections += vsections
+        params = {**extra, "k": k, "index_coding": coding, "index_bytes": nbytes, "values": vwire}
+
+        def fill(views: Mapping[str, np.ndarray]) -> None:
+            if coding == "delta":
+                views["index_widths"][:] = widths
+                kernels.of(idx).sparse.delta_pack(idx, widths, views["indices"])
+            else:
+                views["indices"][:] = idx
+            vfill(views)
+
+        return EncodePlan(params, sections, fill)
+
+    # ---- header ----------------------------------------------------------------------------
+    @classmethod
+    def _check_wire_shape(cls, params: dict[str, Any], shape: tuple[int, ...]) -> None:
+        r = cls.RULE
+        n = numel(shape)
+        k = params["k"]
+        if k > n:
+            raise HeaderError(f"{r}1: k={k} exceeds the tensor's {n} elements")
+        if params["index_coding"] == "raw":
+            if params["index_bytes"] != 4 * k:
+                raise HeaderError(f"{r}1: index_bytes={params['index_bytes']} but raw indices of k={k} take {4 * k}")
+            if n > 1 << 32:
+                raise HeaderError(f"{r}1: raw indices cannot address {n} elements (at most 2**32)")
+        elif params["index_bytes"] > (k * slayout.MAX_WIDTH + 7) // 8 + k // slayout.GAP_BLOCK + 1:
+            raise HeaderError(f"{r}1: index_bytes={params['index_bytes']} is more than k={k} gaps can take")
+
+    @classmethod
+    def expected_sections(
+        cls, params: dict[str, Any], shape: tuple[int, ...], dtype: str = "float32"
+    ) -> list[tuple[str, str, int]]:
+        """Sections of a payload; raw values depend on the tensor dtype (default float32)."""
+        cls._check_wire_shape(params, shape)
+        k = params["k"]
+        if params["index_coding"] == "delta":
+            nblocks = (k + slayout.GAP_BLOCK - 1) // slayout.GAP_BLOCK
+            out = [("index_widths", "u1", nblocks), ("indices", "u1", params["index_bytes"])]
+        else:
+            out = [("indices", "u4", params["index_bytes"])]
+        return out + expected_values(params, dtype, k)
+
+    # ---- values -----------------------------------------------------------------------------
+    @classmethod
+    def _decode_indices(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> np.ndarray:
+        r = cls.RULE
+        k = params["k"]
+        n = entry.numel
+        idx = np.empty(k, np.int64)
+        if params["index_coding"] == "raw":
+            code, where = kernels.of(views["indices"]).sparse.check_raw_indices(views["indices"], n)
+            if code == slayout.ERR_ORDER:
+                raise PayloadValueError(f"{r}3: raw index {where} is not greater than the one before it")
+            if code == slayout.ERR_RANGE:
+                raise PayloadValueError(f"{r}3: index {where} is {int(views['indices'][where])}, not below numel {n}")
+            idx[:] = views["indices"]
+            return idx
+        widths = views["index_widths"]
+        maxw = min(slayout.MAX_WIDTH, max(n - 1, 0).bit_length())
+        total = kernels.of(widths).sparse.delta_bytes(widths, k, maxw)
+        if total < 0:
+            b = -1 - total
+            raise PayloadValueError(f"{r}2: index block {b} has width {int(widths[b])}; at most {maxw} for numel {n}")
+        if total != params["index_bytes"]:
+            raise PayloadValueError(
+                f"{r}2: index widths imply {total} index bytes; index_bytes is {params['index_bytes']}"
+            )
+        code, where = kernels.of(views["indices"]).sparse.delta_unpack(views["indices"], widths, k, n, idx)
+        if code == slayout.ERR_RANGE:
+            raise PayloadValueError(f"{r}3: index {where} is not below numel {n}")
+        if code == slayout.ERR_NOT_MINIMAL:
+            raise PayloadValueError(
+                f"{r}2: index block {where} has width {int(widths[where])}, not the bit length of its largest gap"
+            )
+        if code == slayout.ERR_PAD:
+            raise PayloadValueError(f"{r}2: unused bits at the end of index block {where} are not zero")
+        if code != slayout.OK:
+            raise PayloadValueError(f"{r}2: index bytes do not match the widths")
+        return idx
+
+    @classmethod
+    def _check_decoded_values(cls, params: dict[str, Any], vals: np.ndarray) -> None:
+        """Codec-specific value rules for raw values (overridden)."""
+
+    @classmethod
+    def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """k int64 indices and the values."""
+        return 8 * params["k"] + cls.values_scratch_bytes(params, entry)
+
+    @classmethod
+    def _values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> np.ndarray:
+        vals = decode_values(params, entry, views, params["k"])
+        if params["values"] is None:
+            cls._check_decoded_values(params, vals)
+        else:
+            check_nested_values_finite(vals, f"{cls.RULE}4")
+        return vals
+
+    @classmethod
+    def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
+        cls._decode_indices(params, entry, views)
+        compose.check_role_values(params, "values", entry, views, params["k"])
+        cls._values(params, entry, views)
+
+    @classmethod
+    def decode_into(
+        cls,
+        params: dict[str, Any],
+        entry: TensorEntry,
+        views: Mapping[str, np.ndarray],
+        out: np.ndarray,
+        accumulate: bool,
+    ) -> None:
+        # Every check runs before ``out`` is touched; the only temporaries are k-sized.
+        idx = cls._decode_indices(params, entry, views)
+        vals = cls._values(params, entry, views)
+        if not accumulate:
+            out[:] = 0
+        kernels.of(idx).sparse.scatter(idx, vals, out, accumulate)
+
+
+# --------------------------------------------------------------------------------------------
+# how many elements a sparsifier keeps
+
+
+def check_ratio_k(params: dict[str, Any], err: type[Exception], where: str) -> None:
+    """Exactly one of ``ratio`` (in (0, 1]) and ``k`` (>= 0) is given."""
+    if "ratio" not in params:
+        return
+    ratio, k = params["ratio"], params["k"]
+    if (ratio is None) == (k is None):
+        raise err(f"{where}give exactly one of ratio= and k=")
+    if ratio is not None and not (0.0 < ratio <= 1.0):
+        raise err(f"{where}ratio={ratio!r} must lie in (0, 1]")
+    if k is not None and k < 0:
+        raise err(f"{where}k={k!r} must be >= 0")
+
+
+def k_for(params: dict[str, Any], n: int) -> int:
+    """The number of elements kept from a tensor of ``n`` elements: ``min(n, k)``, or
+    ``min(n, max(1, floor(n * ratio)))`` (0 for an empty tensor)."""
+    if params["k"] is not None:
+        return min(n, params["k"])
+    if n == 0:
+        return 0
+    return min(n, max(1, int(n * params["ratio"])))
