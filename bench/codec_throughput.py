@@ -245,7 +245,7 @@ def machine() -> dict[str, Any]:
         import numba
 
         info["numba"] = numba.__version__
-        info["numba_threads"] = numba.get_num_threads()
+        info["numba_threads"] = gcodec.get_num_threads()
     except ImportError:  # pragma: no cover
         pass
     if torch is not None:

@@ -44,6 +44,7 @@ from .errors import (
 )
 from .feedback import ErrorFeedback
 from .limits import Limits, get_limits, set_limits
+from .threads import get_num_threads, num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
@@ -74,10 +75,13 @@ __all__ = [
     "encode_bundle",
     "get_codec",
     "get_limits",
+    "get_num_threads",
     "limits",
     "list_codecs",
+    "num_threads",
     "register_codec",
     "set_limits",
+    "set_num_threads",
     "sum_payloads",
     "validate",
 ]

@@ -425,11 +425,9 @@ def serial_kernels() -> Any:
     These tests make tens of thousands of calls on tiny payloads; on a loaded 2-core machine every
     parallel launch can wait milliseconds for a worker thread. One thread gives the same bits.
     """
-    import numba
-
-    old = numba.get_num_threads()
-    numba.set_num_threads(1)
+    old = gcodec.get_num_threads()
+    gcodec.set_num_threads(1)
     try:
         yield
     finally:
-        numba.set_num_threads(old)
+        gcodec.set_num_threads(old)

@@ -116,7 +116,6 @@ def test_global_numpy_random_state_untouched():
     np.testing.assert_array_equal(np.random.random(4), a)  # noqa: NPY002
 
 
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs at least 2 Numba threads")
 @pytest.mark.parametrize(
     "cid, kw",
     [
@@ -131,16 +130,12 @@ def test_global_numpy_random_state_untouched():
 )
 def test_bytes_do_not_depend_on_the_thread_count(cid, kw):
     x = np.random.default_rng(1).standard_normal(300_001).astype(np.float32)
-    prev = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
+    with gcodec.num_threads(1):
         one = bytes(gcodec.get_codec(cid, **kw).encode(x, step=4))
         y1 = gcodec.decode(one)
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    with gcodec.num_threads(max(2, numba.config.NUMBA_NUM_THREADS)):
         many = bytes(gcodec.get_codec(cid, **kw).encode(x, step=4))
         y2 = gcodec.decode(many)
-    finally:
-        numba.set_num_threads(prev)
     assert one == many
     np.testing.assert_array_equal(y1, y2)
 

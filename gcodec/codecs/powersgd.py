@@ -177,7 +177,7 @@ def compute_q(m: np.ndarray, p: np.ndarray, out: np.ndarray | None = None) -> np
     pp = np.zeros((m.shape[0], rp), m.dtype)
     pp[:, :r] = p
     qt = np.empty((rp, n), m.dtype)
-    K.lowrank.mat_tp(m, pp, qt, K.lowrank.tp_cols(n))
+    K.lowrank.mat_tp(m, pp, qt)
     if out is None:
         return np.ascontiguousarray(qt[:r].T)
     out[...] = qt[:r].T

@@ -13,6 +13,7 @@ from ..api import decode
 from ..codecs.base import Codec
 from ..codecs.registry import get_codec, list_codecs
 from ..feedback import ErrorFeedback
+from ..threads import get_num_threads, num_threads
 from .model import MLP, SEED, DemoSizes, make_dataset
 from .tour import TRAINING_CANDIDATES, _err_text, _errors, codec_label
 
@@ -44,18 +45,8 @@ def _numba_threads(n: int) -> Iterator[None]:
     waking a thread pool for a few hundred elements costs more than the work (on a busy machine,
     milliseconds per call).
     """
-    try:
-        import numba
-
-        old = numba.get_num_threads()
-        numba.set_num_threads(min(n, old))
-    except Exception:  # pragma: no cover - numba is a core dependency
+    with num_threads(min(n, get_num_threads())):
         yield
-        return
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
 
 
 def train(sizes: DemoSizes, codec: Codec | None, error_feedback: bool, seed: int = SEED) -> dict[str, Any]:
@@ -146,9 +137,4 @@ def training_report(sizes: DemoSizes) -> list[dict[str, Any]]:
 
 
 def _threads() -> int:
-    try:
-        import numba
-
-        return int(numba.get_num_threads())
-    except Exception:  # pragma: no cover
-        return 1
+    return get_num_threads()

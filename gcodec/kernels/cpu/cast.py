@@ -17,7 +17,9 @@ LLVM vectorises every loop with 32-bit lanes (eight elements per AVX2 instructio
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
+
+from .threads import run_chunks
 
 CHUNK = 1 << 16
 
@@ -72,61 +74,75 @@ def bf16_bits_to_f32(h: np.uint16) -> np.float32:  # pragma: no cover - jitted
     return np.uint32(np.uint32(h) << np.uint32(16)).view(np.float32)
 
 
-@njit(cache=True, parallel=True)
-def encode_f16(x, out):  # pragma: no cover - jitted
-    n = x.shape[0]
-    nchunks = (n + CHUNK - 1) // CHUNK
-    for c in prange(nchunks):
-        lo = c * CHUNK
-        base = np.uint64(lo)
-        for j in range(min(CHUNK, n - lo)):
-            i = base + np.uint64(j)
-            out[i] = f32_to_f16_bits(np.float32(x[i]))
+@njit(cache=True, nogil=True)
+def _encode_f16_range(x, out, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        out[i] = f32_to_f16_bits(np.float32(x[i]))
+    return 0
 
 
-@njit(cache=True, parallel=True)
-def encode_bf16(x, out):  # pragma: no cover - jitted
-    n = x.shape[0]
-    nchunks = (n + CHUNK - 1) // CHUNK
-    for c in prange(nchunks):
-        lo = c * CHUNK
-        base = np.uint64(lo)
-        for j in range(min(CHUNK, n - lo)):
-            i = base + np.uint64(j)
-            out[i] = f32_to_bf16_bits(np.float32(x[i]))
+@njit(cache=True, nogil=True)
+def _encode_bf16_range(x, out, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        out[i] = f32_to_bf16_bits(np.float32(x[i]))
+    return 0
 
 
-@njit(cache=True, parallel=True)
-def decode_f16(h, out, accumulate):  # pragma: no cover - jitted
-    n = h.shape[0]
-    nchunks = (n + CHUNK - 1) // CHUNK
-    for c in prange(nchunks):
-        lo = c * CHUNK
-        base = np.uint64(lo)
-        m = min(CHUNK, n - lo)
-        if accumulate:
-            for j in range(m):
-                i = base + np.uint64(j)
-                out[i] += f16_bits_to_f32(h[i])
-        else:
-            for j in range(m):
-                i = base + np.uint64(j)
-                out[i] = f16_bits_to_f32(h[i])
+@njit(cache=True, nogil=True)
+def _decode_f16_range(h, out, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        out[i] = f16_bits_to_f32(h[i])
+    return 0
 
 
-@njit(cache=True, parallel=True)
-def decode_bf16(h, out, accumulate):  # pragma: no cover - jitted
-    n = h.shape[0]
-    nchunks = (n + CHUNK - 1) // CHUNK
-    for c in prange(nchunks):
-        lo = c * CHUNK
-        base = np.uint64(lo)
-        m = min(CHUNK, n - lo)
-        if accumulate:
-            for j in range(m):
-                i = base + np.uint64(j)
-                out[i] += bf16_bits_to_f32(h[i])
-        else:
-            for j in range(m):
-                i = base + np.uint64(j)
-                out[i] = bf16_bits_to_f32(h[i])
+@njit(cache=True, nogil=True)
+def _add_f16_range(h, out, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        out[i] += f16_bits_to_f32(h[i])
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _decode_bf16_range(h, out, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        out[i] = bf16_bits_to_f32(h[i])
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _add_bf16_range(h, out, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        out[i] += bf16_bits_to_f32(h[i])
+    return 0
+
+
+def encode_f16(x: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = binary16 bits of x[i] (float32 or float64 input), round to nearest even."""
+    run_chunks(_encode_f16_range, x.shape[0], CHUNK, x, out)
+
+
+def encode_bf16(x: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = bfloat16 bits of x[i] (float32 or float64 input), round to nearest even."""
+    run_chunks(_encode_bf16_range, x.shape[0], CHUNK, x, out)
+
+
+def decode_f16(h: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+    """out[i] (+)= float32(binary16 h[i]) (out float32 or float64)."""
+    run_chunks(_add_f16_range if accumulate else _decode_f16_range, h.shape[0], CHUNK, h, out)
+
+
+def decode_bf16(h: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+    """out[i] (+)= float32(bfloat16 h[i]) (out float32 or float64)."""
+    run_chunks(_add_bf16_range if accumulate else _decode_bf16_range, h.shape[0], CHUNK, h, out)

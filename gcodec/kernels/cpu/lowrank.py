@@ -19,18 +19,21 @@ not bit-reproducible across backends, and the spec does not ask them to be.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
+
+from .threads import run_chunks
 
 _FM = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: NaN and inf propagate as usual
 MAX_KERNEL_RANK = 8  # above this, callers use BLAS
+_ROWS = 64  # rows of M per mat_q chunk
 
 
-@njit(cache=True, parallel=True, fastmath=_FM)
-def mat_q(M, Qt, P):  # pragma: no cover - jitted
-    """P[i, c] = sum_j M[i, j] * Qt[c, j] for c < rp (rp = Qt.shape[0], a multiple of 4)."""
-    m, n = M.shape
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _mat_q_rows(M, Qt, P, lo, hi):  # pragma: no cover - jitted
+    """Rows lo .. hi-1 of P[i, c] = sum_j M[i, j] * Qt[c, j] for c < rp (rp = Qt.shape[0], a multiple of 4)."""
+    n = M.shape[1]
     rp = Qt.shape[0]
-    for i in prange(m):
+    for i in range(lo, hi):
         for c0 in range(0, rp, 4):
             a0 = M.dtype.type(0)
             a1 = M.dtype.type(0)
@@ -46,6 +49,12 @@ def mat_q(M, Qt, P):  # pragma: no cover - jitted
             P[i, c0 + 1] = a1
             P[i, c0 + 2] = a2
             P[i, c0 + 3] = a3
+    return 0
+
+
+def mat_q(M: np.ndarray, Qt: np.ndarray, P: np.ndarray) -> None:
+    """P = M @ Qt.T (m x rp), blocks of rows on the kernel threads."""
+    run_chunks(_mat_q_rows, M.shape[0], _ROWS, M, Qt, P)
 
 
 @njit(cache=True, fastmath=_FM, inline="never")
@@ -99,25 +108,19 @@ def _tp_chunk(M, P, Qt, j0_, j1_):  # pragma: no cover - jitted
                 Qt[c0 + 3, j] += v * p3
 
 
-@njit(cache=True, parallel=True)
-def mat_tp(M, P, Qt, cols):  # pragma: no cover - jitted
+@njit(cache=True, nogil=True)
+def _tp_range(M, P, Qt, lo, hi):  # pragma: no cover - jitted
+    _tp_chunk(M, P, Qt, lo, hi)
+    return 0
+
+
+def mat_tp(M: np.ndarray, P: np.ndarray, Qt: np.ndarray) -> None:
     """Qt[c, j] = sum_i P[i, c] * M[i, j] for c < rp (rp = P.shape[1], a multiple of 4).
 
-    Columns are split into chunks of ``cols`` (use :func:`tp_cols`: one chunk per thread), each
-    chunk a stream over all rows of M, four rows at a time; the chunk's Qt stays in cache.
+    Columns are split into one contiguous range per kernel thread (whole blocks of 64), each a
+    stream over all rows of M, four rows at a time; the range's Qt stays in cache.
     """
-    n = M.shape[1]
-    nchunks = (n + cols - 1) // cols
-    for ch in prange(nchunks):
-        _tp_chunk(M, P, Qt, ch * cols, min(ch * cols + cols, n))
-
-
-def tp_cols(n: int) -> int:
-    """Columns per mat_tp chunk: one chunk per Numba thread, a multiple of 64."""
-    from numba import get_num_threads
-
-    t = max(1, get_num_threads())
-    return max(64, (n + t - 1) // t + 63) // 64 * 64
+    run_chunks(_tp_range, M.shape[1], 64, M, P, Qt)
 
 
 @njit(cache=True, fastmath=_FM, inline="never")
@@ -139,14 +142,20 @@ def _reconstruct_row(P, Qt, out, i, accumulate):  # pragma: no cover - jitted
             out[base + j] = 0
 
 
-@njit(cache=True, parallel=True)
-def reconstruct(P, Qt, out, accumulate):  # pragma: no cover - jitted
+@njit(cache=True, nogil=True)
+def _reconstruct_range(P, Qt, out, accumulate, lo, hi):  # pragma: no cover - jitted
+    for i in range(lo, hi):
+        _reconstruct_row(P, Qt, out, i, accumulate)
+    return 0
+
+
+def reconstruct(P: np.ndarray, Qt: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
     """out[i*n + j] (+)= sum_c P[i, c] * Qt[c, j]: ``out`` is the flat m*n output (float32/float64).
 
-    Row by row, rank by rank: the output row stays in L1 while the r updates pass over it.
+    Row by row, rank by rank: the output row stays in L1 while the r updates pass over it; blocks
+    of rows on the kernel threads.
     """
-    for i in prange(P.shape[0]):
-        _reconstruct_row(P, Qt, out, i, accumulate)
+    run_chunks(_reconstruct_range, P.shape[0], _ROWS, P, Qt, out, accumulate)
 
 
 @njit(cache=True)
