@@ -89,7 +89,10 @@ def summable_protocol(
         mine = reduce_chunks([r.view(vals.dtype) for r in recv], vals.dtype)
         bad = int(np.count_nonzero(~np.isfinite(mine.astype(np.float32))))
         owner_err = (
-            PayloadValueError(f"summable allreduce of {key!r}: {bad} summed value(s) overflow {vals.dtype}")
+            PayloadValueError(
+                f"summable allreduce of {key!r}: {bad} summed value(s) are NaN or infinite in {vals.dtype} "
+                "(non-finite input on a rank, or an op='sum' beyond the type's range)"
+            )
             if bad
             else None
         )
