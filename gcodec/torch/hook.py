@@ -45,7 +45,7 @@ from ..transports.exchange import agree_on
 from ..transports.gather import gather_protocol
 from ..transports.stats import StepStats
 from ..transports.summable import summable_protocol
-from ..transports.two_phase import two_phase_protocol
+from ..transports.two_phase import owner_bounds, two_phase_protocol
 from .comm import TorchCommunicator, queue_for
 from .convert import to_numpy
 
@@ -112,6 +112,7 @@ class HookState:
         self._named_by_order = module is None
         self._states: dict[str, TransportState] = {}
         self._groups: dict[str, list[tuple[str, int]]] = {}  # flat-group key -> [(param name, numel)]
+        self._owner: dict[str, str] = {}  # param name -> the flat group that holds its residual now
         self._comm: TorchCommunicator | None = None
         self._codec_cache: dict[str, Codec] = {}
 
@@ -174,12 +175,14 @@ class HookState:
         return {
             "iter": self.iter,
             "groups": {k: [[n, c] for n, c in v] for k, v in self._groups.items()},
+            "owners": dict(self._owner),
             "states": {k: _to_tensors(st.state_dict()) for k, st in self._states.items()},
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         self.iter = int(sd["iter"])
         self._groups = {str(k): [(str(n), int(c)) for n, c in v] for k, v in sd.get("groups", {}).items()}
+        self._owner = {str(k): str(v) for k, v in sd.get("owners", {}).items()}
         for saved in sd["states"].values():
             s = _to_arrays(saved)
             self.state_for(get_codec(s["codec"])).load_state_dict(s)
@@ -214,40 +217,57 @@ class HookState:
         self.load_state_dict(d["state"])
 
     # ---- the flat groups and their residual carry-over ---------------------------------------
-    def _group_key(self, codec: Codec, names: list[str], numels: list[int]) -> str:
+    def _group_key(self, codec: Codec, names: list[str], numels: list[int], size: int) -> str:
         digest = hashlib.sha1("\0".join(names).encode()).hexdigest()[:8]
         key = f"{names[0]}..{names[-1]} ({len(names)} tensors, {codec.codec_id}, {digest})"
-        if key not in self._groups:
-            self._carry_over(codec, key, list(zip(names, numels)))
-            self._groups[key] = list(zip(names, numels))
+        layout = list(zip(names, numels))
+        # The parameters' latest residuals live under the group that last held them; when that is
+        # another group (DDP rebuilt its buckets, or rebuilt them back), gather them into this one.
+        if any(self._owner.get(n, key) != key for n in names):
+            self._carry_over(codec, key, layout, size)
+        self._groups[key] = layout
+        for n in names:
+            self._owner[n] = key
         return key
 
-    def _carry_over(self, codec: Codec, key: str, layout: list[tuple[str, int]]) -> None:
-        """Build the worker residual of a new group from the residuals of older groups (bucket rebuild)."""
+    def _carry_over(self, codec: Codec, key: str, layout: list[tuple[str, int]], size: int) -> None:
+        """Build the worker residual of ``key`` from the residuals of the groups that held its
+        parameters last (after a bucket rebuild). Two-phase residuals are kept per owner chunk."""
         st = self.state_for(codec)
         ef = st.worker
-        if ef is None or not self._groups:
+        if ef is None:
             return
+        chunked = resolve_mode(codec, self.mode, size) == "two_phase"
+
+        def residual_of(k: str) -> np.ndarray | None:
+            if not chunked:
+                return ef.residual(k)
+            parts = [ef.residual(f"{k}[{j}/{size}]") for j in range(size)]
+            return None if any(q is None for q in parts) else np.concatenate([q.reshape(-1) for q in parts])  # type: ignore[union-attr]
+
         pieces: dict[str, np.ndarray] = {}
-        for old_key, old_layout in self._groups.items():
-            res = ef.residual(old_key)
-            if res is None:
+        for old_key in {self._owner[n] for n, _ in layout if n in self._owner}:
+            res = residual_of(old_key)
+            if res is None or old_key not in self._groups:
                 continue
             pos = 0
-            for n, c in old_layout:
-                pieces[n] = res.reshape(-1)[pos : pos + c]
+            for n, c in self._groups[old_key]:
+                if self._owner.get(n) == old_key:
+                    pieces[n] = res.reshape(-1)[pos : pos + c]
                 pos += c
-        if not any(n in pieces for n, _ in layout):
-            return
-        total = sum(c for _, c in layout)
-        new = np.zeros(total, np.float32)
+        new = np.zeros(sum(c for _, c in layout), np.float32)
         pos = 0
         for n, c in layout:
             if n in pieces and pieces[n].shape[0] == c:
                 new[pos : pos + c] = pieces[n]
             pos += c
         sd = ef.state_dict()
-        sd["residuals"][key] = new
+        if chunked:
+            b = owner_bounds(new.shape[0], size)
+            for j in range(size):
+                sd["residuals"][f"{key}[{j}/{size}]"] = new[b[j] : b[j + 1]].copy()
+        else:
+            sd["residuals"][key] = new
         ef.load_state_dict(sd)
 
 
@@ -275,13 +295,15 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     comm = state.comm()
     buf = bucket.buffer()
     p = comm.size
+    # Name parameters on every call, warm-up included: without a module, names follow the order in
+    # which DDP first hands parameters over, which is the same in every fresh DDP (before rebuild).
+    names = [state._name(q) for q in bucket.parameters()]
     if it < state.start_iter:
         # Warm-up: plain average of the whole bucket, in its own dtype, as torch's allreduce hook.
         yield comm.allreduce_tensor(buf)
         buf.div_(p)
         return buf
     grads = bucket.gradients()
-    names = [state._name(q) for q in bucket.parameters()]
     dense: list[int] = []
     groups: dict[str, list[int]] = {}
     codecs: dict[str, Codec] = {}
@@ -321,7 +343,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             ts.record(st)
             continue
         gnames = [names[i] for i in idx]
-        gkey = state._group_key(codec, gnames, [grads[i].numel() for i in idx])
+        gkey = state._group_key(codec, gnames, [grads[i].numel() for i in idx], p)
         whole = len(idx) == len(grads) and not dense
         x = to_numpy(buf) if whole else np.concatenate([to_numpy(grads[i]).reshape(-1) for i in idx])
         yield from agree_on(comm, ts, gkey, shape=[int(x.size)], dtype=str(x.dtype), mode=mode, op="mean")
