@@ -28,8 +28,9 @@ from .arrays import BFLOAT16, DTYPES
 from .checksum import crc32c
 from .errors import ConfigError, FormatError
 from .format.container import PREAMBLE_SIZE, read_payload
+from .kernels import cast_cpu, threads_for
 
-__all__ = ["reseal", "summable_values", "values_dtype"]
+__all__ = ["add_values", "count_nonfinite", "reseal", "round_values", "summable_values", "values_dtype"]
 
 # The number type of the stored values of each summable cast codec (their section is raw bits, u2).
 _CAST_TYPES = {"fp16": np.dtype(np.float16), "bf16": BFLOAT16}
@@ -62,7 +63,7 @@ def values_dtype(buf: Any) -> np.dtype:
     return _values_section(entry)[1]
 
 
-def summable_values(buf: Any) -> np.ndarray:
+def summable_values(buf: Any, *, verify_checksum: bool = True) -> np.ndarray:
     """A writable, zero-copy 1-D view of the values of a summable single-tensor payload.
 
     The view has the values' number type (``float16`` for fp16 and fp16-valued randomk, ml_dtypes
@@ -70,7 +71,7 @@ def summable_values(buf: Any) -> np.ndarray:
     its CRC) before the view is handed out. After changing the values, call :func:`reseal`.
     Raises :class:`~gcodec.ConfigError` for payloads whose codec is not summable.
     """
-    p, entry = _single_entry(buf, True)
+    p, entry = _single_entry(buf, verify_checksum)
     name, dt = _values_section(entry)
     view = p.view(entry.section(name))
     if not view.flags.writeable:
@@ -92,3 +93,48 @@ def reseal(buf: Any) -> None:
     n = b.shape[0]
     c = crc32c(b[PREAMBLE_SIZE + p.header_length : n - 4])
     b[n - 4 :] = np.frombuffer(struct.pack("<I", c), np.uint8)
+
+
+def add_values(values: np.ndarray, acc: np.ndarray) -> None:
+    """``acc += values``, exactly widened: ``acc`` is float32 (float64 for float64 values), 1-D.
+
+    16-bit values go through gcodec's cast kernels (NumPy's float16 conversion is scalar and about
+    ten times slower); the widening is exact, so the result equals ``acc + values.astype(acc.dtype)``.
+    """
+    if values.shape != acc.shape:
+        raise ConfigError(f"add_values: {values.shape} values for an accumulator of {acc.shape}")
+    with threads_for(acc.size):
+        if values.dtype == np.float16:
+            cast_cpu.decode_f16(values.view(np.uint16), acc, True)
+        elif values.dtype == BFLOAT16:
+            cast_cpu.decode_bf16(values.view(np.uint16), acc, True)
+        else:
+            np.add(acc, values, out=acc)
+
+
+def round_values(acc: np.ndarray, values: np.ndarray) -> None:
+    """Write ``acc`` into ``values``, rounded once to nearest-even in the values' type (as the fp16
+    and bf16 codecs round; beyond the type's range the result is infinite)."""
+    if values.shape != acc.shape:
+        raise ConfigError(f"round_values: {acc.shape} sums for {values.shape} values")
+    with threads_for(acc.size):
+        if values.dtype == np.float16:
+            cast_cpu.encode_f16(acc, values.view(np.uint16))
+        elif values.dtype == BFLOAT16:
+            cast_cpu.encode_bf16(acc, values.view(np.uint16))
+        else:
+            with np.errstate(over="ignore"):
+                values[...] = acc
+
+
+# exponent bits of the 16-bit types: all ones means infinity or NaN
+_EXP16 = {np.dtype(np.float16): np.uint16(0x7C00), BFLOAT16: np.uint16(0x7F80)}
+
+
+def count_nonfinite(values: np.ndarray) -> int:
+    """How many of ``values`` (any of the four float types) are NaN or infinite (bit tests for the
+    16-bit types, which NumPy would otherwise convert one by one)."""
+    mask = _EXP16.get(values.dtype)
+    if mask is None:
+        return int(values.size - np.count_nonzero(np.isfinite(values)))
+    return int(np.count_nonzero((values.view(np.uint16) & mask) == mask))

@@ -28,6 +28,7 @@ from .codecs import Codec, get_codec
 from .errors import ConfigError
 from .feedback import ErrorFeedback
 from .transports import Communicator, Serial, Task, TransportState, Work, allreduce_protocol
+from .transports.collectives import joined
 
 __all__ = ["MPICommunicator", "Request", "State", "allreduce", "iallreduce"]
 
@@ -84,7 +85,7 @@ class MPICommunicator(Communicator):
 
     def alltoallv(self, bufs: Sequence[np.ndarray], recv_counts: Sequence[int]) -> Work:
         scounts = [int(b.shape[0]) for b in bufs]
-        send = np.concatenate(bufs) if bufs else np.empty(0, np.uint8)
+        send = joined(bufs)
         sdispls = np.concatenate([[0], np.cumsum(scounts)[:-1]]).astype(np.int64).tolist()
         rcounts = [int(c) for c in recv_counts]
         recv = np.empty(sum(rcounts), np.uint8)

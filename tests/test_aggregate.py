@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gcodec
-from gcodec.aggregate import reseal, summable_values, values_dtype
+from gcodec.aggregate import add_values, count_nonfinite, reseal, round_values, summable_values, values_dtype
 from gcodec.arrays import BFLOAT16
 
 X = np.linspace(-3, 3, 1000, dtype=np.float32)
@@ -70,3 +70,31 @@ def test_import_gcodec_imports_neither_torch_nor_mpi4py() -> None:
     code = "import sys, gcodec, gcodec.transports; print('torch' in sys.modules, 'mpi4py' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16, np.float32])
+def test_add_and_round_values_match_numpy_widening_and_one_rounding(dtype: type) -> None:
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal(70001).astype(dtype) for _ in range(3)]
+    acc = np.zeros(70001, np.float32)
+    for v in parts:
+        add_values(v, acc)
+    want = sum(v.astype(np.float32) for v in parts)
+    np.testing.assert_array_equal(acc, want)
+    out = np.empty(70001, dtype)
+    round_values(acc, out)
+    np.testing.assert_array_equal(out.view(np.uint8), want.astype(dtype).view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16, np.float32, np.float64])
+def test_count_nonfinite_finds_nan_and_both_infinities(dtype: type) -> None:
+    v = np.linspace(-5, 5, 101).astype(dtype)
+    assert count_nonfinite(v) == 0
+    v[3], v[50], v[99] = np.nan, np.inf, -np.inf
+    assert count_nonfinite(v) == 3
+
+
+def test_round_values_overflows_to_infinity_like_the_codec() -> None:
+    out = np.empty(2, np.float16)
+    round_values(np.array([70000.0, -1.0], np.float32), out)
+    assert np.isinf(out[0]) and out[1] == -1

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..transports import Communicator, Protocol, Work
+from ..transports.collectives import joined
 
 __all__ = ["FutureQueue", "TorchCommunicator", "TorchWork", "queue_for"]
 
@@ -92,8 +93,11 @@ class TorchCommunicator(Communicator):
         width = max(counts) if counts else 0
         if width == 0:
             return _Done([np.empty(0, np.uint8) for _ in counts])
-        src = torch.zeros(width, dtype=torch.uint8)
-        src.numpy()[: buf.shape[0]] = buf  # through NumPy: buf may be a read-only view
+        if buf.shape[0] == width and buf.flags.writeable:
+            src = torch.from_numpy(buf)  # the usual case: equal sizes, no padding copy
+        else:
+            src = torch.zeros(width, dtype=torch.uint8)
+            src.numpy()[: buf.shape[0]] = buf  # through NumPy: buf may be a read-only view
         outs = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
         w = dist.all_gather(outs, src, group=self.group, async_op=True)
         return TorchWork(w, lambda: [o.numpy()[:c] for o, c in zip(outs, counts)])
@@ -101,7 +105,7 @@ class TorchCommunicator(Communicator):
     def alltoallv(self, bufs: Sequence[np.ndarray], recv_counts: Sequence[int]) -> Work:
         scounts = [int(b.shape[0]) for b in bufs]
         rcounts = [int(c) for c in recv_counts]
-        send = torch.from_numpy(np.concatenate(bufs)) if bufs else torch.empty(0, dtype=torch.uint8)
+        send = torch.from_numpy(joined(bufs))
         recv = torch.empty(sum(rcounts), dtype=torch.uint8)
         w = dist.all_to_all_single(recv, send, rcounts, scounts, group=self.group, async_op=True)
 

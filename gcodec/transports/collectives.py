@@ -14,7 +14,7 @@ import numpy as np
 from .. import errors
 from .comm import Communicator, Protocol
 
-__all__ = ["EMPTY", "agree", "allgather_bytes", "alltoall_bytes", "as_bytes"]
+__all__ = ["EMPTY", "agree", "allgather_bytes", "alltoall_bytes", "as_bytes", "joined"]
 
 #: A zero-length buffer: a rank that failed locally sends it in place of a payload (a failure marker).
 EMPTY = np.empty(0, np.uint8)
@@ -42,6 +42,23 @@ def as_bytes(buf: Any) -> np.ndarray:
     if isinstance(buf, np.ndarray):
         return buf.reshape(-1).view(np.uint8)
     return np.frombuffer(buf, np.uint8)
+
+
+def joined(bufs: Sequence[np.ndarray]) -> np.ndarray:
+    """The concatenation of 1-D uint8 buffers, without a copy when each starts where the previous
+    one ends (the chunks of one payload's values, as the summable mode sends them).
+
+    The caller keeps ``bufs`` alive while the result is in use (the protocols hold them until their
+    collective completes).
+    """
+    if not bufs:
+        return EMPTY
+    start = addr = bufs[0].ctypes.data
+    for b in bufs:
+        if b.ctypes.data != addr or b.ndim != 1 or b.strides[0] != 1:
+            return np.concatenate(bufs)
+        addr += b.shape[0]
+    return np.lib.stride_tricks.as_strided(bufs[0], shape=(addr - start,), strides=(1,))
 
 
 def error_code(exc: BaseException | None) -> int:

@@ -92,8 +92,16 @@ class TransportState:
         self.threads: int | None = num_threads
         self.send_buffers = SendBuffers()
         self._stats = Stats()
+        self._scratch: dict[str, np.ndarray] = {}
 
     # ---- bookkeeping the protocols use -------------------------------------------------------
+    def scratch(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A work array kept per key across steps (a fresh one would page-fault on every step)."""
+        a = self._scratch.get(key)
+        if a is None or a.shape != shape or a.dtype != dtype:
+            a = self._scratch[key] = np.empty(shape, dtype)
+        return a
+
     def next_step(self, key: str) -> int:
         step = self.steps.get(key, 0)
         self.steps[key] = step + 1

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..aggregate import reseal, summable_values
+from ..aggregate import add_values, count_nonfinite, reseal, round_values, summable_values
 from ..errors import GcodecError, PayloadValueError
-from .collectives import allgather_bytes, alltoall_bytes, as_bytes
+from .collectives import as_bytes
 from .comm import Communicator, Protocol
 from .common import nbytes_from_others, work_dtype
 from .sendbuf import encode_into
@@ -44,12 +44,12 @@ def chunk_bounds(n: int, p: int) -> list[int]:
 
 def reduce_chunks(chunks: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
     """Sum ``chunks`` (arrays of ``dtype``) in list order in float32 (float64 for float64) and round once."""
-    acc_dt = np.float64 if dtype == np.float64 else np.float32
-    acc: np.ndarray = chunks[0].astype(acc_dt)
-    for c in chunks[1:]:
-        np.add(acc, c.astype(acc_dt), out=acc)
-    with np.errstate(over="ignore"):
-        return acc.astype(dtype)
+    acc = np.zeros(chunks[0].shape, np.float64 if dtype == np.float64 else np.float32)
+    for c in chunks:
+        add_values(c, acc)
+    out = np.empty(acc.shape, dtype)
+    round_values(acc, out)
+    return out
 
 
 def summable_protocol(
@@ -65,44 +65,60 @@ def summable_protocol(
     p, me = comm.size, comm.rank
     codec = state.codec
     wd = work_dtype(x.dtype)
+    what = f"summable allreduce of {key!r}"
     err: BaseException | None = None
     # Step 1: encode x (x / p for a mean) with the worker's residual; randomk's stream is the step,
     # the same on every rank, so all ranks keep the same indices.
     with kernel_threads(state.threads), st.timing("encode_s"):
-        xs = x.astype(wd) * wd.type(1.0 / p) if op == "mean" else x
+        if op == "mean":
+            xs = state.scratch(key, x.shape, wd)
+            np.multiply(x, wd.type(1.0 / p), out=xs)
+        else:
+            xs = x
         try:
             payload = encode_into(state.worker or codec, xs, key, step, state.send_buffers.get(key, 0))
-        except GcodecError as e:  # e.g. NaN input: take part with a payload of zeros, then fail everywhere
+            vals = summable_values(payload, verify_checksum=False)  # our own fresh payload
+        except GcodecError as e:
+            # e.g. NaN input for randomk: take part with a payload of NaN values. NaN survives the
+            # sum, so every rank sees it and refuses the result; no size exchange is needed.
             err = e
             payload = codec.encode(np.zeros_like(xs), key=key, step=step)
-        vals = summable_values(payload)
+            vals = summable_values(payload)
+            vals[...] = np.nan
     st.add("payload_bytes", len(payload))
+    # Every rank has the same number of values (the handshake agreed on codec and shape), so the
+    # chunk sizes are known everywhere and the collectives need no size exchange.
     bounds = chunk_bounds(vals.shape[0], p)
     raw = as_bytes(vals)
     isz = vals.dtype.itemsize
     sends = [raw[bounds[j] * isz : bounds[j + 1] * isz] for j in range(p)]
+    mine_n = (bounds[me + 1] - bounds[me]) * isz
 
-    # Step 2: reduce-scatter of the values; encode errors are agreed on with the sizes.
-    recv = yield from alltoall_bytes(comm, sends, err, f"summable allreduce of {key!r}")
+    # Step 2: reduce-scatter of the values.
+    w = comm.alltoallv(sends, [mine_n] * p)
+    yield w
+    recv = w.result()
     st.add("wire_bytes", nbytes_from_others(recv, me))
-    with st.timing("decode_s"):
+    with kernel_threads(state.threads), st.timing("decode_s"):
         mine = reduce_chunks([r.view(vals.dtype) for r in recv], vals.dtype)
-        bad = int(np.count_nonzero(~np.isfinite(mine.astype(np.float32))))
-        owner_err = (
-            PayloadValueError(
-                f"summable allreduce of {key!r}: {bad} summed value(s) are NaN or infinite in {vals.dtype} "
-                "(non-finite input on a rank, or an op='sum' beyond the type's range)"
-            )
-            if bad
-            else None
-        )
 
     # Step 3: all-gather of the reduced chunks into this rank's payload; then decode it once.
-    parts = yield from allgather_bytes(comm, as_bytes(mine), owner_err, f"summable allreduce of {key!r}")
+    w = comm.allgatherv(as_bytes(mine), [(bounds[j + 1] - bounds[j]) * isz for j in range(p)])
+    yield w
+    parts = w.result()
     st.add("wire_bytes", nbytes_from_others(parts, me))
     with kernel_threads(state.threads), st.timing("decode_s"):
         for j in range(p):
             vals[bounds[j] : bounds[j + 1]] = parts[j].view(vals.dtype)
+        # The summed values are the same on every rank: all refuse them alike when any is not finite.
+        bad = count_nonfinite(vals)
+        if err is not None:
+            raise err
+        if bad:
+            raise PayloadValueError(
+                f"{what}: {bad} summed value(s) are NaN or infinite in {vals.dtype} (non-finite input or a "
+                "failed encode on some rank, or an op='sum' beyond the type's range)"
+            )
         reseal(payload)
         codec.decode(payload, out=out)
     state.send_buffers.keep(key, 0, payload)
