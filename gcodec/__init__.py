@@ -29,6 +29,7 @@ from .api import (
 from .codecs import Aggregation, Codec, codec_class, get_codec, list_codecs, register_codec
 from .codecs.state import CodecState
 from .errors import (
+    BufferTooSmallError,
     ChecksumError,
     ConfigError,
     FormatError,
@@ -50,6 +51,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Aggregation",
+    "BufferTooSmallError",
     "ChecksumError",
     "Codec",
     "CodecState",

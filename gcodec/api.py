@@ -21,7 +21,7 @@ from .codecs import base as _codec_base
 from .codecs.base import Codec, EncodeContext, EncodePlan
 from .codecs.registry import codec_class, get_codec
 from .codecs.state import CodecState
-from .errors import ConfigError, FormatError, LimitExceededError, UnsupportedVersionError
+from .errors import BufferTooSmallError, ConfigError, FormatError, LimitExceededError, UnsupportedVersionError
 from .format.container import (
     MAJOR,
     MINOR,
@@ -99,7 +99,7 @@ def _into(out: Any) -> Callable[[int], np.ndarray] | None:
 
     def alloc(nbytes: int) -> np.ndarray:
         if nbytes > mem.shape[0]:
-            raise ConfigError(f"out= holds {mem.shape[0]} bytes; this payload needs {nbytes}")
+            raise BufferTooSmallError(f"out= holds {mem.shape[0]} bytes; this payload needs {nbytes}", nbytes)
         return mem[:nbytes]
 
     return alloc

@@ -72,3 +72,11 @@ class PayloadValueError(GcodecError):
 
 class ConfigError(GcodecError):
     """A codec was configured with bad parameters, or ``out=`` does not fit."""
+
+
+class BufferTooSmallError(ConfigError):
+    """``encode(..., out=buf)``: the payload does not fit in ``buf``; ``needed`` says how many bytes do."""
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = needed

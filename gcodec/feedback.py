@@ -64,15 +64,19 @@ class ErrorFeedback:
         step: int | None = None,
         checksum: bool = True,
         meta: Mapping[str, str] | None = None,
+        out: Any = None,
     ) -> memoryview:
         """Encode ``x + residual[key]`` and keep the new residual. Returns the payload.
 
-        If encoding fails (non-finite values), the residual is left as it was.
+        ``out`` is a send buffer to write the payload into (as for :func:`gcodec.encode`). If encoding
+        fails (non-finite values, or ``out`` too small), the residual is left as it was.
         """
         arr = host_array(x)
         lim = get_limits()
         if key in self._disabled:
-            return encode(arr, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta)
+            return encode(
+                arr, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta, out=out
+            )
         wd = self._work_dtype(arr)
         e = self._residuals.get(key)
         if e is not None and e.shape != arr.shape:
@@ -91,7 +95,7 @@ class ErrorFeedback:
                 lim.check_ndim(arr.ndim)
                 lim.check("element count", arr.size, "max_elements")
                 pend = pending_from_plan(self.codec, arr, plan)
-                buf = write_pending([pend], meta=meta, checksum=checksum, limits=lim)
+                buf = write_pending([pend], meta=meta, checksum=checksum, limits=lim, out=out)
                 self._residuals[key] = scratch
                 if e is not None:
                     self._scratch[key] = e
@@ -105,7 +109,9 @@ class ErrorFeedback:
             corrected = arr.astype(wd, copy=True)
             if e is not None:
                 corrected += e
-        buf = encode(corrected, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta)
+        buf = encode(
+            corrected, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta, out=out
+        )
         self._scratch[key] = scratch
         decode(buf, out=scratch)
         K = kernels.of(corrected)

@@ -1,0 +1,153 @@
+"""Transport benchmarks: DDP hook step time against torch's hooks, and bytes per rank by mode.
+
+    python bench/transports.py ddp   [--params 4] [--steps 30]    # 2 gloo ranks on loopback
+    mpiexec -n 4 python bench/transports.py bytes [--numel 1048576]
+
+``ddp`` trains an MLP of about ``--params`` million parameters with 2 gloo ranks on 127.0.0.1 and
+reports the best-of median step time (forward, backward with the hook, optimizer step) of: no
+hook, torch's ``fp16_compress_hook``, gcodec ``fp16``, torch's ``powerSGD_hook`` (rank 2) and gcodec
+``powersgd`` rank 2 (both with one bucket and 2 warm-up steps; timed after warm-up). Every
+contender runs in the same processes, interleaved round by round, so machine noise hits all alike.
+
+``bytes`` runs ``gcodec.mpi.allreduce`` in gather and two-phase mode for a few codecs and prints the
+bytes each rank received (from the transports' statistics), against one payload and against
+2 (p-1)/p of a payload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+
+def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import gcodec.torch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    width = int((args.params * 1e6 / 3) ** 0.5)
+    contenders = {}
+    for name in ("none", "torch fp16", "gcodec fp16", "torch powerSGD r2", "gcodec powersgd r2"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+        )
+        ddp = DDP(model, bucket_cap_mb=1024)  # one bucket: torch's PowerSGD hook needs it on gloo
+        if name == "torch fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif name == "gcodec fp16":
+            ddp.register_comm_hook(
+                gcodec.torch.HookState("fp16", start_iter=0, error_feedback=False), gcodec.torch.comm_hook
+            )
+        elif name == "torch powerSGD r2":
+            st = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+            ddp.register_comm_hook(st, powerSGD_hook.powerSGD_hook)
+        elif name == "gcodec powersgd r2":
+            ddp.register_comm_hook(
+                gcodec.torch.HookState({"id": "powersgd", "rank": 2}, start_iter=2), gcodec.torch.comm_hook
+            )
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        x = torch.randn(64, width, generator=torch.Generator().manual_seed(rank))
+        contenders[name] = (ddp, opt, x)
+
+    def step(name: str) -> float:
+        ddp, opt, x = contenders[name]
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        ddp(x).square().mean().backward()
+        opt.step()
+        return time.perf_counter() - t0
+
+    for name in contenders:  # warm-up: compile, rebuild buckets, PowerSGD's warm-up steps
+        for _ in range(4):
+            step(name)
+    times: dict[str, list[float]] = {n: [] for n in contenders}
+    for _ in range(args.steps):
+        for name in contenders:
+            times[name].append(step(name))
+    if rank == 0:
+        res = {
+            "params": sum(p.numel() for p in contenders["none"][0].parameters()),
+            "median_s": {n: statistics.median(t) for n, t in times.items()},
+            "min_s": {n: min(t) for n, t in times.items()},
+        }
+        with open(out, "w") as f:
+            json.dump(res, f)
+    dist.destroy_process_group()
+
+
+def ddp(args: argparse.Namespace) -> None:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = os.path.join(tempfile.mkdtemp(), "ddp.json")
+    mp.spawn(_ddp_rank, args=(port, args, out), nprocs=2)
+    with open(out) as f:
+        res = json.load(f)
+    med = res["median_s"]
+    print(f"DDP step time, 2 gloo ranks on loopback, {res['params'] / 1e6:.2f} M parameters, median of {args.steps}")
+    for n, t in med.items():
+        print(f"  {n:20s} {1e3 * t:8.1f} ms   (min {1e3 * res['min_s'][n]:.1f} ms)")
+    print(f"  gcodec fp16 / torch fp16:            {med['gcodec fp16'] / med['torch fp16']:.3f}")
+    print(f"  gcodec powersgd / torch powerSGD r2: {med['gcodec powersgd r2'] / med['torch powerSGD r2']:.3f}")
+
+
+def nbytes(args: argparse.Namespace) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    import gcodec
+    import gcodec.mpi
+
+    comm = MPI.COMM_WORLD
+    p = comm.size
+    x = np.random.default_rng(comm.rank).standard_normal(args.numel).astype(np.float32)
+    rows = []
+    for cfg in ({"id": "uniform", "bits": 8}, {"id": "uniform", "bits": 4}, {"id": "topk", "ratio": 0.01}):
+        payload = len(gcodec.get_codec(cfg).encode(x))
+        for mode in ("gather", "two_phase"):
+            st = gcodec.mpi.State(cfg, error_feedback=False)
+            for _ in range(2):
+                gcodec.mpi.allreduce(comm, x, st.codec, key="b", ef=st, mode=mode)
+            recv = comm.allreduce(st.stats()["b"]["wire_bytes"], op=MPI.MAX)
+            rows.append((cfg, mode, payload, recv))
+    if comm.rank == 0:
+        print(f"bytes received per rank (max over ranks), p = {p}, {args.numel} float32 elements")
+        for cfg, mode, payload, recv in rows:
+            print(
+                f"  {json.dumps(cfg):38s} {mode:10s} payload {payload:9d}  received {recv:9d}"
+                f"  = {recv / payload:.3f} payloads  ({recv / (2 * (p - 1) / p * payload):.3f} x 2(p-1)/p)"
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["ddp", "bytes"])
+    ap.add_argument("--params", type=float, default=4.0, help="million parameters of the DDP model")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--numel", type=int, default=1 << 20)
+    args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ddp(args) if args.what == "ddp" else nbytes(args)
+
+
+if __name__ == "__main__":
+    main()

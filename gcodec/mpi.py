@@ -1,0 +1,191 @@
+"""Compressed allreduce over MPI (mpi4py): ``gcodec.mpi.allreduce`` and ``iallreduce``.
+
+>>> from mpi4py import MPI                                   # doctest: +SKIP
+>>> import gcodec, gcodec.mpi, numpy as np                   # doctest: +SKIP
+>>> grad = np.random.default_rng(MPI.COMM_WORLD.rank).standard_normal(1 << 20, dtype=np.float32)
+>>> mean = gcodec.mpi.allreduce(MPI.COMM_WORLD, grad, "uniform", key="w")   # doctest: +SKIP
+
+The protocol follows ``codec.aggregation`` and ``mode`` (docs/transports.md has the table):
+summable codecs reduce their values, PowerSGD runs its two rounds, other codecs gather (p <= 2) or
+run two-phase (p > 2). Before the first exchange of a key, all ranks agree on (codec config, shape,
+dtype, mode, op); a mismatch is a :class:`gcodec.ConfigError` on every rank.
+
+Error feedback and statistics live in a :class:`State` (or pass ``ef=gcodec.ErrorFeedback(codec)``
+for worker residuals only). Importing this module imports mpi4py; ``import gcodec`` does not.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .arrays import host_array
+from .codecs import Codec, get_codec
+from .errors import ConfigError
+from .feedback import ErrorFeedback
+from .transports import Communicator, Serial, Task, TransportState, Work, allreduce_protocol
+from .transports.collectives import joined
+
+__all__ = ["MPICommunicator", "Request", "State", "allreduce", "iallreduce"]
+
+#: The transport state: error-feedback residuals (worker and two-phase server), PowerSGD factors,
+#: step counters, agreed keys and statistics (``state.stats()``), with ``state_dict()``.
+State = TransportState
+#: What :func:`iallreduce` returns: ``test()`` advances without blocking, ``wait()`` returns the result.
+Request = Task
+
+_OPS = {"sum": MPI.SUM, "max": MPI.MAX}
+
+
+class _MPIWork(Work):
+    def __init__(self, req: MPI.Request, result: Any, keep: Any = None) -> None:
+        self._req, self._result, self._keep = req, result, keep  # keep: send buffers MPI still reads
+
+    def test(self) -> bool:
+        return bool(self._req.Test())
+
+    def wait(self) -> Any:
+        self._req.Wait()
+        return self._result
+
+    def result(self) -> Any:
+        return self._result
+
+
+def _split(buf: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return [buf[offs[i] : offs[i + 1]] for i in range(len(counts))]
+
+
+class MPICommunicator(Communicator):
+    """:class:`~gcodec.transports.Communicator` on an mpi4py communicator (non-blocking collectives)."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    def allreduce(self, arr: np.ndarray, op: str = "sum") -> Work:
+        return _MPIWork(self.comm.Iallreduce(MPI.IN_PLACE, arr, op=_OPS[op]), arr)
+
+    def allgather(self, arr: np.ndarray) -> Work:
+        recv = np.empty((self.size, *arr.shape), arr.dtype)
+        return _MPIWork(self.comm.Iallgather(arr, recv), recv, arr)
+
+    def allgatherv(self, buf: np.ndarray, counts: Sequence[int]) -> Work:
+        counts = [int(c) for c in counts]
+        recv = np.empty(sum(counts), np.uint8)
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64).tolist()
+        req = self.comm.Iallgatherv(buf, [recv, counts, displs, MPI.BYTE])
+        return _MPIWork(req, _split(recv, counts), buf)
+
+    def alltoallv(self, bufs: Sequence[np.ndarray], recv_counts: Sequence[int]) -> Work:
+        scounts = [int(b.shape[0]) for b in bufs]
+        send = joined(bufs)
+        sdispls = np.concatenate([[0], np.cumsum(scounts)[:-1]]).astype(np.int64).tolist()
+        rcounts = [int(c) for c in recv_counts]
+        recv = np.empty(sum(rcounts), np.uint8)
+        rdispls = np.concatenate([[0], np.cumsum(rcounts)[:-1]]).astype(np.int64).tolist()
+        req = self.comm.Ialltoallv([send, scounts, sdispls, MPI.BYTE], [recv, rcounts, rdispls, MPI.BYTE])
+        return _MPIWork(req, _split(recv, rcounts), send)
+
+
+# One adapter and one FIFO queue per communicator: collectives of overlapping iallreduce calls must
+# start in the same order on every rank, which the queue makes the call order.
+_adapters: dict[int, tuple[MPICommunicator, Serial]] = {}
+_default_states: dict[tuple[int, str, str], TransportState] = {}
+_ef_states: weakref.WeakKeyDictionary[ErrorFeedback, TransportState] = weakref.WeakKeyDictionary()
+
+
+def _adapter(comm: MPI.Comm) -> tuple[MPICommunicator, Serial]:
+    key = id(comm)
+    got = _adapters.get(key)
+    if got is None or got[0].comm is not comm:
+        got = (MPICommunicator(comm), Serial())
+        _adapters[key] = got
+    return got
+
+
+def _state_for(comm: MPI.Comm, codec: Codec, mode: str, ef: Any) -> TransportState:
+    if isinstance(ef, TransportState):
+        if ef.codec != codec:
+            raise ConfigError(f"state holds codec {ef.codec!r}, not {codec!r}")
+        return ef
+    if isinstance(ef, ErrorFeedback):
+        st = _ef_states.get(ef)
+        if st is None:
+            st = TransportState(codec, mode=mode, worker=ef)
+            _ef_states[ef] = st
+        return st
+    if ef is not None:
+        raise ConfigError(f"ef must be None, a gcodec.ErrorFeedback or a gcodec.mpi.State, not {type(ef).__name__}")
+    k = (id(comm), repr(codec), mode)
+    st = _default_states.get(k)
+    if st is None:
+        # Stateful codecs (PowerSGD's warm start) keep their state in the codec object itself.
+        st = TransportState(codec, mode=mode, error_feedback=False)
+        _default_states[k] = st
+    return st
+
+
+def iallreduce(
+    comm: MPI.Comm,
+    x: Any,
+    codec: Codec | str | dict[str, Any],
+    op: str = "mean",
+    *,
+    key: str | None = None,
+    mode: str = "auto",
+    out: np.ndarray | None = None,
+    ef: TransportState | ErrorFeedback | None = None,
+) -> Request:
+    """Start a compressed allreduce; returns a request whose ``wait()`` returns the result array.
+
+    Arguments are those of :func:`allreduce`. ``x`` must not change until the request is done.
+    Several requests may be in flight: they run one after another in call order (which is then
+    the same on every rank), each advancing whenever any request's ``test()`` or ``wait()`` runs.
+    """
+    c = ef.codec if isinstance(ef, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)
+    arr = host_array(x)
+    if out is None:
+        out = np.empty_like(arr)
+    elif not isinstance(out, np.ndarray):
+        raise ConfigError(f"out= must be a numpy array, not {type(out).__name__}")
+    adapter, queue = _adapter(comm)
+    state = _state_for(comm, c, mode, ef)
+    return queue.submit(allreduce_protocol(adapter, state, arr, out, key or "tensor", op, mode))
+
+
+def allreduce(
+    comm: MPI.Comm,
+    x: Any,
+    codec: Codec | str | dict[str, Any],
+    op: str = "mean",
+    *,
+    key: str | None = None,
+    mode: str = "auto",
+    out: np.ndarray | None = None,
+    ef: TransportState | ErrorFeedback | None = None,
+) -> np.ndarray:
+    """Compressed allreduce of ``x`` across ``comm``; returns an array of ``x``'s shape and dtype.
+
+    Args:
+        comm: an mpi4py intracommunicator.
+        x: any array gcodec encodes (float32, float64, float16, bfloat16).
+        codec: a codec, its id or config. Must be the same on every rank (the handshake checks).
+        op: ``"mean"`` (the usual gradient average) or ``"sum"``.
+        key: names the tensor: its error-feedback residual, warm start, random streams and
+            statistics are kept under this key. Give each tensor its own key.
+        mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"powersgd"``.
+        out: the array to write the result into (may be ``x``); a new one by default.
+        ef: None (no error feedback), a :class:`gcodec.ErrorFeedback` (worker residuals kept in it),
+            or a :class:`State` (worker and server residuals, steps, statistics, checkpointable).
+
+    Raises :class:`gcodec.ConfigError` on every rank when ranks disagree on the configuration, and a
+    :class:`gcodec.GcodecError` on every rank when any rank's payload fails (never a hang).
+    """
+    return iallreduce(comm, x, codec, op, key=key, mode=mode, out=out, ef=ef).wait()

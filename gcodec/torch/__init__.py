@@ -1,0 +1,101 @@
+"""gcodec on torch.distributed: a compressed ``all_reduce`` and a DDP communication hook.
+
+>>> import gcodec.torch                                                         # doctest: +SKIP
+>>> ddp.register_comm_hook(gcodec.torch.HookState(codec="fp16"), gcodec.torch.comm_hook)  # doctest: +SKIP
+>>> gcodec.torch.all_reduce(tensor, "uniform")            # in place, the mean  # doctest: +SKIP
+
+Both run the protocols of :mod:`gcodec.transports` (summable, gather, two-phase, PowerSGD) with the
+same handshake and error agreement as :mod:`gcodec.mpi`, on CPU tensors of any process group
+(gloo in the tests). Importing this module imports torch; ``import gcodec`` does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..codecs import Codec, get_codec
+from ..errors import ConfigError
+from ..transports import TransportState, allreduce_protocol
+from .comm import FutureQueue, TorchCommunicator, queue_for
+from .convert import to_numpy, to_tensor
+from .hook import HookState, Policy, comm_hook
+
+__all__ = [
+    "AllReduceWork",
+    "FutureQueue",
+    "HookState",
+    "Policy",
+    "TorchCommunicator",
+    "TransportState",
+    "all_reduce",
+    "comm_hook",
+    "to_numpy",
+    "to_tensor",
+]
+
+_states: dict[tuple[int, str, str], TransportState] = {}
+_comms: dict[int, TorchCommunicator] = {}
+
+
+class AllReduceWork:
+    """What ``all_reduce(..., async_op=True)`` returns, like torch's ``Work``: ``wait()``,
+    ``is_completed()`` and ``get_future()``."""
+
+    def __init__(self, fut: torch.futures.Future) -> None:
+        self._fut = fut
+
+    def wait(self) -> bool:
+        self._fut.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self._fut.done())
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    codec: Codec | str | dict[str, Any],
+    op: str = "mean",
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    key: str | None = None,
+    mode: str = "auto",
+    state: TransportState | None = None,
+) -> AllReduceWork | None:
+    """Compressed allreduce of a CPU tensor, in place (the result overwrites ``tensor``).
+
+    Args:
+        tensor: a contiguous CPU tensor (float32, float64, float16 or bfloat16).
+        codec: a codec, its id or config; the same on every rank (the handshake checks).
+        op: ``"mean"`` or ``"sum"``.
+        group: the process group (None: the default group).
+        async_op: return a work object instead of waiting (as ``torch.distributed.all_reduce``).
+        key: names the tensor for its state (residuals, streams, statistics).
+        mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"powersgd"``.
+        state: a :class:`TransportState` for error feedback and statistics; by default a shared
+            state without error feedback, per group and codec.
+    """
+    c = get_codec(codec)
+    if state is None:
+        k = (id(group), repr(c), mode)
+        state = _states.get(k)
+        if state is None:
+            state = _states[k] = TransportState(c, error_feedback=False, mode=mode)
+    elif state.codec != c:
+        raise ConfigError(f"state holds codec {state.codec!r}, not {c!r}")
+    comm = _comms.get(id(group))
+    if comm is None:
+        comm = _comms[id(group)] = TorchCommunicator(group)
+    arr = to_numpy(tensor)
+    fut = queue_for(group).submit(allreduce_protocol(comm, state, arr, arr, key or "tensor", op, mode))
+    work = AllReduceWork(fut)
+    if async_op:
+        return work
+    work.wait()
+    return None

@@ -1,0 +1,176 @@
+"""torch.distributed as a gcodec communicator, and the driver that chains protocols on futures."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..transports import Communicator, Protocol, Work
+from ..transports.collectives import joined
+
+__all__ = ["FutureQueue", "TorchCommunicator", "TorchWork", "queue_for"]
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+class TorchWork(Work):
+    """A torch.distributed async work; ``result`` is computed from the outputs once it completes."""
+
+    def __init__(self, work: Any, finish: Any) -> None:
+        self._work = work
+        self._finish = finish
+        self._value: Any = None
+        self._have = False
+
+    def future(self) -> torch.futures.Future:
+        return self._work.get_future()
+
+    def test(self) -> bool:
+        return bool(self._work.is_completed())
+
+    def wait(self) -> Any:
+        self._work.wait()
+        return self.result()
+
+    def result(self) -> Any:
+        if not self._have:
+            self._value, self._have = self._finish(), True
+        return self._value
+
+
+class _Done(Work):
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def future(self) -> torch.futures.Future:
+        f: torch.futures.Future = torch.futures.Future()
+        f.set_result(None)
+        return f
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> Any:
+        return self._value
+
+    def result(self) -> Any:
+        return self._value
+
+
+class TorchCommunicator(Communicator):
+    """:class:`~gcodec.transports.Communicator` on a torch.distributed process group (CPU tensors).
+
+    The variable-size all-gather pads every buffer to the largest size (torch's all_gather wants
+    equal sizes); all-to-all uses ``all_to_all_single`` with split sizes.
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def allreduce(self, arr: np.ndarray, op: str = "sum") -> Work:
+        t = torch.from_numpy(arr)
+        return TorchWork(dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True), lambda: arr)
+
+    def allreduce_tensor(self, t: torch.Tensor) -> Work:
+        """Sum a tensor of any dtype the engine supports, in place (the uncompressed path)."""
+        return TorchWork(dist.all_reduce(t, group=self.group, async_op=True), lambda: t)
+
+    def allgather(self, arr: np.ndarray) -> Work:
+        src = torch.from_numpy(np.ascontiguousarray(arr))
+        outs = [torch.empty_like(src) for _ in range(self.size)]
+        w = dist.all_gather(outs, src, group=self.group, async_op=True)
+        return TorchWork(w, lambda: np.stack([o.numpy() for o in outs]))
+
+    def allgatherv(self, buf: np.ndarray, counts: Sequence[int]) -> Work:
+        counts = [int(c) for c in counts]
+        width = max(counts) if counts else 0
+        if width == 0:
+            return _Done([np.empty(0, np.uint8) for _ in counts])
+        if buf.shape[0] == width and buf.flags.writeable:
+            src = torch.from_numpy(buf)  # the usual case: equal sizes, no padding copy
+        else:
+            src = torch.zeros(width, dtype=torch.uint8)
+            src.numpy()[: buf.shape[0]] = buf  # through NumPy: buf may be a read-only view
+        outs = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
+        w = dist.all_gather(outs, src, group=self.group, async_op=True)
+        return TorchWork(w, lambda: [o.numpy()[:c] for o, c in zip(outs, counts)])
+
+    def alltoallv(self, bufs: Sequence[np.ndarray], recv_counts: Sequence[int]) -> Work:
+        scounts = [int(b.shape[0]) for b in bufs]
+        rcounts = [int(c) for c in recv_counts]
+        send = torch.from_numpy(joined(bufs))
+        recv = torch.empty(sum(rcounts), dtype=torch.uint8)
+        w = dist.all_to_all_single(recv, send, rcounts, scounts, group=self.group, async_op=True)
+
+        def finish() -> list[np.ndarray]:
+            a = recv.numpy()
+            offs = np.concatenate([[0], np.cumsum(rcounts)]).astype(np.int64)
+            return [a[offs[i] : offs[i + 1]] for i in range(self.size)]
+
+        return TorchWork(w, finish)
+
+
+class FutureQueue:
+    """Run protocols one at a time in submission order, each chained on its collectives' futures.
+
+    ``submit`` never blocks: it returns a ``torch.futures.Future`` that completes with the
+    protocol's result (or its error). The next protocol starts when the previous one has finished,
+    so the collectives of overlapping calls (DDP calls the hook for bucket i + 1 while bucket i is
+    still in flight) start in the same order on every rank.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tail: torch.futures.Future | None = None
+
+    def submit(self, proto: Protocol) -> torch.futures.Future:
+        result: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            prev, self._tail = self._tail, result
+        if prev is None:
+            self._step(proto, result, True)
+        else:
+            prev.add_done_callback(lambda _f: self._step(proto, result, True))
+        return result
+
+    def _step(self, proto: Protocol, result: torch.futures.Future, first: bool) -> None:
+        try:
+            work = next(proto) if first else proto.send(None)
+        except StopIteration as stop:
+            result.set_result(stop.value)
+            return
+        except BaseException as e:
+            result.set_exception(e)
+            return
+        fut = work.future()  # type: ignore[attr-defined]
+        fut.add_done_callback(lambda f: self._resume(proto, result, f))
+
+    def _resume(self, proto: Protocol, result: torch.futures.Future, f: torch.futures.Future) -> None:
+        try:
+            f.wait()  # re-raises the collective's error (a dead peer, a timeout)
+        except BaseException as e:
+            proto.close()
+            result.set_exception(e)
+            return
+        self._step(proto, result, False)
+
+
+_queues: dict[int, FutureQueue] = {}
+_queues_lock = threading.Lock()
+
+
+def queue_for(group: Any) -> FutureQueue:
+    """The one queue of a process group (None: the default group)."""
+    key = id(group) if group is not None else 0
+    with _queues_lock:
+        q = _queues.get(key)
+        if q is None:
+            q = _queues[key] = FutureQueue()
+        return q

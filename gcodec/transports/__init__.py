@@ -1,0 +1,34 @@
+"""Compressed collectives over any engine: the protocols, written once.
+
+:mod:`gcodec.mpi` and :mod:`gcodec.torch` adapt MPI and torch.distributed to the small
+:class:`Communicator` interface; everything else (the modes, the handshake, error agreement, error
+feedback, statistics, kernel threads) lives here and knows no engine. See docs/transports.md.
+"""
+
+from __future__ import annotations
+
+from .comm import Communicator, DoneWork, Protocol, Serial, Task, Work, run_blocking
+from .exchange import OPS, allreduce_protocol
+from .lowrank import LowRankItem, lowrank_protocol
+from .state import GATHER_MAX_RANKS, MODES, TransportState, resolve_mode
+from .threads import job_threads, kernel_threads
+
+__all__ = [
+    "GATHER_MAX_RANKS",
+    "MODES",
+    "OPS",
+    "Communicator",
+    "DoneWork",
+    "LowRankItem",
+    "Protocol",
+    "Serial",
+    "Task",
+    "TransportState",
+    "Work",
+    "allreduce_protocol",
+    "job_threads",
+    "kernel_threads",
+    "lowrank_protocol",
+    "resolve_mode",
+    "run_blocking",
+]

@@ -1,0 +1,72 @@
+"""Gather mode: all-gather every rank's payload; every rank decodes all p and sums them.
+
+Works with every codec (each payload is decoded on its own, so per-worker scales and indices are
+fine). Each rank receives the p - 1 payloads of the others: (p - 1) payloads per rank, which beats
+a dense ring allreduce (2 (p-1)/p of the tensor) only while a payload is smaller than about 2/p of
+the tensor. ``mode="auto"`` therefore uses it for p <= 2 and two-phase above; it stays available
+for any p, for debugging and for codecs whose payloads are tiny.
+
+All ranks decode the same bytes in the same (rank) order, so they end with bit-identical sums.
+Stochastic codecs draw a different stream on each rank (independent rounding noise averages out
+over the p payloads).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import GcodecError
+from .collectives import EMPTY, agree, allgather_bytes, as_bytes
+from .comm import Communicator, Protocol
+from .common import gather_stream, nbytes_from_others, work_dtype
+from .sendbuf import encode_into
+from .state import TransportState
+from .stats import StepStats
+from .threads import kernel_threads
+
+__all__ = ["decode_sum", "gather_protocol"]
+
+
+def decode_sum(codec: object, parts: list[np.ndarray], acc: np.ndarray, what: str) -> None:
+    """acc += decode(part) for each part, in order (``acc`` flat float32/float64)."""
+    for r, part in enumerate(parts):
+        if part.shape[0] == 0:
+            raise GcodecError(f"{what}: rank {r} sent no payload")
+        codec.decode(part, out=acc, accumulate=True)  # type: ignore[attr-defined]
+
+
+def gather_protocol(
+    comm: Communicator,
+    state: TransportState,
+    x: np.ndarray,
+    out: np.ndarray,
+    key: str,
+    op: str,
+    step: int,
+    st: StepStats,
+) -> Protocol:
+    p, me = comm.size, comm.rank
+    codec = state.codec
+    what = f"gather allreduce of {key!r}"
+    err: BaseException | None = None
+    buf = EMPTY
+    with kernel_threads(state.threads), st.timing("encode_s"):
+        try:
+            payload = encode_into(state.worker or codec, x, key, gather_stream(step, me, 0, p), state.send_buffers, 0)
+            buf = as_bytes(payload)
+        except GcodecError as e:
+            err = e
+    st.add("payload_bytes", buf.shape[0])
+    parts = yield from allgather_bytes(comm, buf, err, what)
+    st.add("wire_bytes", nbytes_from_others(parts, me))
+    acc = np.zeros(x.size, work_dtype(x.dtype))
+    with kernel_threads(state.threads), st.timing("decode_s"):
+        try:
+            decode_sum(codec, parts, acc, what)
+            if op == "mean":
+                acc *= acc.dtype.type(1.0 / p)
+        except GcodecError as e:  # a peer's payload failed its checks here: tell every rank
+            err = e
+    yield from agree(comm, err, what)
+    out.reshape(-1)[...] = acc
+    return out

@@ -1,0 +1,161 @@
+"""Per-job transport state: error-feedback residuals, step counters, agreed keys, statistics.
+
+The state is owned by the caller (as torch keeps ``PowerSGDState`` apart from its hook) and is the
+only mutable thing a transport touches. :meth:`TransportState.state_dict` holds plain arrays, ints,
+strings, lists and dicts, so it can be saved with ``numpy``/``pickle`` (and, converted to tensors by
+``gcodec.torch``, loaded by ``torch.load(weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..codecs import Aggregation, Codec, get_codec
+from ..codecs.state import CodecState
+from ..errors import ConfigError
+from ..feedback import ErrorFeedback
+from .sendbuf import SendBuffers
+from .stats import Stats
+from .threads import job_threads
+
+__all__ = ["MODES", "TransportState", "resolve_mode"]
+
+#: Accepted ``mode=`` values.
+MODES = ("auto", "summable", "gather", "two_phase", "powersgd")
+
+#: ``mode="auto"`` gathers payloads up to this many ranks and uses two-phase above: an all-gather
+#: sends (p-1) payloads per rank against 2 (p-1)/p for two-phase, equal at p = 2 where gathering
+#: saves the second encode and decode.
+GATHER_MAX_RANKS = 2
+
+
+def resolve_mode(codec: Codec, mode: str, size: int) -> str:
+    """The protocol a codec runs under ``mode`` on ``size`` ranks (ConfigError when it cannot)."""
+    if mode not in MODES:
+        raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
+    lowrank = codec.codec_id == "powersgd"
+    if mode == "auto":
+        if lowrank:
+            return "powersgd"
+        if codec.aggregation is Aggregation.SUMMABLE:
+            return "summable"
+        return "gather" if size <= GATHER_MAX_RANKS else "two_phase"
+    if mode == "summable" and codec.aggregation is not Aggregation.SUMMABLE:
+        raise ConfigError(f"codec {codec.codec_id!r} is not summable; use mode 'gather' or 'two_phase'")
+    if mode == "powersgd" and not lowrank:
+        raise ConfigError(f"mode 'powersgd' needs the powersgd codec, not {codec.codec_id!r}")
+    if mode == "two_phase" and lowrank:
+        raise ConfigError("powersgd cannot run two-phase (its chunks are not matrices); use 'powersgd' or 'gather'")
+    return mode
+
+
+class TransportState:
+    """Everything a transport remembers between steps, for one codec.
+
+    Args:
+        codec: the codec (or its id / config dict).
+        error_feedback: keep worker residuals (and, in two-phase mode, the chunk owners' *server*
+            residuals) so that what compression dropped is sent at the next step. Needed for biased
+            codecs (top-k, sign, PowerSGD); harmless but useless for fp16/bf16.
+        mode: ``"auto"`` (by the codec's aggregation kind), ``"summable"``, ``"gather"``,
+            ``"two_phase"`` or ``"powersgd"`` (see docs/transports.md for the table).
+        num_threads: kernel threads per rank; None follows the job (see
+            :mod:`gcodec.transports.threads`).
+        worker: an existing :class:`~gcodec.ErrorFeedback` to hold the worker residuals (for
+            ``gcodec.mpi.allreduce(..., ef=gcodec.ErrorFeedback(codec))``).
+    """
+
+    def __init__(
+        self,
+        codec: Codec | str | dict[str, Any],
+        *,
+        error_feedback: bool = True,
+        mode: str = "auto",
+        num_threads: int | None = None,
+        worker: ErrorFeedback | None = None,
+    ) -> None:
+        self.codec = get_codec(codec)
+        if mode not in MODES:
+            raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
+        self.mode = mode
+        self.error_feedback = bool(error_feedback or worker is not None)
+        if worker is not None and worker.codec != self.codec:
+            raise ConfigError(f"ef's codec {worker.codec!r} differs from the transport's {self.codec!r}")
+        self.worker: ErrorFeedback | None = worker or (ErrorFeedback(self.codec) if error_feedback else None)
+        self.server: ErrorFeedback | None = ErrorFeedback(self.codec) if self.error_feedback else None
+        self.lowrank_residuals: dict[str, np.ndarray] = {}
+        #: The codec's own per-key state: PowerSGD's warm-start Qs and stream counters.
+        self.codec_state = CodecState()
+        self.steps: dict[str, int] = {}
+        self.agreed: dict[str, str] = {}
+        self.num_threads = num_threads
+        self.threads: int | None = num_threads
+        self.send_buffers = SendBuffers()
+        self._stats = Stats()
+        self._scratch: dict[str, np.ndarray] = {}
+
+    # ---- bookkeeping the protocols use -------------------------------------------------------
+    def scratch(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A work array kept per key across steps (a fresh one would page-fault on every step)."""
+        a = self._scratch.get(key)
+        if a is None or a.shape != shape or a.dtype != dtype:
+            a = self._scratch[key] = np.empty(shape, dtype)
+        return a
+
+    def next_step(self, key: str) -> int:
+        step = self.steps.get(key, 0)
+        self.steps[key] = step + 1
+        return step
+
+    def agreed_on(self, key: str, local_ranks: int) -> None:
+        """After a handshake: the kernel thread count follows the ranks sharing this machine."""
+        if self.threads is None or self.num_threads is None:
+            self.threads = job_threads(local_ranks, self.num_threads)
+
+    def record(self, step_stats: Any) -> None:
+        self._stats.record(step_stats)
+
+    # ---- public ------------------------------------------------------------------------------
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per key: the last step's raw/payload/wire bytes and encode/comm/decode seconds, plus totals."""
+        return self._stats.as_dict()
+
+    def reset_stats(self) -> None:
+        self._stats.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Residuals, warm-start factors and step counters (plain arrays, ints, strings, dicts)."""
+        sd: dict[str, Any] = {
+            "codec": self.codec.get_config(),
+            "mode": self.mode,
+            "error_feedback": self.error_feedback,
+            "steps": dict(self.steps),
+            "worker": None if self.worker is None else self.worker.state_dict(),
+            "server": None if self.server is None else self.server.state_dict(),
+            "lowrank_residuals": {k: v.copy() for k, v in self.lowrank_residuals.items()},
+        }
+        sd["codec_state"] = self.codec_state.state_dict()
+        return sd
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (the codec config must match)."""
+        if get_codec(sd["codec"]) != self.codec:
+            raise ConfigError(f"state was saved with codec {sd['codec']}, not {self.codec.get_config()}")
+        self.steps = {str(k): int(v) for k, v in sd["steps"].items()}
+        for name in ("worker", "server"):
+            part = sd.get(name)
+            ef = getattr(self, name)
+            if part is not None:
+                if ef is None:
+                    ef = ErrorFeedback(self.codec)
+                    setattr(self, name, ef)
+                ef.load_state_dict(part)
+        self.lowrank_residuals = {str(k): np.array(v, copy=True) for k, v in sd.get("lowrank_residuals", {}).items()}
+        cs = CodecState()
+        if sd.get("codec_state") is not None:
+            cs.load_state_dict(sd["codec_state"])
+        self.codec_state = cs
+        self.agreed.clear()  # agree again after a restore: the peers may have changed

@@ -1,0 +1,157 @@
+"""gcodec.torch with two real gloo processes on 127.0.0.1 (free ports picked at run time).
+
+The rank program is tests/transport_ranks/torch_program.py; each scenario starts two ranks as
+subprocesses with a timeout, so nothing here can hang the suite. torch.distributed itself runs with
+``timeout=20 s`` on init_process_group, the configured limit for a dead peer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 150
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(scenario: str, outdir: Path, timeout: float = TIMEOUT) -> list[int]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.transport_ranks.torch_program",
+                scenario,
+                str(outdir),
+                str(r),
+                "2",
+                str(port),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(2)
+    ]
+    deadline = time.monotonic() + timeout
+    codes = []
+    try:
+        for p in procs:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return codes
+
+
+def checks_of(outdir: Path, ranks: list[int]) -> list[dict]:
+    out = []
+    for r in ranks:
+        f = outdir / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no results"
+        out += [{**c, "rank": r} for c in json.loads(f.read_text())]
+    failed = [c for c in out if not c["ok"]]
+    assert not failed, "\n".join(f"rank {c['rank']}: {c['name']}: {c['detail']}" for c in failed)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("train")
+    codes = run_ranks("train", out)
+    assert codes == [0, 0]
+    assert len(checks_of(out, [0, 1])) >= 2 * 10
+    return json.loads((out / "train.json").read_text())
+
+
+GCODEC_RUNS = [
+    '{"id": "fp16"}',
+    '{"id": "bf16"}',
+    '{"id": "uniform", "bits": 4}',
+    '{"id": "topk", "ratio": 0.05}',
+    '{"id": "sign"}',
+    '{"id": "randomk", "ratio": 0.25}',
+    '{"id": "powersgd", "rank": 2}',
+    "topk-through-rebuild",
+]
+
+
+@pytest.mark.parametrize("run", GCODEC_RUNS)
+def test_ddp_hook_loss_falls_with_each_codec(trained: dict, run: str) -> None:
+    losses = trained[run]["losses"]
+    assert losses[-1] < 0.4 * losses[0], losses[::8]
+    # within 15 % of the uncompressed run's final loss: the codecs train, not just move
+    assert losses[-1] < 1.15 * trained["none"]["losses"][-1]
+
+
+@pytest.mark.parametrize(
+    "run", ["uniform-torch.float16", "fp16-torch.float16", "uniform-torch.bfloat16", "fp16-torch.bfloat16"]
+)
+def test_ddp_hook_handles_16_bit_gradients(trained: dict, run: str) -> None:
+    losses = trained[run]["losses"]
+    assert losses[-1] < 0.6 * losses[0], losses[::8]
+
+
+def test_fp16_hook_ends_close_to_uncompressed_and_to_torchs_fp16_hook(trained: dict) -> None:
+    ours = np.array(trained['{"id": "fp16"}']["params"])
+    base = np.array(trained["none"]["params"])
+    theirs = np.array(trained["torch-fp16"]["params"])
+    assert np.linalg.norm(ours - base) / np.linalg.norm(base) < 1e-3
+    assert np.linalg.norm(ours - theirs) / np.linalg.norm(base) < 1e-3
+
+
+def test_powersgd_rank2_trains_as_well_as_torchs_powersgd_hook(trained: dict) -> None:
+    ours = trained["powersgd-one-bucket"]["losses"]
+    theirs = trained["torch-powersgd"]["losses"]
+    assert ours[-1] <= 1.05 * theirs[-1], (ours[-1], theirs[-1])
+
+
+def test_bucket_rebuild_gives_new_groups_not_errors(trained: dict) -> None:
+    # the groups compressed before DDP's rebuild and after it are different keys, both used
+    assert len(trained["topk-through-rebuild"]["keys"]) > len(trained['{"id": "topk", "ratio": 0.05}']["keys"])
+
+
+def test_all_reduce_modes_and_dtypes(tmp_path: Path) -> None:
+    assert run_ranks("all_reduce", tmp_path) == [0, 0]
+    assert len(checks_of(tmp_path, [0, 1])) == 2 * 5
+
+
+def test_hook_state_checkpoint_resumes_bit_identically(tmp_path: Path) -> None:
+    assert run_ranks("checkpoint", tmp_path) == [0, 0]
+    assert len(checks_of(tmp_path, [0, 1])) == 2 * 6
+
+
+@pytest.mark.parametrize("scenario", ["mismatch", "corrupt"])
+def test_bad_peers_raise_on_every_rank(tmp_path: Path, scenario: str) -> None:
+    assert run_ranks(scenario, tmp_path) == [0, 0]
+    assert len(checks_of(tmp_path, [0, 1])) == 2
+
+
+def test_a_killed_rank_makes_the_survivor_raise_within_the_timeout(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    codes = run_ranks("kill", tmp_path, timeout=90)
+    assert codes[1] == 3 and codes[0] == 0
+    assert time.monotonic() - t0 < 90
+    assert len(checks_of(tmp_path, [0])) == 1

@@ -1,0 +1,1 @@
+"""Programs that run as real ranks (under mpiexec or torch.multiprocessing) for the transport tests."""

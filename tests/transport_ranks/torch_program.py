@@ -1,0 +1,257 @@
+"""One gloo rank: ``python -m tests.transport_ranks.torch_program SCENARIO OUTDIR RANK WORLD PORT``.
+
+Writes ``OUTDIR/rank<r>.json`` (a list of checks, as the MPI program does) and, for training
+scenarios, the loss curves and final parameters that tests/test_transport_torch.py compares.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import pickle
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gcodec
+import gcodec.torch
+
+CHECKS: list[dict] = []
+RANK = WORLD = 0
+
+
+def check(name: str, ok: bool, detail: str = "") -> None:
+    CHECKS.append({"name": name, "ok": bool(ok), "detail": detail})
+
+
+def model_and_data(dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A small MLP on a fixed teacher problem; each rank gets its own half of the batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 96), torch.nn.Tanh(), torch.nn.Linear(96, 96), torch.nn.Tanh(), torch.nn.Linear(96, 8)
+    ).to(dtype)
+    g = torch.Generator().manual_seed(100 + RANK)
+    x = torch.randn(128, 32, generator=g)
+    teacher = torch.randn(32, 8, generator=torch.Generator().manual_seed(5))
+    y = torch.tanh(x @ teacher)
+    return model, x.to(dtype), y.to(dtype)
+
+
+def train(
+    hook: str, steps: int = 40, dtype: torch.dtype = torch.float32, bucket_cap_mb: float = 0.01, start_iter: int = 2
+) -> dict:
+    model, x, y = model_and_data(dtype)
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    state = None
+    if hook == "torch-fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "torch-powersgd":
+        ps = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2, random_seed=0)
+        ddp.register_comm_hook(ps, powerSGD_hook.powerSGD_hook)
+    elif hook != "none":
+        cfg = json.loads(hook)
+        state = gcodec.torch.HookState(codec=cfg, start_iter=start_iter, min_numel=64, module=model)
+        ddp.register_comm_hook(state, gcodec.torch.comm_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.2 if dtype == torch.float32 else 0.1)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x).float(), y.float())
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()]).numpy()
+    return {"losses": losses, "params": flat.tolist(), "keys": sorted(state.stats()) if state else []}
+
+
+def scenario_train(outdir: Path) -> None:
+    runs = {}
+    # torch's powerSGD_hook launches collectives from future callbacks; with several buckets on
+    # gloo their order can differ between ranks (a size-mismatch abort here), so it and the gcodec
+    # run it is compared with get one bucket.
+    runs["torch-powersgd"] = train("torch-powersgd", bucket_cap_mb=25)
+    runs["powersgd-one-bucket"] = train('{"id": "powersgd", "rank": 2}', bucket_cap_mb=25)
+    hooks = [
+        "none",
+        "torch-fp16",
+        '{"id": "fp16"}',
+        '{"id": "bf16"}',
+        '{"id": "uniform", "bits": 4}',
+        '{"id": "topk", "ratio": 0.05}',
+        '{"id": "sign"}',
+        '{"id": "randomk", "ratio": 0.25}',
+        '{"id": "powersgd", "rank": 2}',
+    ]
+    for h in hooks:
+        runs[h] = train(h)
+    # compression from the very first step: DDP rebuilds its buckets after it (other sizes, other
+    # groups of parameters) and the residuals must carry over, not fail
+    runs["topk-through-rebuild"] = train('{"id": "topk", "ratio": 0.05}', start_iter=0)
+    for dtype in (torch.float16, torch.bfloat16):
+        runs[f"uniform-{dtype}"] = train('{"id": "uniform", "bits": 8}', dtype=dtype)
+        runs[f"fp16-{dtype}"] = train('{"id": "fp16"}', dtype=dtype)
+    if RANK == 0:
+        (outdir / "train.json").write_text(json.dumps(runs))
+    # every rank must end with the same parameters (the hook's results are identical everywhere)
+    for h, r in runs.items():
+        mine = np.array(r["params"], np.float32)
+        other = [torch.zeros(mine.size) for _ in range(WORLD)]
+        dist.all_gather(other, torch.from_numpy(mine))
+        check(f"{h}: same parameters on every rank", all(torch.equal(o, other[0]) for o in other))
+
+
+def scenario_all_reduce(outdir: Path) -> None:
+    xs = [torch.from_numpy(np.random.default_rng(r).standard_normal(5000).astype(np.float32)) for r in range(WORLD)]
+    mean = torch.stack(xs).mean(0)
+    for cfg, tol in ((("fp16"), 2e-3), ("bf16", 2e-2), ({"id": "uniform", "bits": 8}, 5e-2), ("powersgd", None)):
+        t = xs[RANK].clone()
+        if cfg == "powersgd":
+            t = t.reshape(50, 100)
+            gcodec.torch.all_reduce(t, cfg, key="p")
+            rel = float(torch.linalg.norm(t - mean.reshape(50, 100)) / torch.linalg.norm(mean))
+            check("all_reduce powersgd: projection bound", 0 < rel <= 1.0 + 1e-5, str(rel))
+            continue
+        gcodec.torch.all_reduce(t, cfg, key=str(cfg))
+        err = float((t - mean).abs().max())
+        check(f"all_reduce {cfg}: close to the mean", err < tol * float(xs[RANK].abs().max() + 1), str(err))
+    t = xs[RANK].to(torch.bfloat16)
+    w = gcodec.torch.all_reduce(t, "fp16", op="sum", async_op=True, key="bf")
+    assert w is not None
+    w.wait()
+    err = float((t.float() - torch.stack(xs).sum(0)).abs().max())
+    check("all_reduce async, bf16 tensor, op=sum", t.dtype == torch.bfloat16 and err < 0.1, str(err))
+
+
+def scenario_checkpoint(outdir: Path) -> None:
+    """Save hook state, model and optimizer at step 5; resume in a fresh DDP from torch.load(weights_only=True)."""
+    for cfg in ({"id": "topk", "ratio": 0.05}, {"id": "powersgd", "rank": 2}):
+
+        def make(model_state=None, opt_state=None, hook_state=None, cfg=cfg):  # type: ignore[no-untyped-def]
+            model, x, y = model_and_data()
+            if model_state is not None:
+                model.load_state_dict(model_state)
+            ddp = DDP(model, bucket_cap_mb=25)
+            st = gcodec.torch.HookState(codec=cfg, start_iter=2, min_numel=64)
+            if hook_state is not None:
+                st.load_state_dict(hook_state)
+            ddp.register_comm_hook(st, gcodec.torch.comm_hook)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.2, momentum=0.9)
+            if opt_state is not None:
+                opt.load_state_dict(opt_state)
+            return ddp, model, opt, st, x, y
+
+        def steps(ddp, model, opt, x, y, n):  # type: ignore[no-untyped-def]
+            for _ in range(n):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                opt.step()
+            return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+        ddp, model, opt, st, x, y = make()
+        steps(ddp, model, opt, x, y, 5)
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "hook": st.state_dict()}, buf)
+        pickled = pickle.dumps(st)
+        want = steps(ddp, model, opt, x, y, 5)
+        buf.seek(0)
+        saved = torch.load(buf, weights_only=True)
+        ddp2, model2, opt2, _, x, y = make(saved["model"], saved["opt"], saved["hook"])
+        got = steps(ddp2, model2, opt2, x, y, 5)
+        check(f"checkpoint {cfg['id']}: resumes bit-identically", torch.equal(want, got))
+        unpickled = pickle.loads(pickled)
+        check(
+            f"checkpoint {cfg['id']}: HookState pickles without its process group",
+            unpickled.process_group is None and unpickled.iter == 5 and unpickled.stats() == {},
+        )
+        ddp3, model3, opt3, _, x, y = make(saved["model"], saved["opt"])
+        got3 = steps(ddp3, model3, opt3, x, y, 5)
+        check(f"checkpoint {cfg['id']}: the restored residuals matter", not torch.equal(want, got3))
+
+
+def scenario_mismatch(outdir: Path) -> None:
+    model, x, y = model_and_data()
+    ddp = DDP(model)
+    codec = {"id": "uniform", "bits": 4 if RANK == 1 else 8}
+    ddp.register_comm_hook(gcodec.torch.HookState(codec=codec, start_iter=0, min_numel=64), gcodec.torch.comm_hook)
+    try:
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        check("mismatched codecs raise", False, "no error")
+    except Exception as e:  # DDP re-raises the future's error from backward
+        check("mismatched codecs raise a ConfigError naming the field", "disagree on codec" in str(e), str(e)[:300])
+
+
+def scenario_corrupt(outdir: Path) -> None:
+    model, x, y = model_and_data()
+    ddp = DDP(model)
+    st = gcodec.torch.HookState(codec={"id": "topk", "ratio": 0.1}, start_iter=0, min_numel=64, mode="two_phase")
+    ddp.register_comm_hook(st, gcodec.torch.comm_hook)
+    torch.nn.functional.mse_loss(ddp(x), y).backward()  # a clean step (and the handshake)
+    if RANK == 1:
+        base = st.comm()
+
+        class Corrupting(type(base)):  # type: ignore[misc]
+            def alltoallv(self, bufs, recv_counts):  # type: ignore[no-untyped-def]
+                bufs = [b.copy() for b in bufs]
+                for b in bufs:
+                    if b.shape[0] > 100:
+                        b[-20] ^= 0x5A
+                return super().alltoallv(bufs, recv_counts)
+
+        st._comm = Corrupting(None)
+    try:
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        check("corrupt payload raises", False, "no error")
+    except Exception as e:
+        check(
+            "corrupt payload raises a ChecksumError on every rank",
+            "ChecksumError" in repr(e) or "CRC" in str(e),
+            str(e)[:300],
+        )
+
+
+def scenario_kill(outdir: Path) -> None:
+    model, x, y = model_and_data()
+    ddp = DDP(model)
+    ddp.register_comm_hook(gcodec.torch.HookState(codec="uniform", start_iter=0, min_numel=64), gcodec.torch.comm_hook)
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    if RANK == 1:
+        os._exit(3)
+    try:
+        for _ in range(3):
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+        check("survivor raised", False, "no error")
+    except Exception as e:
+        check("survivor raised instead of hanging", True, str(e)[:300])
+
+
+def main() -> None:
+    global RANK, WORLD
+    scenario, outdir = sys.argv[1], Path(sys.argv[2])
+    RANK, WORLD, port = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=RANK,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=20),
+    )
+    try:
+        globals()[f"scenario_{scenario}"](outdir)
+    except Exception:
+        check("no unexpected exception", False, traceback.format_exc())
+    (outdir / f"rank{RANK}.json").write_text(json.dumps(CHECKS))
+    if scenario not in ("kill",):
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
