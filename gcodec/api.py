@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import kernels
-from .arrays import DTYPES, dtype_name, intake
+from .arrays import DTYPES, backend_of, dtype_name, intake
 from .codecs import base as _codec_base
 from .codecs.base import Codec, EncodeContext, EncodePlan
 from .codecs.registry import codec_class, get_codec
@@ -59,10 +59,10 @@ def _pending(codec: Codec, x: Any, name: str | None, lim: Limits, ctx: EncodeCon
     lim.check_ndim(len(arr.shape))
     lim.check("element count", numel(arr.shape), "max_elements")
     K = kernels.get(arr.backend)
-    host = arr.array
-    with K.threads_for(host.size):
-        plan = codec.plan(host, ctx)
-    return pending_from_plan(codec, host, plan, name)
+    x = K.view(arr.array)  # the backend's own array type (a NumPy array, a Numba device array), no copy
+    with K.threads_for(x.size):
+        plan = codec.plan(x, ctx)
+    return pending_from_plan(codec, x, plan, name)
 
 
 def pending_from_plan(codec: Codec, arr: np.ndarray, plan: EncodePlan, name: str | None = None) -> PendingTensor:
@@ -83,6 +83,7 @@ def pending_from_plan(codec: Codec, arr: np.ndarray, plan: EncodePlan, name: str
         plan.sections,
         fill_sized,
         name,
+        backend_of(arr),
     )
 
 

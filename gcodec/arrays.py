@@ -86,6 +86,10 @@ def backend_of(x: Any) -> str:
     if _is_torch(x):
         dev = getattr(getattr(x, "device", None), "type", "cpu")
         return "cpu" if dev == "cpu" else "cuda" if dev == "cuda" else str(dev)
+    if getattr(type(x), "__gcodec_device_payload__", False):
+        return "cuda"
+    if type(x).__module__.startswith("numba.cuda") and hasattr(x, "copy_to_host"):
+        return "cuda"  # Numba device arrays (the simulator's too, which lack __cuda_array_interface__)
     if hasattr(x, "__cuda_array_interface__"):
         return "cuda"
     if hasattr(x, "__dlpack_device__"):

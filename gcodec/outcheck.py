@@ -17,14 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import DTYPES
+from .arrays import DTYPES, backend_of
 from .errors import ConfigError
 
 __all__ = ["flat_out", "refuse_overlaps"]
 
 
 def flat_out(out: Any, numel: int, shape: tuple[int, ...], where: str = "out=") -> np.ndarray:
-    """The flat plain-ndarray view of ``out`` that the kernels write, after every check."""
+    """The flat plain-ndarray view of ``out`` that the kernels write, after every check.
+
+    A device ``out`` (CuPy, torch CUDA, Numba device array) becomes its backend's flat view."""
+    backend = backend_of(out)
+    if backend != "cpu":
+        return _flat_device_out(out, numel, shape, where, backend)
     if not isinstance(out, np.ndarray):
         raise ConfigError(f"{where} must be a numpy array, got {type(out).__name__}")
     if out.size != numel:
@@ -43,8 +48,22 @@ def flat_out(out: Any, numel: int, shape: tuple[int, ...], where: str = "out=") 
     return flat
 
 
+def _flat_device_out(out: Any, numel: int, shape: tuple[int, ...], where: str, backend: str) -> Any:
+    from . import kernels  # a device backend is imported only when a device out= is given
+
+    dev = kernels.get(backend).view(out)
+    if int(dev.size) != numel:
+        raise ConfigError(f"{where} has {dev.size} elements; the payload's tensor has shape {list(shape)}")
+    if np.dtype(dev.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ConfigError(f"{where} on the device must be float32 or float64, not {dev.dtype}")
+    if not dev.is_c_contiguous():
+        raise ConfigError(f"{where} must be C-contiguous")
+    return dev.reshape(numel)
+
+
 def refuse_overlaps(payload: np.ndarray, outs: Sequence[tuple[str, np.ndarray]]) -> None:
     """ConfigError when an output overlaps the payload buffer or another output (memory bounds)."""
+    outs = [(n, o) for n, o in outs if isinstance(o, np.ndarray)]  # device memory never overlaps host bytes
     for i, (name, o) in enumerate(outs):
         if o.size and np.may_share_memory(o, payload):
             raise ConfigError(f"{name} overlaps the payload buffer; decode into memory of its own")

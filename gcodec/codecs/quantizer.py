@@ -75,7 +75,7 @@ class ScaledQuantizer(Codec):
                 sc32 = views["scales"]
             nbad = kernels.of(flat).quant.encode(flat, codes, sc32, sc16, lay, params.get("seed", 0), stream)
             if not nbad and not lay.scale_f16:
-                nover = int(np.count_nonzero(scale_overflows(sc32, lay.qmax)))
+                nover = kernels.of(flat).quant.count_scale_overflows(sc32, lay.qmax)
                 if nover:  # a finite input whose largest code would decode to infinity (rule 1)
                     raise PayloadValueError(
                         f"{name}: input too large: in {nover} group(s) the scale times {lay.qmax} overflows float32, "

@@ -15,9 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
+from ..arrays import backend_of
 from ..checksum import crc32c
 from ..errors import (
     ChecksumError,
+    ConfigError,
     FormatError,
     HeaderError,
     LayoutError,
@@ -109,6 +112,7 @@ class PendingTensor:
     sections: Sequence[SectionSpec]
     fill: Callable[[Mapping[str, np.ndarray]], None]
     name: str | None = None
+    backend: str = "cpu"  # where the tensor lives: the payload is written in that backend's memory
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,8 +130,9 @@ def write_payload(
     """Lay out and fill a payload; returns a writable ``memoryview`` of its bytes.
 
     ``alloc(nbytes)`` provides the payload's memory: a 1-D uint8 array of exactly ``nbytes`` (a slice
-    of a reused send buffer, say). Default: a fresh ``np.empty``. Every byte is written, padding
-    included, so the memory need not be zeroed.
+    of a reused send buffer, say). Default: fresh memory of the tensors' backend (``np.empty`` for
+    host tensors; one device buffer for CUDA tensors, returned as a ``DevicePayload``). Every byte is
+    written, padding included, so the memory need not be zeroed.
     """
     lim = limits or get_limits()
     # Step 1: section offsets, packed in order at ALIGN-byte boundaries of the data area.
@@ -152,31 +157,38 @@ def write_payload(
     data_start = align_up(PREAMBLE_SIZE + len(hbytes))
     total = data_start + data_length + (4 if checksum else 0)
     lim.check("payload size", total, "max_payload_bytes")
-    buf = np.empty(total, dtype=np.uint8) if alloc is None else alloc(total)
-    if buf.dtype != np.uint8 or buf.shape != (total,):
+    backends = {t.backend for t in tensors}
+    if len(backends) > 1:
+        raise ConfigError(f"a payload's tensors must all live on one backend, got {sorted(backends)}")
+    backend = backends.pop() if backends else "cpu"
+    buf = kernels.get(backend).memory.alloc(total) if alloc is None else alloc(total)
+    if buf.dtype != np.uint8 or tuple(buf.shape) != (total,):
         raise ValueError(f"payload allocator returned {buf.dtype} {buf.shape}, not uint8 ({total},)")
+    # The buffer's backend does the memory work: host bytes for NumPy buffers, device memory for CUDA
+    # buffers (the header is built here, on the host, and copied once; sections are filled in place).
+    M = kernels.of(buf).memory
+    if kernels.of(buf) is not kernels.get(backend):
+        raise ConfigError(f"the tensors live on {backend!r} but the payload buffer does not; give out= of that kind")
     flags = FLAG_PAYLOAD_CRC if checksum else 0
     pre = _PREAMBLE.pack(MAGIC, MAJOR, MINOR, flags, len(hbytes), 0)
     hcrc = crc32c(hbytes, crc32c(pre[:12]))
-    buf[:PREAMBLE_SIZE] = np.frombuffer(_PREAMBLE.pack(MAGIC, MAJOR, MINOR, flags, len(hbytes), hcrc), np.uint8)
-    buf[PREAMBLE_SIZE : PREAMBLE_SIZE + len(hbytes)] = np.frombuffer(hbytes, np.uint8)
-    buf[PREAMBLE_SIZE + len(hbytes) : data_start] = 0
-    data = buf[data_start : data_start + data_length]
+    pad = bytes(data_start - PREAMBLE_SIZE - len(hbytes))
+    M.put(buf, 0, _PREAMBLE.pack(MAGIC, MAJOR, MINOR, flags, len(hbytes), hcrc) + hbytes + pad)
     end = 0
     for t, e in zip(tensors, entries):
         views = {}
         for si in e.sections:
-            data[end : si.offset] = 0
-            views[si.name] = data[si.offset : si.offset + si.nbytes].view(SECTION_DTYPES[si.dtype])
+            M.zero(buf, data_start + end, data_start + si.offset)
+            lo = data_start + si.offset
+            views[si.name] = M.view(buf, lo, lo + si.nbytes, SECTION_DTYPES[si.dtype])
             end = si.offset + si.nbytes
         t.fill(views)
-    data[end:] = 0
+    M.zero(buf, data_start + end, data_start + data_length)
 
     # Step 3: the payload checksum covers everything after the header.
     if checksum:
-        c = crc32c(buf[PREAMBLE_SIZE + len(hbytes) : data_start + data_length])
-        buf[total - 4 :] = np.frombuffer(struct.pack("<I", c), np.uint8)
-    return buf.data
+        M.crc32c_store(buf, PREAMBLE_SIZE + len(hbytes), data_start + data_length, total - 4)
+    return M.result(buf)
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,6 +243,8 @@ def _as_bytes_array(buf: Any) -> np.ndarray:
 def read_payload(buf: Any, *, limits: Limits | None = None, verify_checksum: bool = True) -> ParsedPayload:
     """Check the container (rules F1-F15 of specs/format.md) and parse the header."""
     lim = limits or get_limits()
+    if backend_of(buf) != "cpu":  # a device payload is checked and parsed from one host copy (docs/gpu.md)
+        buf = kernels.get(backend_of(buf)).memory.to_host(buf)
     b = _as_bytes_array(buf)
     n = b.shape[0]
     lim.check("payload size", n, "max_payload_bytes")

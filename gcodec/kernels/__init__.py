@@ -5,9 +5,10 @@ A codec never names a backend's modules. It asks for the kernels of the array it
     K = kernels.of(x)          # the backend's kernel package
     K.quant.scaled_decode(...)
 
-Every backend package (``gcodec.kernels.cpu`` today) exposes the same modules (``cast``, ``quant``,
-``sign``, ``sparse``, ``lowrank``, ``philox``) with the same functions, plus ``threads_for(n)``, the
-context in which a tensor of ``n`` elements is processed. A new backend is one more folder here and
+Every backend package (``gcodec.kernels.cpu``, ``gcodec.kernels.cuda``) exposes the same modules
+(``cast``, ``quant``, ``sign``, ``sparse``, ``lowrank``, ``philox``, ``feedback``, ``memory``) with the same
+functions, plus ``threads_for(n)``, the context in which a tensor of ``n`` elements is processed, and
+``view(x)``, the array as the backend's kernels take it (no copy). A new backend is one more folder here and
 one more entry in :data:`BACKENDS`; the codecs do not change. Wire-layout facts the kernels share
 with the codecs live in :mod:`gcodec.layout`, not here.
 """
@@ -24,7 +25,7 @@ from ..errors import ConfigError
 __all__ = ["BACKENDS", "get", "of"]
 
 #: Backend name -> the package holding its kernels (imported on first use).
-BACKENDS: dict[str, str] = {"cpu": "gcodec.kernels.cpu"}
+BACKENDS: dict[str, str] = {"cpu": "gcodec.kernels.cpu", "cuda": "gcodec.kernels.cuda"}
 _loaded: dict[str, ModuleType] = {}
 
 
@@ -39,7 +40,13 @@ def get(backend: str) -> ModuleType:
             f"gcodec has no kernels for {backend!r} arrays (backends: {sorted(BACKENDS)}); "
             "copy the array to host memory first (e.g. tensor.cpu(), cupy.asnumpy)"
         )
-    mod = _loaded[backend] = importlib.import_module(name)
+    try:
+        mod = importlib.import_module(name)
+    except ImportError as e:  # the backend's optional dependencies (numba-cuda for "cuda")
+        raise ConfigError(
+            f"gcodec has no kernels for {backend!r} arrays here: {e} (pip install 'gcodec[{backend}]')"
+        ) from None
+    _loaded[backend] = mod
     return mod
 
 

@@ -48,7 +48,7 @@ from .philox import fill_blocks, key_schedule, u16_to_open01
 from .scales import _group_stats, _scale_inline, large_group_scales
 from .threads import run_chunks
 
-__all__ = ["CHUNK", "SB", "count_bad", "encode", "geometry", "scaled_decode", "scaled_encode"]
+__all__ = ["CHUNK", "SB", "count_bad", "count_scale_overflows", "encode", "geometry", "scaled_decode", "scaled_encode"]
 
 SB = 2048  # elements per sub-block
 CHUNK = 1 << 16  # target elements per parallel task
@@ -369,3 +369,9 @@ def encode(
         th,
     )
     return nbad
+
+
+def count_scale_overflows(sc32: np.ndarray, qmax: int) -> int:
+    """How many scales ``s`` have ``float32(qmax * s)`` infinite (the largest code decodes to ±inf)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return int(np.count_nonzero(np.isinf(np.asarray(sc32, np.float32) * np.float32(qmax))))

@@ -1,0 +1,230 @@
+"""One-call check of gcodec's CUDA backend on a machine with one NVIDIA GPU (under 8 minutes).
+
+    pip install -e '.[cuda,torch]'     # numba-cuda and CuPy; torch is optional but wanted
+    python bench/gpu_check.py          # writes docs/performance-gpu.md
+
+1. **Bytes**: for every codec the CUDA backend runs (fp16, bf16, uniform 8/4/2 nearest and
+   stochastic, qsgd, terngrad, sign) and several seeds, the payload encoded from device memory must
+   equal the CPU payload byte for byte, and the CPU payload decoded into a device ``out=`` must equal
+   the CPU decode (plus ``accumulate=True``). Codecs not on the device yet must refuse device arrays
+   with a ConfigError.
+2. **torch**: a CUDA tensor is encoded without a host copy of its values (checked with the CUDA
+   caching allocator's and torch's profiler-free counters: the tensor's storage pointer is what the
+   kernels read) and decoded into a CUDA tensor ``out=``.
+3. **Speed** on ~1 GiB float32 inputs, timed with CUDA events after a warm-up: device-to-device copy
+   bandwidth, then encode and decode of each codec, against ``x.half()``, ``torch.topk`` (1 % of
+   256 M elements) and PowerSGD's two rank-4 matmuls, reported as a fraction of the copy bandwidth
+   (bytes read + bytes written).
+
+Anything missing (no GPU, no torch, no CuPy) is reported and skipped, never counted as passed; the
+exit status is 1 if any check failed. This script has never run on a real GPU as of its first
+commit (docs/gpu.md): expect first-run fixes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CODECS: list[tuple[str, dict[str, Any]]] = [
+    ("fp16", {"id": "fp16"}),
+    ("bf16", {"id": "bf16"}),
+    ("uniform8", {"id": "uniform", "bits": 8}),
+    ("uniform4", {"id": "uniform", "bits": 4}),
+    ("uniform2", {"id": "uniform", "bits": 2}),
+    ("uniform8-sto", {"id": "uniform", "bits": 8, "rounding": "stochastic", "seed": 1}),
+    ("uniform4-f16", {"id": "uniform", "bits": 4, "scale_dtype": "float16"}),
+    ("qsgd15", {"id": "qsgd", "levels": 15, "seed": 2}),
+    ("terngrad", {"id": "terngrad", "seed": 3}),
+    ("terngrad-clip", {"id": "terngrad", "clip": 2.5, "seed": 4}),
+    ("sign", {"id": "sign"}),
+]
+NOT_ON_DEVICE = [("topk", {"id": "topk", "ratio": 0.01}), ("randomk", {"id": "randomk", "ratio": 0.01})]
+
+results: list[tuple[str, str, str]] = []  # (check, status, detail)
+
+
+def report(check: str, status: str, detail: str = "") -> None:
+    results.append((check, status, detail))
+    print(f"[{status:4}] {check} {detail}", flush=True)
+
+
+def check_bytes(cuda: Any, gcodec: Any) -> None:
+    rng = np.random.default_rng(0)
+    sizes = [1, 7, 64, 1000, 65537, 1 << 20]
+    for name, cfg in CODECS:
+        bad = []
+        for n in sizes:
+            for seed in (0, 1, 2):
+                x = (rng.standard_normal(n) * 3).astype(np.float32)
+                try:
+                    cpu = bytes(gcodec.encode(x, cfg, step=seed))
+                    p = gcodec.encode(cuda.to_device(x), cfg, step=seed)
+                    if bytes(p) != cpu:
+                        bad.append(f"n={n} step={seed}: payload differs")
+                        continue
+                    out = cuda.to_device(np.zeros(n, np.float32))
+                    gcodec.decode(cpu, out=out)
+                    ref = gcodec.decode(cpu).reshape(-1)
+                    if not np.array_equal(out.copy_to_host(), ref):
+                        bad.append(f"n={n}: decode differs")
+                    gcodec.decode(p, out=out, accumulate=True)
+                    if not np.array_equal(out.copy_to_host(), ref + ref):
+                        bad.append(f"n={n}: accumulate differs")
+                except Exception as e:
+                    bad.append(f"n={n}: {type(e).__name__}: {e}")
+        report(f"bytes {name}", "FAIL" if bad else "ok", "; ".join(bad[:3]))
+    for name, cfg in NOT_ON_DEVICE:
+        try:
+            gcodec.encode(cuda.to_device(np.ones(100, np.float32)), cfg, step=0)
+            report(f"refuses {name}", "FAIL", "a codec without device kernels encoded a device array")
+        except gcodec.ConfigError:
+            report(f"refuses {name}", "ok", "ConfigError, as documented")
+
+
+def check_torch(gcodec: Any) -> Any:
+    try:
+        import torch
+    except ImportError:
+        report("torch round trip", "skip", "torch is not installed")
+        return None
+    if not torch.cuda.is_available():
+        report("torch round trip", "skip", "torch sees no CUDA device")
+        return None
+    try:
+        x = torch.randn(1 << 16, device="cuda")
+        before = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+        p = gcodec.encode(x, "uniform")
+        cpu = bytes(gcodec.encode(x.cpu().numpy(), "uniform"))
+        out = torch.empty_like(x)
+        gcodec.decode(p, out=out)
+        ok = bytes(p) == cpu and torch.equal(out.cpu(), torch.from_numpy(gcodec.decode(cpu)))
+        after = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+        report("torch round trip", "ok" if ok else "FAIL", f"torch allocations during the round trip: {after - before}")
+    except Exception as e:
+        report("torch round trip", "FAIL", f"{type(e).__name__}: {e}")
+    return torch
+
+
+def timed(torch: Any, fn: Any, reps: int = 5) -> float:
+    """Median seconds of ``fn`` over ``reps`` runs, with CUDA events, after one warm-up."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return float(np.median(times))
+
+
+def bench(torch: Any, gcodec: Any, gib: float, deadline: float) -> list[tuple[str, float, float, str]]:
+    rows: list[tuple[str, float, float, str]] = []
+    n = int(gib * (1 << 30)) // 4
+    x = torch.randn(n, device="cuda")
+    y = torch.empty_like(x)
+    t = timed(torch, lambda: y.copy_(x))
+    copy_bw = 2 * 4 * n / t
+    rows.append(("device copy (read + write)", t, copy_bw, "reference"))
+    t = timed(torch, lambda: x.half())
+    rows.append(("torch x.half()", t, (4 + 2) * n / t, "peer"))
+    for name, cfg in CODECS:
+        if time.monotonic() > deadline:
+            rows.append((name, float("nan"), float("nan"), "skipped: time budget"))
+            continue
+        try:
+            p = gcodec.encode(x, cfg, step=0)
+            nbytes = len(p)
+            te = timed(torch, lambda cfg=cfg: gcodec.encode(x, cfg, step=0), reps=3)
+            rows.append((f"{name} encode", te, (4 * n + nbytes) / te, ""))
+            out = torch.empty_like(x)
+            td = timed(torch, lambda p=p, out=out: gcodec.decode(p, out=out), reps=3)
+            rows.append((f"{name} decode", td, (4 * n + nbytes) / td, ""))
+        except Exception as e:
+            rows.append((name, float("nan"), float("nan"), f"{type(e).__name__}: {e}"[:120]))
+    m = 1 << 28
+    z = torch.randn(m, device="cuda")
+    t = timed(torch, lambda: torch.topk(z.abs(), m // 100, sorted=False), reps=3)
+    rows.append(("torch.topk 1 % of 256 M", t, 4 * m / t, "peer (gcodec topk: not on the device yet)"))
+    side = int(np.sqrt(n))
+    M = x[: side * side].view(side, side)
+    Q = torch.randn(side, 4, device="cuda")
+    t = timed(torch, lambda: M.t() @ (M @ Q), reps=3)
+    rows.append((f"PowerSGD rank-4 matmuls {side}x{side}", t, 2 * 4 * side * side / t, "peer"))
+    return [(r[0], r[1], r[2] / copy_bw if r[2] == r[2] else float("nan"), r[3]) for r in rows]
+
+
+def write_doc(rows: list[tuple[str, float, float, str]], device: str, cmd: str) -> None:
+    lines = [
+        "# GPU performance",
+        "",
+        f"Written by `{cmd}` on {device} ({platform.node()}, {time.strftime('%Y-%m-%d')}). Throughput is",
+        "bytes read + bytes written per second, as a fraction of the measured device-to-device copy",
+        "bandwidth; times are medians of CUDA-event timings after a warm-up.",
+        "",
+        "| what | time (ms) | fraction of copy bandwidth | note |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {a} | {b * 1e3:.3f} | {c:.2f} | {d} |" for a, b, c, d in rows]
+    lines += ["", "## Checks", "", "| check | status | detail |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in results]
+    (ROOT / "docs" / "performance-gpu.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gib", type=float, default=1.0, help="input size for the speed runs (default 1 GiB)")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds before remaining speed runs are skipped")
+    ap.add_argument("--no-doc", action="store_true", help="do not write docs/performance-gpu.md")
+    args = ap.parse_args()
+    deadline = time.monotonic() + args.budget
+    if os.environ.get("NUMBA_ENABLE_CUDASIM"):
+        print("NUMBA_ENABLE_CUDASIM is set: this script is for a real GPU (the simulator tests are in pytest)")
+        return 2
+    try:
+        from numba import cuda
+    except ImportError:
+        print("numba-cuda is not installed: pip install -e '.[cuda]'")
+        return 2
+    if not cuda.is_available():
+        print("no usable CUDA GPU (numba.cuda.is_available() is False); nothing to check")
+        return 2
+    import gcodec
+
+    device = cuda.get_current_device().name
+    device = device.decode() if isinstance(device, bytes) else str(device)
+    print(f"device: {device}", flush=True)
+    try:
+        check_bytes(cuda, gcodec)
+    except Exception:
+        report("bytes", "FAIL", traceback.format_exc(limit=3).replace("\n", " "))
+    torch = check_torch(gcodec)
+    rows: list[tuple[str, float, float, str]] = []
+    if torch is not None:
+        try:
+            rows = bench(torch, gcodec, args.gib, deadline)
+        except Exception as e:
+            report("speed", "FAIL", f"{type(e).__name__}: {e}")
+    else:
+        report("speed", "skip", "needs torch with CUDA for events and peers")
+    if not args.no_doc:
+        write_doc(rows, device, "python bench/gpu_check.py" + (f" --gib {args.gib}" if args.gib != 1.0 else ""))
+    return 1 if any(s == "FAIL" for _, s, _ in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

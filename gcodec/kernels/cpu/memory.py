@@ -1,0 +1,47 @@
+"""Payload memory in host RAM: the writer's operations on a NumPy uint8 buffer.
+
+``gcodec.format.container.write_payload`` lays a payload out through ``kernels.of(buf).memory``, so
+that one writer serves host buffers (this module) and device buffers (``gcodec.kernels.cuda.memory``).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from ...checksum import crc32c as _crc32c
+
+__all__ = ["alloc", "crc32c", "crc32c_store", "put", "result", "to_host", "view", "zero"]
+
+
+def alloc(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def put(buf: np.ndarray, lo: int, data: bytes) -> None:
+    buf[lo : lo + len(data)] = np.frombuffer(data, np.uint8)
+
+
+def zero(buf: np.ndarray, lo: int, hi: int) -> None:
+    buf[lo:hi] = 0
+
+
+def view(buf: np.ndarray, lo: int, hi: int, dtype: np.dtype) -> np.ndarray:
+    return buf[lo:hi].view(dtype)
+
+
+def crc32c(buf: np.ndarray, lo: int, hi: int) -> int:
+    return _crc32c(buf[lo:hi])
+
+
+def crc32c_store(buf: np.ndarray, lo: int, hi: int, at: int) -> None:
+    buf[at : at + 4] = np.frombuffer(struct.pack("<I", _crc32c(buf[lo:hi])), np.uint8)
+
+
+def to_host(buf: np.ndarray) -> np.ndarray:
+    return buf
+
+
+def result(buf: np.ndarray) -> memoryview:
+    return buf.data

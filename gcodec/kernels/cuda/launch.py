@@ -1,0 +1,118 @@
+"""Launch geometry, device-array adoption and the few float helpers every CUDA kernel module shares.
+
+Kernels use grid-stride loops, so any grid covers any size: on a GPU the grid is sized to the work
+(256 threads a block); under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), where every
+simulated thread is a Python thread, it is kept to a few small blocks.
+
+Float steps whose rounding the spec fixes go through :func:`mul32` / :func:`mul64` / :func:`sub64`:
+on a GPU they are libdevice's ``__fmul_rn`` / ``__dmul_rn`` / ``__dsub_rn``, which the compiler never
+contracts into a fused multiply-add (it contracts ``a * b + c`` by default); in the simulator they are
+plain operators (NumPy never fuses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from ...errors import ConfigError
+
+__all__ = ["SIM", "adopt", "device", "grid", "is_device", "mul32", "mul64", "sub64"]
+
+SIM: bool = bool(cuda.simulator_enabled) if hasattr(cuda, "simulator_enabled") else False
+try:  # the simulator's module has no libdevice
+    from numba.cuda import libdevice as _ld
+except ImportError:  # pragma: no cover - simulator
+    _ld = None
+if _ld is None or type(getattr(cuda, "device_array", None)).__module__.startswith("numba.cuda.simulator"):
+    SIM = True
+if getattr(cuda.to_device, "__module__", "").startswith("numba.cuda.simulator"):
+    SIM = True
+
+THREADS = 32 if SIM else 256
+MAX_BLOCKS = 2 if SIM else 65535
+
+
+def grid(n: int) -> tuple[int, int]:
+    """(blocks, threads) for ``n`` independent work items, grid-stride loops covering the rest."""
+    blocks = max(1, min(MAX_BLOCKS, (max(int(n), 1) + THREADS - 1) // THREADS))
+    return blocks, THREADS
+
+
+if SIM:
+
+    @cuda.jit(device=True)
+    def mul32(a, b):  # pragma: no cover - device
+        return np.float32(np.float32(a) * np.float32(b))
+
+    @cuda.jit(device=True)
+    def mul64(a, b):  # pragma: no cover - device
+        return np.float64(a) * np.float64(b)
+
+    @cuda.jit(device=True)
+    def sub64(a, b):  # pragma: no cover - device
+        return np.float64(a) - np.float64(b)
+
+else:  # pragma: no cover - needs a GPU
+
+    @cuda.jit(device=True)
+    def mul32(a, b):
+        return _ld.fmul_rn(np.float32(a), np.float32(b))
+
+    @cuda.jit(device=True)
+    def mul64(a, b):
+        return _ld.dmul_rn(np.float64(a), np.float64(b))
+
+    @cuda.jit(device=True)
+    def sub64(a, b):
+        return _ld.dsub_rn(np.float64(a), np.float64(b))
+
+
+def is_device(a: Any) -> bool:
+    """Whether ``a`` is a Numba device array (real or simulated)."""
+    return cuda.is_cuda_array(a) if not SIM else type(a).__name__ == "FakeCUDAArray"
+
+
+def adopt(x: Any) -> Any:
+    """A Numba device array viewing ``x`` (CuPy, torch CUDA tensor, ``__cuda_array_interface__``
+    object, Numba device array) without a copy."""
+    if type(x).__module__.startswith("numba.cuda"):
+        return x
+    if not SIM and not cuda.is_available():
+        raise ConfigError(
+            f"gcodec has no kernels for 'cuda' arrays here: numba.cuda finds no usable GPU or driver "
+            f"for this {type(x).__name__} (docs/gpu.md)"
+        )
+    if SIM:  # the simulator has no foreign device memory
+        raise ConfigError(f"the CUDA simulator cannot adopt {type(x).__name__}; pass a numba.cuda device array")
+    if hasattr(x, "__cuda_array_interface__"):  # pragma: no cover - needs a GPU
+        return cuda.as_cuda_array(x)
+    if hasattr(x, "__dlpack__"):  # pragma: no cover - needs a GPU
+        try:
+            import cupy
+
+            return cuda.as_cuda_array(cupy.from_dlpack(x))
+        except ImportError:
+            pass
+    raise ConfigError(f"cannot view {type(x).__name__} as a CUDA array without a copy")  # pragma: no cover
+
+
+def device(a: Any) -> Any:
+    """``a`` in device memory: device arrays as they are, host arrays copied (decoding host bytes)."""
+    if type(a).__module__.startswith("numba.cuda"):
+        return a
+    if isinstance(a, np.ndarray):
+        return cuda.to_device(np.ascontiguousarray(a))
+    return adopt(a)
+
+
+def missing(module: str, name: str) -> Exception:
+    """The error for a kernel this backend does not have yet (a module-level ``__getattr__``)."""
+    if name.startswith("__"):
+        return AttributeError(name)
+    return ConfigError(
+        f"gcodec's CUDA backend has no {module}.{name} kernel yet (docs/gpu.md lists what runs on the device); "
+        "copy the array to host memory first (tensor.cpu(), cupy.asnumpy, device_array.copy_to_host())"
+    )

@@ -1,0 +1,234 @@
+"""Payload memory on the device: one uint8 device buffer laid out exactly as the wire bytes.
+
+The writer (``gcodec.format.container.write_payload``) builds the preamble and the msgpack header on
+the host and calls the functions here through ``kernels.of(buf).memory``: :func:`alloc` (the device
+buffer), :func:`put` (the header bytes, one host-to-device copy), :func:`zero` (padding),
+:func:`view` (sections, zero-copy), :func:`crc32c_store` (the payload CRC32C, computed on the
+device and written into the buffer's last four bytes without visiting the host) and
+:func:`result` (a :class:`DevicePayload`).
+
+The CRC32C is parallel: each thread computes the standard CRC32C of one chunk of :data:`CRC_CHUNK`
+bytes (table-driven, reflected polynomial 0x82F63B78), then one thread combines them left to right
+with zlib's ``crc32_combine`` arithmetic (multiplication by x^(8 len) modulo the polynomial), so the
+result equals ``gcodec.checksum.crc32c`` of the same bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from .launch import SIM, adopt, grid, is_device
+
+__all__ = ["CRC_CHUNK", "DevicePayload", "alloc", "crc32c", "crc32c_store", "put", "result", "to_host", "view", "zero"]
+
+CRC_CHUNK = 64 if SIM else 16384
+_POLY = 0x82F63B78
+
+
+def _table() -> np.ndarray:
+    t = np.zeros(256, np.uint32)
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ _POLY if c & 1 else c >> 1
+        t[i] = c
+    return t
+
+
+def _multmodp(a: int, b: int) -> int:
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if (a & (m - 1)) == 0:
+                break
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+    return p
+
+
+def _x2nmodp(n: int, k: int) -> int:
+    """x^(n * 2^k) modulo the polynomial (reflected), as zlib's x2nmodp."""
+    p = 1 << 31
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return p
+
+
+_X2N = [1 << 30]
+for _ in range(31):
+    _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
+_TABLE_HOST = _table()
+_TABLE_DEV: list[Any] = []
+
+
+def _dev_table() -> Any:
+    if not _TABLE_DEV:
+        _TABLE_DEV.append(cuda.to_device(_TABLE_HOST))
+    return _TABLE_DEV[0]
+
+
+@cuda.jit(device=True)
+def _mult(a, b):  # pragma: no cover - device
+    """a * b modulo the CRC polynomial (reflected bit order), zlib's multmodp."""
+    m = np.uint32(0x80000000)
+    p = np.uint32(0)
+    a = np.uint32(a)
+    b = np.uint32(b)
+    for _ in range(32):
+        if a & m:
+            p = np.uint32(p ^ b)
+        m = np.uint32(m >> np.uint32(1))
+        b = (
+            np.uint32(np.uint32(b >> np.uint32(1)) ^ np.uint32(0x82F63B78))
+            if b & np.uint32(1)
+            else np.uint32(b >> np.uint32(1))
+        )
+    return p
+
+
+@cuda.jit
+def _crc_chunks(data, table, crcs, chunk):  # pragma: no cover - device
+    n = data.shape[0]
+    nch = crcs.shape[0]
+    for c in range(cuda.grid(1), nch, cuda.gridsize(1)):
+        crc = np.uint32(0xFFFFFFFF)
+        hi = min(n, (c + 1) * chunk)
+        for i in range(c * chunk, hi):
+            crc = np.uint32(
+                table[np.uint32(crc ^ np.uint32(data[i])) & np.uint32(0xFF)] ^ np.uint32(crc >> np.uint32(8))
+            )
+        crcs[c] = np.uint32(crc ^ np.uint32(0xFFFFFFFF))
+
+
+@cuda.jit
+def _crc_combine(crcs, x_full, x_last, dst):  # pragma: no cover - device
+    """crc = combine(crc, crcs[c]) left to right; chunks are full except maybe the last one; the
+    result is stored little-endian into dst[0:4]."""
+    if cuda.grid(1) == 0:
+        nch = crcs.shape[0]
+        crc = np.uint32(crcs[0])
+        for c in range(1, nch):
+            x = x_last if c == nch - 1 else x_full
+            crc = np.uint32(_mult(x, crc) ^ np.uint32(crcs[c]))
+        for t in range(4):
+            dst[t] = np.uint8(np.uint32(crc >> np.uint32(8 * t)) & np.uint32(0xFF))
+
+
+def _crc_into(data: Any, dst: Any) -> None:
+    n = int(data.shape[0])
+    if n == 0:
+        dst.copy_to_device(np.zeros(4, np.uint8))  # CRC32C of nothing is 0
+        return
+    nch = (n + CRC_CHUNK - 1) // CRC_CHUNK
+    crcs = cuda.device_array(nch, np.uint32)
+    _crc_chunks[grid(nch)](data, _dev_table(), crcs, CRC_CHUNK)
+    last = n - (nch - 1) * CRC_CHUNK
+    x_full = np.uint32(_x2nmodp(CRC_CHUNK, 3))
+    x_last = np.uint32(_x2nmodp(last, 3))
+    _crc_combine[1, 1](crcs, x_full, x_last, dst)
+
+
+# --------------------------------------------------------------------------------------------
+# the writer's operations
+
+
+def alloc(nbytes: int) -> Any:
+    """A fresh device buffer of ``nbytes`` (uninitialised; the writer writes every byte)."""
+    return cuda.device_array(int(nbytes), np.uint8)
+
+
+def put(buf: Any, lo: int, data: bytes) -> None:
+    """buf[lo : lo + len(data)] = data (one host-to-device copy)."""
+    if data:
+        buf[lo : lo + len(data)].copy_to_device(np.frombuffer(data, np.uint8))
+
+
+@cuda.jit
+def _zero(a):  # pragma: no cover - device
+    for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+        a[i] = np.uint8(0)
+
+
+def zero(buf: Any, lo: int, hi: int) -> None:
+    if hi > lo:
+        _zero[grid(hi - lo)](buf[lo:hi])
+
+
+def view(buf: Any, lo: int, hi: int, dtype: Any) -> Any:
+    return buf[lo:hi].view(np.dtype(dtype))
+
+
+def crc32c(buf: Any, lo: int, hi: int) -> int:
+    """The CRC32C of buf[lo:hi] (computed on the device; four bytes come back)."""
+    dst = cuda.device_array(4, np.uint8)
+    _crc_into(buf[lo:hi], dst)
+    return int(dst.copy_to_host().view("<u4")[0])
+
+
+def crc32c_store(buf: Any, lo: int, hi: int, at: int) -> None:
+    """buf[at : at + 4] = little-endian CRC32C of buf[lo:hi], all on the device."""
+    _crc_into(buf[lo:hi], buf[at : at + 4])
+
+
+def to_host(buf: Any) -> np.ndarray:
+    """Host bytes of a device payload (a :class:`DevicePayload`, a Numba device array, or any CUDA
+    array adopted without a copy), as a flat uint8 array."""
+    if isinstance(buf, DevicePayload):
+        return buf.to_host()
+    if not is_device(buf):
+        buf = adopt(buf)
+    return np.asarray(buf.copy_to_host()).reshape(-1).view(np.uint8)
+
+
+class DevicePayload:
+    """A payload in device memory: the device buffer for NCCL / CUDA-aware MPI, host bytes on request.
+
+    ``device`` is the Numba device array (uint8, the whole payload); ``__cuda_array_interface__``
+    (on a GPU) lets CuPy and torch view it without a copy; ``bytes(p)``, :meth:`tobytes` and
+    ``numpy.asarray(p)`` copy it to the host, byte-identical to what the CPU backend writes.
+    ``gcodec.decode`` and ``gcodec.validate`` accept it as it is.
+    """
+
+    __gcodec_device_payload__ = True  # gcodec.arrays.backend_of says "cuda" without importing this module
+
+    def __init__(self, buf: Any) -> None:
+        self.device = buf
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.device.shape[0])
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:  # pragma: no cover - needs a GPU
+        return self.device.__cuda_array_interface__
+
+    def tobytes(self) -> bytes:
+        return bytes(self.to_host())
+
+    def to_host(self) -> np.ndarray:
+        """The payload's bytes as a host uint8 array (one device-to-host copy)."""
+        return np.asarray(self.device.copy_to_host())
+
+    def __bytes__(self) -> bytes:
+        return self.tobytes()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.to_host()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"DevicePayload({self.nbytes} bytes on the device)"
+
+
+def result(buf: Any) -> DevicePayload:
+    return DevicePayload(buf)

@@ -1,0 +1,96 @@
+"""Runs gcodec's CUDA backend under Numba's CUDA simulator, in a process of its own.
+
+``tests/test_gpu_sim.py`` starts this script with ``NUMBA_ENABLE_CUDASIM=1`` in the child's
+environment only: Numba reads that variable once, when it is first imported, so setting it inside
+the test process would either come too late or change every later test. Cases arrive as JSON on
+standard input; for each, the script encodes the case's array from device memory and decodes the
+CPU payload into a device ``out=`` (then accumulates the device payload onto it), and prints one
+JSON object of results. Errors are reported per case as ``"error": "<class>: <message>"``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import numpy as np
+
+warnings.filterwarnings("ignore", category=RuntimeWarning)  # the simulator's uint32 wraparound
+
+
+def make_array(n: int, data_seed: int, kind: str) -> np.ndarray:
+    """The test array of a case; the same function gives the parent process its CPU input."""
+    rng = np.random.default_rng(data_seed)
+    x = (rng.standard_normal(n) * 2).astype(np.float32)
+    if kind == "specials":
+        x[: min(n, 6)] = np.array([np.nan, np.inf, -0.0, 65520.0, 1e-8, -3e-39], np.float32)[: min(n, 6)]
+    elif kind == "ties":
+        x = np.round(x * 4) / 4
+    elif kind == "nan" and n:
+        x[n // 2] = np.nan
+    return x
+
+
+def run_case(case: dict) -> dict:
+    from numba import cuda
+
+    import gcodec
+
+    x = make_array(case["n"], case["data_seed"], case.get("kind", "normal"))
+    res: dict = {"id": case["id"]}
+    try:
+        d = cuda.to_device(x)
+        p = gcodec.encode(d, case["codec"], step=case.get("step"))
+        res["payload_type"] = type(p).__name__
+        res["payload"] = bytes(p).hex()
+        cpu = bytes.fromhex(case["cpu_payload"])
+        out = cuda.to_device(np.zeros(x.size, np.float32))
+        gcodec.decode(cpu, out=out)
+        res["decoded"] = out.copy_to_host().tobytes().hex()
+        gcodec.decode(p, out=out, accumulate=True)
+        res["accumulated"] = out.copy_to_host().tobytes().hex()
+    except Exception as e:  # reported, and judged by the parent
+        res["error"] = f"{type(e).__name__}: {e}"
+    return res
+
+
+def run_philox(cases: list) -> list:
+    from gcodec.kernels.cuda import philox
+
+    return [philox.random_u32(s, t, n, start).copy_to_host().tobytes().hex() for s, t, n, start in cases]
+
+
+def run_crc(blobs: list) -> list:
+    from numba import cuda
+
+    from gcodec.kernels.cuda import memory
+
+    out = []
+    for h in blobs:
+        b = np.frombuffer(bytes.fromhex(h), np.uint8)
+        d = cuda.to_device(b) if b.size else cuda.device_array(0, np.uint8)
+        out.append(memory.crc32c(d, 0, b.size))
+    return out
+
+
+def main() -> None:
+    import gcodec
+
+    req = json.load(sys.stdin)
+    before = "numba.cuda" in sys.modules
+    result = {
+        "cuda_imported_by_gcodec": before,
+        "cases": [run_case(c) for c in req.get("cases", [])],
+        "philox": run_philox(req.get("philox", [])),
+        "crc": run_crc(req.get("crc", [])),
+    }
+    from gcodec.kernels.cuda import launch
+
+    result["simulator"] = launch.SIM
+    result["gcodec"] = gcodec.__file__
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The CUDA backend against the CPU backend, byte for byte, under Numba's CUDA simulator.
+
+Every case encodes a small array from device memory and must give the CPU payload's exact bytes;
+the CPU payload decoded into a device ``out=`` must equal the CPU decode, and accumulating the
+device payload onto it must double it. The kernels run in one child process
+(``tests/gpu_sim_worker.py``) with ``NUMBA_ENABLE_CUDASIM=1`` set for that process only: Numba reads
+the variable when it is first imported, so this keeps the simulator out of every other test. Sizes
+are a few hundred elements: the simulator runs each CUDA thread as a Python thread.
+
+CuPy- and torch-CUDA-only paths need a real GPU; they are skipped here with that reason, never
+counted as passed (``bench/gpu_check.py`` runs them on a GPU machine).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gcodec
+from gcodec.checksum import crc32c
+from gcodec.kernels.cpu import philox as cpu_philox
+
+from .gpu_sim_worker import make_array
+
+pytestmark = pytest.mark.gpu
+
+HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
+
+# (id, codec config, n, data seed, step, kind)
+CASES: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
+    ("fp16", {"id": "fp16"}, 300, 0, None, "specials"),
+    ("bf16", {"id": "bf16"}, 300, 1, None, "specials"),
+    ("fp16-empty", {"id": "fp16"}, 0, 0, None, "normal"),
+    ("u8-g64", {"id": "uniform", "bits": 8}, 257, 2, None, "normal"),
+    ("u8-ties", {"id": "uniform", "bits": 8, "group_size": 8}, 96, 3, None, "ties"),
+    ("u4-g16", {"id": "uniform", "bits": 4, "group_size": 16}, 203, 4, None, "normal"),
+    ("u2-g1000", {"id": "uniform", "bits": 2, "group_size": 1000}, 101, 5, None, "normal"),
+    ("u8-sto-s1", {"id": "uniform", "bits": 8, "rounding": "stochastic", "seed": 1}, 200, 6, 0, "normal"),
+    ("u4-sto-s9", {"id": "uniform", "bits": 4, "rounding": "stochastic", "seed": 9}, 131, 7, 5, "normal"),
+    (
+        "u8-sto-f16",
+        {"id": "uniform", "bits": 8, "rounding": "stochastic", "scale_dtype": "float16", "group_size": 50, "seed": 2},
+        150,
+        8,
+        3,
+        "normal",
+    ),
+    ("qsgd-15", {"id": "qsgd", "levels": 15, "seed": 3}, 210, 9, 1, "normal"),
+    ("qsgd-5-b32", {"id": "qsgd", "levels": 5, "bucket_size": 32, "seed": 4}, 100, 10, 2, "normal"),
+    ("terngrad", {"id": "terngrad", "seed": 5}, 160, 11, 4, "normal"),
+    ("terngrad-clip", {"id": "terngrad", "clip": 2.5, "seed": 6}, 160, 12, 0, "normal"),
+    ("sign", {"id": "sign"}, 200, 13, None, "normal"),
+    ("sign-g48", {"id": "sign", "group_size": 48}, 150, 14, None, "normal"),
+    ("u8-nan", {"id": "uniform", "bits": 8}, 64, 17, None, "nan"),
+]
+#: Codecs whose kernels are not on the device yet: a device array gets a ConfigError that says so.
+NOT_ON_DEVICE = [
+    ("topk", {"id": "topk", "ratio": 0.1}, 100, 18, None, "normal"),
+    ("randomk", {"id": "randomk", "ratio": 0.1, "seed": 1}, 100, 19, 0, "normal"),
+    ("powersgd", {"id": "powersgd", "rank": 2}, 64, 20, None, "normal"),
+]
+REFUSED = {"u8-nan"}  # NaN input: the device encoder refuses it as the CPU one does
+PHILOX = [(0, 0, 37, 0), (1, 0, 8, 0), (2**64 - 1, 2**63 + 5, 50, 2**34), (12345, 678, 101, 4)]
+CRC_BLOBS = [b"", b"123456789", bytes(range(256)) * 3, bytes(1000)]
+
+
+def _cpu_payload(cfg: dict[str, Any], n: int, seed: int, step: int | None, kind: str) -> bytes:
+    codec = gcodec.get_codec(cfg)
+    return bytes(gcodec.encode(make_array(n, seed, kind), codec, step=step))
+
+
+@pytest.fixture(scope="module")
+def sim() -> dict[str, Any]:
+    if not HAVE_NUMBA_CUDA:
+        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
+    cases = []
+    for cid, cfg, n, seed, step, kind in CASES + NOT_ON_DEVICE:
+        try:
+            cpu = _cpu_payload(cfg, n, seed, step, kind).hex()
+        except gcodec.GcodecError:
+            cpu = ""
+        cases.append(
+            {"id": cid, "codec": cfg, "n": n, "data_seed": seed, "step": step, "kind": kind, "cpu_payload": cpu}
+        )
+    req = {"cases": cases, "philox": PHILOX, "crc": [b.hex() for b in CRC_BLOBS]}
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("gpu_sim_worker.py"))],
+        input=json.dumps(req),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout)
+    out["by_id"] = {c["id"]: c for c in out["cases"]}
+    return out
+
+
+def test_simulator_is_what_ran(sim: dict[str, Any]) -> None:
+    assert sim["simulator"] is True
+    assert sim["cuda_imported_by_gcodec"] is False  # import gcodec alone never imports numba.cuda
+
+
+ENCODED = [c for c in CASES if c[0] not in REFUSED]
+
+
+@pytest.mark.parametrize("case", ENCODED, ids=[c[0] for c in ENCODED])
+def test_device_payload_equals_cpu_bytes(sim: dict[str, Any], case: tuple) -> None:
+    cid, cfg, n, seed, step, kind = case
+    got = sim["by_id"][cid]
+    assert "error" not in got, got.get("error")
+    assert got["payload_type"] == "DevicePayload"
+    assert bytes.fromhex(got["payload"]) == _cpu_payload(cfg, n, seed, step, kind)
+
+
+@pytest.mark.parametrize("case", ENCODED, ids=[c[0] for c in ENCODED])
+def test_decode_into_device_out(sim: dict[str, Any], case: tuple) -> None:
+    cid, cfg, n, seed, step, kind = case
+    got = sim["by_id"][cid]
+    assert "error" not in got, got.get("error")
+    ref = gcodec.decode(_cpu_payload(cfg, n, seed, step, kind)).astype(np.float32).reshape(-1)
+    dec = np.frombuffer(bytes.fromhex(got["decoded"]), np.float32)
+    acc = np.frombuffer(bytes.fromhex(got["accumulated"]), np.float32)
+    np.testing.assert_array_equal(dec, ref)
+    np.testing.assert_array_equal(acc, ref + ref)
+
+
+def test_device_encoder_refuses_nan_like_cpu(sim: dict[str, Any]) -> None:
+    assert sim["by_id"]["u8-nan"]["error"].startswith("PayloadValueError: uniform: input has NaN")
+
+
+@pytest.mark.parametrize("case", NOT_ON_DEVICE, ids=[c[0] for c in NOT_ON_DEVICE])
+def test_codecs_not_on_device_say_so(sim: dict[str, Any], case: tuple) -> None:
+    err = sim["by_id"][case[0]].get("error", "")
+    assert err.startswith("ConfigError: gcodec's CUDA backend has no "), err
+
+
+def test_philox_words_equal_cpu(sim: dict[str, Any]) -> None:
+    for (seed, stream, n, start), h in zip(PHILOX, sim["philox"]):
+        want = cpu_philox.random_u32(seed, stream, n, start)
+        assert np.frombuffer(bytes.fromhex(h), np.uint32).tolist() == want.tolist(), (seed, stream, n, start)
+
+
+def test_device_crc32c_equals_host(sim: dict[str, Any]) -> None:
+    assert sim["crc"] == [crc32c(b) for b in CRC_BLOBS]
+    assert sim["crc"][1] == 0xE3069283  # the CRC-32C check value of "123456789"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="CuPy is not installed")
+def test_cupy_round_trip() -> None:  # pragma: no cover - needs a GPU
+    pytest.skip("CuPy arrays need a real GPU (the simulator has no foreign device memory); run bench/gpu_check.py")
+
+
+def test_torch_cuda_round_trip() -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: torch CUDA tensors cannot be made here; run bench/gpu_check.py on a GPU machine")
+    pytest.skip("torch CUDA round trips are checked by bench/gpu_check.py, outside the simulator suite")
