@@ -9,11 +9,14 @@ M:
 * :func:`mat_q`: ``P = M @ Qt.T`` (m x rp), four dot products per row of M, parallel over rows.
 * :func:`mat_tp`: ``Qt = P.T @ M`` (rp x n), axpy updates over column chunks that stay in L1,
   four rows of M at a time, parallel over column chunks (no reduction between threads).
-* :func:`reconstruct`: ``out (+)= P @ Qt`` into the caller's buffer, row by row, no temporary.
+* :func:`reconstruct`: ``out (+)= P @ Qt`` into the caller's buffer, row by row, no temporary of
+  the output's size, in the exact order of specs/codecs/powersgd.md §6 (any rank).
 * :func:`gram_schmidt`: in-place column orthonormalisation with an epsilon for zero columns.
 
-Floating-point results depend on summation order (``reassoc`` is allowed); PowerSGD's factors are
-not bit-reproducible across backends, and the spec does not ask them to be.
+Floating-point results of the encoder's products depend on summation order (``reassoc`` is allowed
+there); PowerSGD's factors are not bit-reproducible across backends, and the spec does not ask them
+to be. Decoding (:func:`reconstruct`) is: it is compiled without fastmath and follows the spec's
+order, so every conforming backend decodes a payload to the same bits.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 _FM = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: NaN and inf propagate as usual
-MAX_KERNEL_RANK = 8  # above this, callers use BLAS
+MAX_KERNEL_RANK = 8  # above this, the encoder's products (compute_p, compute_q) use BLAS
 
 
 @njit(cache=True, parallel=True, fastmath=_FM)
@@ -120,33 +123,68 @@ def tp_cols(n: int) -> int:
     return max(64, (n + t - 1) // t + 63) // 64 * 64
 
 
-@njit(cache=True, fastmath=_FM, inline="never")
-def _reconstruct_row(P, Qt, out, i, accumulate):  # pragma: no cover - jitted
+RECON_COLS = 512  # output columns per reconstruct tile: the tile's sums stay in L1
+
+
+@njit(cache=True, inline="never")  # no fastmath: the spec's order, each product rounded, no FMA
+def _reconstruct_rows(P, Qt, out, i0, i1, accumulate):  # pragma: no cover - jitted
+    """Rows i0 .. i1-1 of out (+)= P @ Qt, in the order of specs/codecs/powersgd.md §6.
+
+    For each output element the sum starts at +0 and adds the rounded products for c = 0 .. r-1
+    in turn; with ``accumulate`` the finished sum is added to ``out`` once. Each update is
+    elementwise over a tile of columns, so it vectorises without reassociation.
+    """
     r = P.shape[1]
+    r4 = r - r % 4
     n = Qt.shape[1]
-    base = np.uint64(i) * np.uint64(n)
-    nn = np.uint64(n)
-    for c in range(r):
-        p = P[i, c]
-        if c == 0 and not accumulate:
-            for j in range(nn):
-                out[base + j] = p * Qt[c, j]
-        else:
-            for j in range(nn):
-                out[base + j] += p * Qt[c, j]
-    if r == 0 and not accumulate:
-        for j in range(nn):
-            out[base + j] = 0
+    acc = np.empty(min(n, RECON_COLS), out.dtype)
+    for i in range(i0, i1):
+        for j0 in range(0, n, RECON_COLS):
+            w = np.uint64(min(RECON_COLS, n - j0))
+            b = np.uint64(i) * np.uint64(n) + np.uint64(j0)
+            uj0 = np.uint64(j0)
+            if accumulate:  # the sums go to a tile, then one add each into out
+                for j in range(w):
+                    acc[j] = 0
+                for c in range(0, r4, 4):  # four terms per pass, still added one after the other
+                    p0, p1, p2, p3 = P[i, c], P[i, c + 1], P[i, c + 2], P[i, c + 3]
+                    for j in range(w):
+                        acc[j] = (
+                            ((acc[j] + p0 * Qt[c, uj0 + j]) + p1 * Qt[c + 1, uj0 + j]) + p2 * Qt[c + 2, uj0 + j]
+                        ) + p3 * Qt[c + 3, uj0 + j]
+                for c in range(r4, r):
+                    p0 = P[i, c]
+                    for j in range(w):
+                        acc[j] = acc[j] + p0 * Qt[c, uj0 + j]
+                for j in range(w):
+                    out[b + j] = out[b + j] + acc[j]
+            else:  # the sums are built in out itself
+                for j in range(w):
+                    out[b + j] = 0
+                for c in range(0, r4, 4):
+                    p0, p1, p2, p3 = P[i, c], P[i, c + 1], P[i, c + 2], P[i, c + 3]
+                    for j in range(w):
+                        out[b + j] = (
+                            ((out[b + j] + p0 * Qt[c, uj0 + j]) + p1 * Qt[c + 1, uj0 + j]) + p2 * Qt[c + 2, uj0 + j]
+                        ) + p3 * Qt[c + 3, uj0 + j]
+                for c in range(r4, r):
+                    p0 = P[i, c]
+                    for j in range(w):
+                        out[b + j] = out[b + j] + p0 * Qt[c, uj0 + j]
 
 
 @njit(cache=True, parallel=True)
 def reconstruct(P, Qt, out, accumulate):  # pragma: no cover - jitted
     """out[i*n + j] (+)= sum_c P[i, c] * Qt[c, j]: ``out`` is the flat m*n output (float32/float64).
 
-    Row by row, rank by rank: the output row stays in L1 while the r updates pass over it.
+    Any rank. The sum of each element is the spec's (specs/codecs/powersgd.md §6): from +0, the
+    products rounded one by one and added for c = 0 .. r-1, no fused multiply-add; then one add
+    to ``out`` when accumulating. Parallel over blocks of rows.
     """
-    for i in prange(P.shape[0]):
-        _reconstruct_row(P, Qt, out, i, accumulate)
+    m = P.shape[0]
+    rows = 8
+    for b in prange((m + rows - 1) // rows):
+        _reconstruct_rows(P, Qt, out, b * rows, min(b * rows + rows, m), accumulate)
 
 
 @njit(cache=True)
