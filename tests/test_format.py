@@ -320,3 +320,71 @@ def test_payload_accepts_any_buffer_type():
     with pytest.raises(gcodec.FormatError):
         gcodec.decode("not bytes")  # type: ignore[arg-type]
     assert PREAMBLE_SIZE == 16
+
+
+def _nil_at(path):
+    """A header edit that writes nil at ``path`` (keys and list indices from the top-level map)."""
+
+    def f(h):
+        node = h
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = None
+
+    return f
+
+
+NIL_FORBIDDEN = [
+    ("data_length",),
+    ("tensors",),
+    ("features",),
+    ("meta",),
+    ("meta", "rank"),
+    ("tensors", 0, "codec"),
+    ("tensors", 0, "version"),
+    ("tensors", 0, "dtype"),
+    ("tensors", 0, "shape"),
+    ("tensors", 0, "shape", 0),
+    ("tensors", 0, "params"),
+    ("tensors", 0, "params", "bits"),
+    ("tensors", 0, "sections"),
+    ("tensors", 0, "sections", 0),
+    ("tensors", 0, "sections", 0, 0),
+    ("tensors", 0, "sections", 0, 1),
+    ("tensors", 0, "sections", 0, 2),
+    ("tensors", 0, "name"),
+    ("tensors", 0, "params", "values", "params"),
+    ("tensors", 0, "params", "values", "params", "group_size"),
+    ("tensors", 0, "params", "values", "version"),
+]
+
+
+@pytest.mark.parametrize("minor", [0, 1])
+@pytest.mark.parametrize("path", NIL_FORBIDDEN, ids=lambda p: ".".join(map(str, p)))
+def test_nil_only_where_a_codec_lists_nil_or_map(path, minor):
+    """specs/format.md §5 item 7: nil is refused (HeaderError) everywhere but the listed params."""
+    from vector_cases import edit
+
+    x = np.arange(1, 41, dtype=np.float32)
+    if "values" in path:
+        buf = gcodec.encode(x, gcodec.get_codec("topk", k=8, values={"id": "uniform", "bits": 8}))
+    elif "bits" in path:
+        buf = gcodec.encode(x, gcodec.get_codec("uniform"))
+    else:
+        buf = gcodec.encode_bundle({"w": x}, gcodec.get_codec("fp16"), meta={"rank": "0"})
+    if path[0] == "features":
+        buf = edit(bytes(buf), header=lambda h: h.__setitem__("features", ["x"]), minor=1)
+    with pytest.raises(gcodec.HeaderError):
+        gcodec.validate(edit(bytes(buf), header=_nil_at(path), minor=minor))
+
+
+@pytest.mark.parametrize(
+    "codec, role",
+    [("topk", "values"), ("threshold", "values"), ("randomk", "values"), ("powersgd", "p"), ("powersgd", "q")],
+)
+def test_nil_is_the_raw_layout_where_listed(codec, role):
+    x = np.arange(1, 401, dtype=np.float32).reshape(20, 20)
+    params = {"rank": 2} if codec == "powersgd" else {"threshold": 300.0} if codec == "threshold" else {"k": 5}
+    buf = gcodec.encode(x, gcodec.get_codec(codec, **params))
+    info = gcodec.validate(buf)
+    assert info.tensors[0].params[role] is None

@@ -389,7 +389,7 @@ def _parse_tensor(t: Any, i: int, lim: Limits, strict_keys: bool) -> TensorEntry
     params = t["params"]
     _want(isinstance(params, dict), f"F9: {w}.params must be a map")
     name = t.get("name")
-    _want(name is None or isinstance(name, str), f"F9: {w}.name must be a string")
+    _want("name" not in t or isinstance(name, str), f"F9: {w}.name must be a string")
     secs = t["sections"]
     _want(isinstance(secs, list), f"F9: {w}.sections must be a list")
     lim.check("section count", len(secs), "max_sections", f"{w}.sections")
