@@ -388,3 +388,41 @@ def test_nil_is_the_raw_layout_where_listed(codec, role):
     buf = gcodec.encode(x, gcodec.get_codec(codec, **params))
     info = gcodec.validate(buf)
     assert info.tensors[0].params[role] is None
+
+
+def _depth(obj, d=0):
+    """specs/format.md F8: every object, scalars included, has a depth; the top-level map is 0."""
+    if isinstance(obj, dict):
+        return max([d] + [_depth(x, d + 1) for kv in obj.items() for x in kv])
+    if isinstance(obj, list):
+        return max([d] + [_depth(x, d + 1) for x in obj])
+    return d
+
+
+def test_f8_depths_of_the_version_1_0_vectors():
+    """The remark of F8: version 1.0 headers reach depth 5, and 6 with a nested codec."""
+    import json
+    from pathlib import Path
+
+    from vector_cases import header_of
+
+    root = Path(__file__).resolve().parents[1] / "specs" / "vectors"
+    depths: dict[bool, set[int]] = {False: set(), True: set()}
+    for e in json.loads((root / "manifest.json").read_text())["vectors"]:
+        if e["kind"] != "valid" or e["version"] != "1.0":
+            continue
+        h = header_of((root / e["file"]).read_bytes())
+        nested = any(isinstance(v, dict) for t in h["tensors"] for v in t["params"].values())
+        depths[nested].add(_depth(h))
+    assert max(depths[False]) == 5 and max(depths[True]) == 6
+
+
+def test_f8_scalars_count_toward_the_depth():
+    buf = bytes(gcodec.encode(np.ones(100, np.float32), gcodec.get_codec("topk", k=10, values={"id": "uniform"})))
+    gcodec.validate(buf, limits=gcodec.Limits(max_nesting=6))
+    with pytest.raises(gcodec.LimitExceededError, match="F8"):
+        gcodec.validate(buf, limits=gcodec.Limits(max_nesting=5))
+    plain = bytes(gcodec.encode(np.ones(4, np.float32), gcodec.get_codec("fp16")))
+    gcodec.validate(plain, limits=gcodec.Limits(max_nesting=5))
+    with pytest.raises(gcodec.LimitExceededError, match="F8"):
+        gcodec.validate(plain, limits=gcodec.Limits(max_nesting=4))
