@@ -1,8 +1,8 @@
 """A second decoder, written from specs/ alone (no gcodec import), as a check that the spec is complete.
 
 It implements the container (specs/format.md, with its own msgpack reader and a table CRC32C), the
-codecs fp16, bf16 and uniform (nearest rounding, float32 scales), and powersgd with raw or nested
-(hybrid.md) factors. tests/test_spec_decoder.py
+codecs fp16, bf16 and uniform (nearest rounding, float32 scales), powersgd with raw or nested
+(hybrid.md) factors, and the header rules (not the decoding) of topk. tests/test_spec_decoder.py
 runs it over the golden vectors: it must decode every valid one bit for bit and refuse every
 invalid container vector with the error class the manifest names. It is deliberately plain and
 slow; nothing in gcodec may import it.
@@ -342,6 +342,8 @@ def read(p, READER_MINOR=0):
         n = t["numel"]
         if c == "powersgd":
             want, nest = psgd_header(pm, t["shape"], n, strict)
+        elif c == "topk":
+            want, nest = topk_header(pm, n, t["dtype"], strict)
         else:
             c1_simple(c, pm, strict, "C1")
             want = simple_sections(c, pm, n, "")
@@ -353,6 +355,8 @@ def read(p, READER_MINOR=0):
         sec = {g[0]: p[D + g[2] : D + g[2] + g[3]] for g in got}
         if c == "powersgd":
             y = psgd_decode(pm, nest, t["shape"], n, t["dtype"], sec)
+        elif c == "topk":
+            raise E("NotImplemented", "topk: only its header rules are implemented here")
         else:
             y = simple_decode(c, pm, n, sec, "")
         out[t.get("name")] = y.astype(DT[t["dtype"]]).reshape(t["shape"])
@@ -361,7 +365,7 @@ def read(p, READER_MINOR=0):
 
 SIMPLE = ("fp16", "bf16", "uniform")
 HOSTS = ("topk", "threshold", "randomk", "powersgd")
-KNOWN = (*SIMPLE, "powersgd")
+KNOWN = (*SIMPLE, "powersgd", "topk")
 UNIFORM = {
     "bits": lambda v: type(v) is int and v in (8, 4, 2),
     "group_size": lambda v: type(v) is int and 1 <= v <= 1 << 24,
@@ -472,6 +476,32 @@ def psgd_header(pm, shape, n, strict):
             want += simple_sections(nest[role][0], nest[role][1], rows * r, role + ".")
         else:
             want.append((role, "f4", 4 * rows * r))
+    return want, nest
+
+
+def topk_header(pm, n, dtype, strict):
+    """topk.md §1, §3-§5 and T1, in format.md §7.3's order: H1 (values), C1, T1; the section list."""
+    nest = {"values": nested_decl(pm["values"], strict)} if pm.get("values") is not None else {}
+    for k in ("k", "index_coding", "index_bytes", "values"):
+        H(k in pm, "C1 " + k)
+    if strict:
+        H(set(pm) <= {"k", "index_coding", "index_bytes", "values"}, "C1 unknown")
+    H(type(pm["k"]) is int and pm["k"] >= 0, "C1 k")
+    H(pm["index_coding"] in ("delta", "raw"), "C1 index_coding")
+    H(type(pm["index_bytes"]) is int and pm["index_bytes"] >= 0, "C1 index_bytes")
+    k, ib = pm["k"], pm["index_bytes"]
+    H(k <= n, "T1 k")
+    if pm["index_coding"] == "raw":
+        H(ib == 4 * k and n <= 1 << 32, "T1 raw")
+        want = [("indices", "u4", ib)]
+    else:
+        H(ib <= -(-56 * k // 8) + k // 64 + 1, "T1 delta")
+        want = [("index_widths", "u1", -(-k // 64)), ("indices", "u1", ib)]
+    if nest:
+        want += simple_sections(nest["values"][0], nest["values"][1], k, "values.")
+    else:
+        et, size = {"float32": ("f4", 4), "float64": ("f8", 8), "float16": ("f2", 2), "bfloat16": ("u2", 2)}[dtype]
+        want.append(("values", et, k * size))
     return want, nest
 
 
