@@ -123,7 +123,7 @@ def tp_cols(n: int) -> int:
     return max(64, (n + t - 1) // t + 63) // 64 * 64
 
 
-RECON_COLS = 512  # output columns per reconstruct tile: the tile's sums stay in L1
+RECON_COLS = 1024  # output columns per reconstruct tile: the tile's sums stay in L1
 
 
 @njit(cache=True, inline="never")  # no fastmath: the spec's order, each product rounded, no FMA
@@ -131,46 +131,94 @@ def _reconstruct_rows(P, Qt, out, i0, i1, accumulate):  # pragma: no cover - jit
     """Rows i0 .. i1-1 of out (+)= P @ Qt, in the order of specs/codecs/powersgd.md §6.
 
     For each output element the sum starts at +0 and adds the rounded products for c = 0 .. r-1
-    in turn; with ``accumulate`` the finished sum is added to ``out`` once. Each update is
-    elementwise over a tile of columns, so it vectorises without reassociation.
+    in turn; with ``accumulate`` the finished sum is added to ``out`` once. The terms go four per
+    pass over a tile of columns (still added one after the other: ``((s + t0) + t1) + ...``), and
+    each update is elementwise over the tile, so it vectorises without reassociation. Without
+    ``accumulate`` the sums are built in ``out`` itself; with it, in a tile ``acc`` whose last pass
+    ends in the add into ``out`` (ranks 1 and 4 need no tile).
     """
     r = P.shape[1]
-    r4 = r - r % 4
     n = Qt.shape[1]
     acc = np.empty(min(n, RECON_COLS), out.dtype)
+    z = out.dtype.type(0)
     for i in range(i0, i1):
         for j0 in range(0, n, RECON_COLS):
             w = np.uint64(min(RECON_COLS, n - j0))
             b = np.uint64(i) * np.uint64(n) + np.uint64(j0)
-            uj0 = np.uint64(j0)
-            if accumulate:  # the sums go to a tile, then one add each into out
-                for j in range(w):
-                    acc[j] = 0
-                for c in range(0, r4, 4):  # four terms per pass, still added one after the other
-                    p0, p1, p2, p3 = P[i, c], P[i, c + 1], P[i, c + 2], P[i, c + 3]
-                    for j in range(w):
-                        acc[j] = (
-                            ((acc[j] + p0 * Qt[c, uj0 + j]) + p1 * Qt[c + 1, uj0 + j]) + p2 * Qt[c + 2, uj0 + j]
-                        ) + p3 * Qt[c + 3, uj0 + j]
-                for c in range(r4, r):
-                    p0 = P[i, c]
-                    for j in range(w):
-                        acc[j] = acc[j] + p0 * Qt[c, uj0 + j]
-                for j in range(w):
-                    out[b + j] = out[b + j] + acc[j]
-            else:  # the sums are built in out itself
-                for j in range(w):
-                    out[b + j] = 0
-                for c in range(0, r4, 4):
-                    p0, p1, p2, p3 = P[i, c], P[i, c + 1], P[i, c + 2], P[i, c + 3]
-                    for j in range(w):
-                        out[b + j] = (
-                            ((out[b + j] + p0 * Qt[c, uj0 + j]) + p1 * Qt[c + 1, uj0 + j]) + p2 * Qt[c + 2, uj0 + j]
-                        ) + p3 * Qt[c + 3, uj0 + j]
-                for c in range(r4, r):
-                    p0 = P[i, c]
-                    for j in range(w):
-                        out[b + j] = out[b + j] + p0 * Qt[c, uj0 + j]
+            u = np.uint64(j0)
+            c = 0
+            first = True
+            while c < r:
+                k = 4 if r - c >= 4 else 1
+                last = c + k == r
+                p0 = P[i, c]
+                p1 = P[i, c + 1] if k > 1 else p0
+                p2 = P[i, c + 2] if k > 2 else p0
+                p3 = P[i, c + 3] if k > 3 else p0
+                if k == 4:
+                    if first and last:
+                        if accumulate:
+                            for j in range(w):
+                                out[b + j] = out[b + j] + (
+                                    (((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j])
+                                    + p3 * Qt[c + 3, u + j]
+                                )
+                        else:
+                            for j in range(w):
+                                out[b + j] = (
+                                    ((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                                ) + p3 * Qt[c + 3, u + j]
+                    elif first:
+                        if accumulate:
+                            for j in range(w):
+                                acc[j] = (
+                                    ((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                                ) + p3 * Qt[c + 3, u + j]
+                        else:
+                            for j in range(w):
+                                out[b + j] = (
+                                    ((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                                ) + p3 * Qt[c + 3, u + j]
+                    elif last and accumulate:
+                        for j in range(w):
+                            out[b + j] = out[b + j] + (
+                                (((acc[j] + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j])
+                                + p3 * Qt[c + 3, u + j]
+                            )
+                    elif accumulate:
+                        for j in range(w):
+                            acc[j] = (
+                                ((acc[j] + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                            ) + p3 * Qt[c + 3, u + j]
+                    else:
+                        for j in range(w):
+                            out[b + j] = (
+                                ((out[b + j] + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                            ) + p3 * Qt[c + 3, u + j]
+                    c += 4
+                else:  # one term
+                    if accumulate:
+                        if first and last:
+                            for j in range(w):
+                                out[b + j] = out[b + j] + (z + p0 * Qt[c, u + j])
+                        elif first:
+                            for j in range(w):
+                                acc[j] = z + p0 * Qt[c, u + j]
+                        elif last:
+                            for j in range(w):
+                                out[b + j] = out[b + j] + (acc[j] + p0 * Qt[c, u + j])
+                        else:
+                            for j in range(w):
+                                acc[j] = acc[j] + p0 * Qt[c, u + j]
+                    else:
+                        if first:
+                            for j in range(w):
+                                out[b + j] = z + p0 * Qt[c, u + j]
+                        else:
+                            for j in range(w):
+                                out[b + j] = out[b + j] + p0 * Qt[c, u + j]
+                    c += 1
+                first = False
 
 
 @njit(cache=True, parallel=True)
