@@ -309,6 +309,31 @@ def test_decode_follows_the_spec_order_bit_for_bit(dtype, r):
     np.testing.assert_array_equal(got.view(np.uint8), want.astype(dtype).view(np.uint8))
 
 
+def test_inexact_vectors_pin_the_summation_order():
+    """valid/powersgd_inexact_rank6*: another order, pairwise sums, fused multiply-adds or a float64
+    sum would each change many of the 72 decoded elements, so the vector pins §6's order."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "specs" / "vectors" / "valid"
+    p, q = factors((root / "powersgd_inexact_rank6.gcd").read_bytes())
+    want = np.load(root / "powersgd_inexact_rank6.npy")
+
+    def ordered(cs):
+        s = np.zeros((8, 9), np.float32)
+        for c in cs:
+            s = s + p[:, c, None] * q[None, :, c]
+        return s
+
+    fused = np.zeros((8, 9), np.float32)
+    for c in range(6):  # fma(a, b, s): the exact product (float64) added, then one rounding
+        fused = (fused + p[:, c, None].astype(np.float64) * q[None, :, c]).astype(np.float32)
+    t = [p[:, c, None] * q[None, :, c] for c in range(6)]
+    pairwise = ((t[0] + t[1]) + (t[2] + t[3])) + (t[4] + t[5])
+    np.testing.assert_array_equal(ordered(range(6)).view(np.uint32), want.view(np.uint32))
+    for alt in (ordered(range(5, -1, -1)), fused, pairwise, (p.astype(np.float64) @ q.T).astype(np.float32)):
+        assert (alt.view(np.uint32) != want.view(np.uint32)).sum() > 20
+
+
 def test_error_feedback_works_with_powersgd():
     ef = gcodec.ErrorFeedback(gcodec.get_codec("powersgd", rank=1))
     rng = np.random.default_rng(11)
