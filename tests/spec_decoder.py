@@ -1,7 +1,8 @@
 """A second decoder, written from specs/ alone (no gcodec import), as a check that the spec is complete.
 
-It implements the container (specs/format.md, with its own msgpack reader and a table CRC32C) and
-the codecs fp16, bf16 and uniform (nearest rounding, float32 scales). tests/test_spec_decoder.py
+It implements the container (specs/format.md, with its own msgpack reader and a table CRC32C), the
+codecs fp16, bf16 and uniform (nearest rounding, float32 scales), powersgd with raw or nested
+(hybrid.md) factors, and the header rules (not the decoding) of topk. tests/test_spec_decoder.py
 runs it over the golden vectors: it must decode every valid one bit for bit and refuse every
 invalid container vector with the error class the manifest names. It is deliberately plain and
 slow; nothing in gcodec may import it.
@@ -329,73 +330,211 @@ def read(p, READER_MINOR=0):
     for lo, hi in pad:
         if any(p[lo:hi]):
             raise E("LayoutError", "F15")
-    # C rules + decode
+    # C rules + decode, record by record (format.md §7 "Order")
     out = {}
     for t in ts:
         c = t["codec"]
-        if c not in ("fp16", "bf16", "uniform"):
+        if c not in KNOWN:
             raise E("UnknownCodecError", "C0")
         if not 1 <= t["version"] <= 1:
             raise E("UnsupportedVersionError", "C0")
         pm = t["params"]
         n = t["numel"]
-        if c in ("fp16", "bf16"):
-            if strict and pm:
-                raise E("HeaderError", "C1")
-            want = [("data", "u2", 2 * n)]
+        if c == "powersgd":
+            want, nest = psgd_header(pm, t["shape"], n, strict)
+        elif c == "topk":
+            want, nest = topk_header(pm, n, t["dtype"], strict)
         else:
-            schema = {
-                "bits": lambda v: type(v) is int and v in (8, 4, 2),
-                "group_size": lambda v: type(v) is int and 1 <= v <= 1 << 24,
-                "rounding": lambda v: v == "nearest",
-                "scale_dtype": lambda v: v == "float32",
-                "seed": lambda v: type(v) is int,
-            }
-            for k, f in schema.items():
-                if k not in pm or not f(pm[k]):
-                    raise E("HeaderError", "C1 " + k)
-            if strict and set(pm) - set(schema):
-                raise E("HeaderError", "C1 unknown")
-            G, bits = pm["group_size"], pm["bits"]
-            want = [("scales", "f4", 4 * (-(-n // G))), ("codes", "u1", -(-n * bits // 8))]
+            c1_simple(c, pm, strict, "C1")
+            want = simple_sections(c, pm, n, "")
         got = t["sections"]
         if [(w[0], w[1]) for w in want] != [(g[0], g[1]) for g in got]:
             raise E("SizeMismatchError", "C2")
         if [w[2] for w in want] != [g[3] for g in got]:
             raise E("SizeMismatchError", "C3")
         sec = {g[0]: p[D + g[2] : D + g[2] + g[3]] for g in got}
-        if c == "fp16":
-            h16 = np.frombuffer(sec["data"], "<u2")
-            y = np.empty(n, np.float32)
-            for i, hv in enumerate(h16.tolist()):
-                sign = -1.0 if hv & 0x8000 else 1.0
-                em = hv & 0x7FFF
-                if em >= 0x7C00:
-                    y[i] = np.uint32(((em << 13) + 0x70000000) | ((hv & 0x8000) << 16)).view(np.float32)
-                elif em < 0x400:
-                    y[i] = sign * em * 2.0**-24
-                else:
-                    y[i] = np.uint32(((em << 13) + 0x38000000) | ((hv & 0x8000) << 16)).view(np.float32)
-        elif c == "bf16":
-            y = (np.frombuffer(sec["data"], "<u2").astype(np.uint32) << 16).view(np.float32)
+        if c == "powersgd":
+            y = psgd_decode(pm, nest, t["shape"], n, t["dtype"], sec)
+        elif c == "topk":
+            raise E("NotImplemented", "topk: only its header rules are implemented here")
         else:
-            sc = np.frombuffer(sec["scales"], "<f4")
-            for s_ in sc:
-                if not np.isfinite(s_) or np.signbit(s_) or s_ < 0:
-                    raise E("PayloadValueError", "U1")
-            cb = sec["codes"]
-            used = n * bits % 8
-            if used and cb[-1] >> used:
-                raise E("PayloadValueError", "U3")
-            y = np.empty(n, np.float32)
-            for i in range(n):
-                cc = (cb[i * bits // 8] >> ((i % (8 // bits)) * bits)) & ((1 << bits) - 1)
-                if cc == 1 << (bits - 1):
-                    raise E("PayloadValueError", "U2")
-                q = cc - (1 << bits) if cc >= 1 << (bits - 1) else cc
-                y[i] = np.float32(q) * sc[i // G]
+            y = simple_decode(c, pm, n, sec, "")
         out[t.get("name")] = y.astype(DT[t["dtype"]]).reshape(t["shape"])
     return out if all(named) else out[None]
+
+
+SIMPLE = ("fp16", "bf16", "uniform")
+HOSTS = ("topk", "threshold", "randomk", "powersgd")
+KNOWN = (*SIMPLE, "powersgd", "topk")
+UNIFORM = {
+    "bits": lambda v: type(v) is int and v in (8, 4, 2),
+    "group_size": lambda v: type(v) is int and 1 <= v <= 1 << 24,
+    "rounding": lambda v: v == "nearest",
+    "scale_dtype": lambda v: v == "float32",
+    "seed": lambda v: type(v) is int,
+}
+
+
+def c1_simple(c, pm, strict, rule):
+    """C1 of fp16, bf16 and (deterministic) uniform; ``rule`` is "C1", or "H1" for nested params."""
+    if c in ("fp16", "bf16"):
+        if strict and pm:
+            raise E("HeaderError", rule)
+        return
+    for k, f in UNIFORM.items():
+        if k not in pm or not f(pm[k]):
+            raise E("HeaderError", rule + " " + k)
+    if strict and set(pm) - set(UNIFORM):
+        raise E("HeaderError", rule + " unknown")
+
+
+def simple_sections(c, pm, n, prefix):
+    if c in ("fp16", "bf16"):
+        return [(prefix + "data", "u2", 2 * n)]
+    G, bits = pm["group_size"], pm["bits"]
+    return [(prefix + "scales", "f4", 4 * (-(-n // G))), (prefix + "codes", "u1", -(-n * bits // 8))]
+
+
+def f16_to_f32(data):
+    h16 = np.frombuffer(data, "<u2")
+    y = np.empty(len(h16), np.float32)
+    for i, hv in enumerate(h16.tolist()):
+        sign = -1.0 if hv & 0x8000 else 1.0
+        em = hv & 0x7FFF
+        if em >= 0x7C00:
+            y[i] = np.uint32(((em << 13) + 0x70000000) | ((hv & 0x8000) << 16)).view(np.float32)
+        elif em < 0x400:
+            y[i] = sign * em * 2.0**-24
+        else:
+            y[i] = np.uint32(((em << 13) + 0x38000000) | ((hv & 0x8000) << 16)).view(np.float32)
+    return y
+
+
+def simple_decode(c, pm, n, sec, prefix):
+    """fp16, bf16 or uniform: n float32 values, value rules (U1, U3, U2) checked."""
+    if c == "fp16":
+        return f16_to_f32(sec[prefix + "data"])
+    if c == "bf16":
+        return (np.frombuffer(sec[prefix + "data"], "<u2").astype(np.uint32) << 16).view(np.float32)
+    G, bits = pm["group_size"], pm["bits"]
+    sc = np.frombuffer(sec[prefix + "scales"], "<f4")
+    qmax = (1 << (bits - 1)) - 1
+    for s_ in sc:
+        if not np.isfinite(s_) or np.signbit(s_) or s_ < 0:
+            raise E("PayloadValueError", "U1")
+        with np.errstate(over="ignore"):
+            if not np.isfinite(np.float32(qmax) * s_):  # U1: the largest code must stay finite
+                raise E("PayloadValueError", "U1")
+    cb = sec[prefix + "codes"]
+    used = n * bits % 8
+    if used and cb[-1] >> used:
+        raise E("PayloadValueError", "U3")
+    y = np.empty(n, np.float32)
+    for i in range(n):
+        cc = (cb[i * bits // 8] >> ((i % (8 // bits)) * bits)) & ((1 << bits) - 1)
+        if cc == 1 << (bits - 1):
+            raise E("PayloadValueError", "U2")
+        q = cc - (1 << bits) if cc >= 1 << (bits - 1) else cc
+        y[i] = np.float32(q) * sc[i // G]
+    return y
+
+
+def nested_decl(raw, strict):
+    """hybrid.md §3: H1 (with the nested C0) for one role's declaration."""
+    H(isinstance(raw, dict), "H1 map")
+    H({"codec", "params", "version"} <= set(raw), "H1 keys")
+    if strict:
+        H(set(raw) <= {"codec", "params", "version"}, "H1 extra")
+    c = raw["codec"]
+    H(isinstance(c, str), "H1 codec")
+    if c not in (*SIMPLE, *HOSTS):
+        raise E("UnknownCodecError", "H1")
+    H(c not in HOSTS, "H1 composite")
+    H(type(raw["version"]) is int and raw["version"] >= 1, "H1 version")
+    if raw["version"] > 1:
+        raise E("UnsupportedVersionError", "C0 nested")
+    H(isinstance(raw["params"], dict), "H1 params")
+    c1_simple(c, raw["params"], strict, "H1")
+    return c, raw["params"]
+
+
+def psgd_header(pm, shape, n, strict):
+    """powersgd.md §1-§4, in format.md §7.3's order: H1 (p, then q), C1, P2 / P1; the section list."""
+    nest = {role: nested_decl(pm[role], strict) for role in ("p", "q") if pm.get(role) is not None}
+    for k in ("mode", "rank", "p", "q"):
+        H(k in pm, "C1 " + k)
+    if strict:
+        H(set(pm) <= {"mode", "rank", "p", "q"}, "C1 unknown")
+    H(pm["mode"] in ("lowrank", "fp32", "fp16"), "C1 mode")
+    H(type(pm["rank"]) is int and pm["rank"] >= 0, "C1 rank")
+    r = pm["rank"]
+    if pm["mode"] != "lowrank":
+        H(r == 0 and pm["p"] is None and pm["q"] is None, "P2")
+        return [("data", "f4" if pm["mode"] == "fp32" else "f2", (4 if pm["mode"] == "fp32" else 2) * n)], nest
+    H(len(shape) >= 2 and n > 0, "P1")
+    m = shape[0]
+    H(1 <= r <= min(m, n // m), "P1 rank")
+    want = []
+    for role, rows in (("p", m), ("q", n // m)):
+        if role in nest:
+            want += simple_sections(nest[role][0], nest[role][1], rows * r, role + ".")
+        else:
+            want.append((role, "f4", 4 * rows * r))
+    return want, nest
+
+
+def topk_header(pm, n, dtype, strict):
+    """topk.md §1, §3-§5 and T1, in format.md §7.3's order: H1 (values), C1, T1; the section list."""
+    nest = {"values": nested_decl(pm["values"], strict)} if pm.get("values") is not None else {}
+    for k in ("k", "index_coding", "index_bytes", "values"):
+        H(k in pm, "C1 " + k)
+    if strict:
+        H(set(pm) <= {"k", "index_coding", "index_bytes", "values"}, "C1 unknown")
+    H(type(pm["k"]) is int and pm["k"] >= 0, "C1 k")
+    H(pm["index_coding"] in ("delta", "raw"), "C1 index_coding")
+    H(type(pm["index_bytes"]) is int and pm["index_bytes"] >= 0, "C1 index_bytes")
+    k, ib = pm["k"], pm["index_bytes"]
+    H(k <= n, "T1 k")
+    if pm["index_coding"] == "raw":
+        H(ib == 4 * k and n <= 1 << 32, "T1 raw")
+        want = [("indices", "u4", ib)]
+    else:
+        H(ib <= -(-56 * k // 8) + k // 64 + 1, "T1 delta")
+        want = [("index_widths", "u1", -(-k // 64)), ("indices", "u1", ib)]
+    if nest:
+        want += simple_sections(nest["values"][0], nest["values"][1], k, "values.")
+    else:
+        et, size = {"float32": ("f4", 4), "float64": ("f8", 8), "float16": ("f2", 2), "bfloat16": ("u2", 2)}[dtype]
+        want.append(("values", et, k * size))
+    return want, nest
+
+
+def psgd_decode(pm, nest, shape, n, dtype, sec):
+    if pm["mode"] != "lowrank":
+        y = np.frombuffer(sec["data"], "<f4") if pm["mode"] == "fp32" else f16_to_f32(sec["data"])
+        if not np.isfinite(y).all():
+            raise E("PayloadValueError", "P3")
+        return y
+    m, r = shape[0], pm["rank"]
+    f = {}
+    for role, rows in (("p", m), ("q", n // m)):  # the nested codecs' value rules first
+        if role in nest:
+            f[role] = simple_decode(nest[role][0], nest[role][1], rows * r, sec, role + ".").reshape(rows, r)
+    for role, rows in (("p", m), ("q", n // m)):  # then P3: every factor finite, raw or nested
+        if role not in nest:
+            f[role] = np.frombuffer(sec[role], "<f4").reshape(rows, r)
+        if not np.isfinite(f[role]).all():
+            raise E("PayloadValueError", "P3")
+    if dtype != "float64" and f["p"].size and f["q"].size:  # P4: no entry of P Q^T can overflow binary32
+        bound = float(r) * float(np.abs(f["p"]).max()) * float(np.abs(f["q"]).max())
+        if bound > 2.0**127:
+            raise E("PayloadValueError", "P4")
+    # §6: s = +0; s = s + W(P[i,c]) * W(Q[j,c]) for c = 0..r-1 in order (NumPy: no fused operations)
+    W = np.float64 if dtype == "float64" else np.float32
+    s = np.zeros((m, n // m), W)
+    for c in range(r):
+        s = s + f["p"][:, c, None].astype(W) * f["q"][None, :, c].astype(W)
+    return s.reshape(-1)
 
 
 def same(a, b):

@@ -371,3 +371,109 @@ def test_quoted_header_lists_are_truncated():
     with pytest.raises(gcodec.HeaderError) as info:
         gcodec.validate(bytes(rebuild(buf, h)))
     assert len(str(info.value)) < 1000 and "…" in str(info.value)
+
+
+def _nil_at(path):
+    """A header edit that writes nil at ``path`` (keys and list indices from the top-level map)."""
+
+    def f(h):
+        node = h
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = None
+
+    return f
+
+
+NIL_FORBIDDEN = [
+    ("data_length",),
+    ("tensors",),
+    ("features",),
+    ("meta",),
+    ("meta", "rank"),
+    ("tensors", 0, "codec"),
+    ("tensors", 0, "version"),
+    ("tensors", 0, "dtype"),
+    ("tensors", 0, "shape"),
+    ("tensors", 0, "shape", 0),
+    ("tensors", 0, "params"),
+    ("tensors", 0, "params", "bits"),
+    ("tensors", 0, "sections"),
+    ("tensors", 0, "sections", 0),
+    ("tensors", 0, "sections", 0, 0),
+    ("tensors", 0, "sections", 0, 1),
+    ("tensors", 0, "sections", 0, 2),
+    ("tensors", 0, "name"),
+    ("tensors", 0, "params", "values", "params"),
+    ("tensors", 0, "params", "values", "params", "group_size"),
+    ("tensors", 0, "params", "values", "version"),
+]
+
+
+@pytest.mark.parametrize("minor", [0, 1])
+@pytest.mark.parametrize("path", NIL_FORBIDDEN, ids=lambda p: ".".join(map(str, p)))
+def test_nil_only_where_a_codec_lists_nil_or_map(path, minor):
+    """specs/format.md §5 item 7: nil is refused (HeaderError) everywhere but the listed params."""
+    from vector_cases import edit
+
+    x = np.arange(1, 41, dtype=np.float32)
+    if "values" in path:
+        buf = gcodec.encode(x, gcodec.get_codec("topk", k=8, values={"id": "uniform", "bits": 8}))
+    elif "bits" in path:
+        buf = gcodec.encode(x, gcodec.get_codec("uniform"))
+    else:
+        buf = gcodec.encode_bundle({"w": x}, gcodec.get_codec("fp16"), meta={"rank": "0"})
+    if path[0] == "features":
+        buf = edit(bytes(buf), header=lambda h: h.__setitem__("features", ["x"]), minor=1)
+    with pytest.raises(gcodec.HeaderError):
+        gcodec.validate(edit(bytes(buf), header=_nil_at(path), minor=minor))
+
+
+@pytest.mark.parametrize(
+    "codec, role",
+    [("topk", "values"), ("threshold", "values"), ("randomk", "values"), ("powersgd", "p"), ("powersgd", "q")],
+)
+def test_nil_is_the_raw_layout_where_listed(codec, role):
+    x = np.arange(1, 401, dtype=np.float32).reshape(20, 20)
+    params = {"rank": 2} if codec == "powersgd" else {"threshold": 300.0} if codec == "threshold" else {"k": 5}
+    buf = gcodec.encode(x, gcodec.get_codec(codec, **params))
+    info = gcodec.validate(buf)
+    assert info.tensors[0].params[role] is None
+
+
+def _depth(obj, d=0):
+    """specs/format.md F8: every object, scalars included, has a depth; the top-level map is 0."""
+    if isinstance(obj, dict):
+        return max([d] + [_depth(x, d + 1) for kv in obj.items() for x in kv])
+    if isinstance(obj, list):
+        return max([d] + [_depth(x, d + 1) for x in obj])
+    return d
+
+
+def test_f8_depths_of_the_version_1_0_vectors():
+    """The remark of F8: version 1.0 headers reach depth 5, and 6 with a nested codec."""
+    import json
+    from pathlib import Path
+
+    from vector_cases import header_of
+
+    root = Path(__file__).resolve().parents[1] / "specs" / "vectors"
+    depths: dict[bool, set[int]] = {False: set(), True: set()}
+    for e in json.loads((root / "manifest.json").read_text())["vectors"]:
+        if e["kind"] != "valid" or e["version"] != "1.0":
+            continue
+        h = header_of((root / e["file"]).read_bytes())
+        nested = any(isinstance(v, dict) for t in h["tensors"] for v in t["params"].values())
+        depths[nested].add(_depth(h))
+    assert max(depths[False]) == 5 and max(depths[True]) == 6
+
+
+def test_f8_scalars_count_toward_the_depth():
+    buf = bytes(gcodec.encode(np.ones(100, np.float32), gcodec.get_codec("topk", k=10, values={"id": "uniform"})))
+    gcodec.validate(buf, limits=gcodec.Limits(max_nesting=6))
+    with pytest.raises(gcodec.LimitExceededError, match="F8"):
+        gcodec.validate(buf, limits=gcodec.Limits(max_nesting=5))
+    plain = bytes(gcodec.encode(np.ones(4, np.float32), gcodec.get_codec("fp16")))
+    gcodec.validate(plain, limits=gcodec.Limits(max_nesting=5))
+    with pytest.raises(gcodec.LimitExceededError, match="F8"):
+        gcodec.validate(plain, limits=gcodec.Limits(max_nesting=4))

@@ -9,9 +9,11 @@ import tracemalloc
 import numpy as np
 import pytest
 from vector_cases.sparse import INVALID, psgd_rank2_base
+from vector_cases.sparse import _powersgd_payload as powersgd_payload
 
 import gcodec
 from gcodec.api import _checked
+from gcodec.arrays import BFLOAT16
 from gcodec.codecs.powersgd import initial_q, matrix_shape, orthogonalize, should_compress
 from gcodec.kernels.cpu.philox import random_u32
 
@@ -261,19 +263,75 @@ def test_factor_layout_is_row_major_p_then_q():
 
 @pytest.mark.parametrize("rank", [4, 12])
 def test_decode_accumulates_without_a_full_size_temporary(rank):
-    """Rank <= 8 reconstructs row by row in place; above, BLAS fills 64 KiB-element row blocks."""
+    """Every rank reconstructs tiles of rows in place; the only temporaries are per-thread tiles."""
     m = np.random.default_rng(10).standard_normal((1024, 2048)).astype(np.float32)
     buf = gcodec.get_codec("powersgd", rank=rank).encode(m)
     y = gcodec.decode(buf)
     out = np.ones_like(m)
     gcodec.decode(buf, out=out, accumulate=True)
-    np.testing.assert_allclose(out, 1 + y, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out, np.float32(1) + y)  # one add of the finished sum
     tracemalloc.start()
     gcodec.decode(buf, out=out, accumulate=True)
     gcodec.decode(buf, out=out)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < m.nbytes / 8, peak  # includes the header packer's 256 KiB buffer
+
+
+def spec_reconstruct(p: np.ndarray, q: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+    """specs/codecs/powersgd.md §6 literally: from +0, add the rounded products for c = 0 .. r-1 in
+    order (separate NumPy multiplies and adds: no fused operations), then one add into ``out``."""
+    s = np.zeros(out.shape, out.dtype)
+    for c in range(p.shape[1]):
+        s = s + p[:, c, None].astype(out.dtype) * q[None, :, c].astype(out.dtype)
+    out[...] = out + s if accumulate else s
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16])
+@pytest.mark.parametrize("r", [1, 2, 4, 7, 9, 16, 33])
+def test_decode_follows_the_spec_order_bit_for_bit(dtype, r):
+    """Every rank, every output dtype, with and without accumulate: the exact sums of §6 (no BLAS,
+    no FMA, no reassociation), so another conforming decoder (a GPU backend) gets the same bits."""
+    m, n = 37, 600  # n above one reconstruct tile (512 columns)
+    rng = np.random.default_rng(r)
+    p = rng.standard_normal((m, r)).astype(np.float32)
+    q = rng.standard_normal((n, r)).astype(np.float32)
+    buf = powersgd_payload((m, n), p, q, "bfloat16" if dtype == BFLOAT16 else np.dtype(dtype).name)
+    work = np.float64 if dtype == np.float64 else np.float32
+    want = np.zeros((m, n), work)
+    spec_reconstruct(p, q, want, False)
+    np.testing.assert_array_equal(gcodec.decode(buf).view(np.uint8), want.astype(dtype).view(np.uint8))
+    start = rng.standard_normal((m, n)).astype(dtype)
+    got = start.copy()
+    gcodec.decode(buf, out=got, accumulate=True)
+    want = start.astype(work)
+    spec_reconstruct(p, q, want, True)
+    np.testing.assert_array_equal(got.view(np.uint8), want.astype(dtype).view(np.uint8))
+
+
+def test_inexact_vectors_pin_the_summation_order():
+    """valid/powersgd_inexact_rank6*: another order, pairwise sums, fused multiply-adds or a float64
+    sum would each change many of the 72 decoded elements, so the vector pins §6's order."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "specs" / "vectors" / "valid"
+    p, q = factors((root / "powersgd_inexact_rank6.gcd").read_bytes())
+    want = np.load(root / "powersgd_inexact_rank6.npy")
+
+    def ordered(cs):
+        s = np.zeros((8, 9), np.float32)
+        for c in cs:
+            s = s + p[:, c, None] * q[None, :, c]
+        return s
+
+    fused = np.zeros((8, 9), np.float32)
+    for c in range(6):  # fma(a, b, s): the exact product (float64) added, then one rounding
+        fused = (fused + p[:, c, None].astype(np.float64) * q[None, :, c]).astype(np.float32)
+    t = [p[:, c, None] * q[None, :, c] for c in range(6)]
+    pairwise = ((t[0] + t[1]) + (t[2] + t[3])) + (t[4] + t[5])
+    np.testing.assert_array_equal(ordered(range(6)).view(np.uint32), want.view(np.uint32))
+    for alt in (ordered(range(5, -1, -1)), fused, pairwise, (p.astype(np.float64) @ q.T).astype(np.float32)):
+        assert (alt.view(np.uint32) != want.view(np.uint32)).sum() > 20
 
 
 def test_error_feedback_works_with_powersgd():

@@ -15,16 +15,28 @@ KNOWN = {"fp16", "bf16", "uniform"}
 
 
 def _supported(entry: dict) -> bool:
-    """The core module's vectors: fp16, bf16 and deterministic uniform (others use codec features it lacks)."""
-    return entry["module"] == "core" and set(entry.get("codecs") or [entry.get("codec")]) <= KNOWN
+    """The core module's vectors (fp16, bf16 and deterministic uniform; others use codec features it
+    lacks) and every powersgd vector (raw, pass-through, and fp16 / uniform-nearest factors)."""
+    codecs = set(entry.get("codecs") or [entry.get("codec")])
+    return (entry["module"] == "core" and codecs <= KNOWN) or codecs == {"powersgd"}
+
+
+def _header_rule_of_topk(entry: dict) -> bool:
+    """topk's header rules are implemented (not its decoding), with nil or fp16/bf16/uniform values."""
+    return entry["codecs"] == ["topk"] and entry["rule"][:2] in ("C0", "C1", "C2", "C3", "T1", "H1")
 
 
 VALID = [e for e in MANIFEST["vectors"] if e["kind"] == "valid" and _supported(e)]
-INVALID = [e for e in MANIFEST["vectors"] if e["kind"] == "invalid" and e["module"] == "core"]
+INVALID = [
+    e
+    for e in MANIFEST["vectors"]
+    if e["kind"] == "invalid" and (e["module"] == "core" or _supported(e) or _header_rule_of_topk(e))
+]
 
 
 def test_the_independent_decoder_covers_many_vectors():
     assert len(VALID) >= 40 and len(INVALID) >= 100
+    assert sum(e["codecs"] == ["powersgd"] for e in VALID) == 11
 
 
 @pytest.mark.parametrize("entry", VALID, ids=lambda e: e["name"])
@@ -43,3 +55,82 @@ def test_invalid_vector_refused_with_named_error(entry):
     with pytest.raises(sd.E) as ei:
         sd.read((ROOT / entry["file"]).read_bytes())
     assert ei.value.cls == entry["error"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("r", [1, 5, 12])
+def test_powersgd_with_inexact_sums_decodes_identically(dtype, r):
+    """Random factors (sums that round, unlike the vectors' dyadic ones): the spec's order of
+    powersgd.md §6 gives gcodec's bits, whatever the rank (the kernel has no BLAS path)."""
+    import numpy as np
+    from vector_cases.sparse import _powersgd_payload
+
+    import gcodec
+
+    rng = np.random.default_rng(r)
+    p = rng.standard_normal((13, r)).astype(np.float32)
+    q = rng.standard_normal((700, r)).astype(np.float32)
+    buf = _powersgd_payload((13, 700), p, q, dtype)
+    y = gcodec.decode(buf)
+    assert sd.same(sd.read(buf), y.view(sd.BF16) if dtype == "bfloat16" else y)
+
+
+def _overlap_cases():
+    """Payloads that break two or three header rules at once (specs/format.md §7.3, "Order"):
+    (name, payload maker, error class, rule that reports it)."""
+    import numpy as np
+    from vector_cases import edit, encode
+
+    def psgd_passthrough(**params):
+        def make():
+            p = encode("powersgd", np.float32([1.0, 2.0, 3.0]))
+
+            def f(h):
+                h["tensors"][0]["params"].update(params)
+
+            return edit(p, header=f)
+
+        return make
+
+    def topk(**params):
+        def make():
+            p = encode("topk", np.float32([0.5, -3.0, 0.0, 2.0, -2.0, 1.0, 2.0, 0.25]), k=3)
+
+            def f(h):
+                h["tensors"][0]["params"].update(params)
+
+            return edit(p, header=f)
+
+        return make
+
+    unknown = {"codec": "nope", "params": {}, "version": 1}
+    extra_key = {"codec": "fp16", "params": {}, "version": 1, "x": 1}
+    fp16 = {"codec": "fp16", "params": {}, "version": 1}
+    return [
+        # powersgd: P2 (pass-through with rank or a nested factor) against H1 and C1
+        ("p2_vs_h1_unknown", psgd_passthrough(rank=2, p=unknown), "UnknownCodecError", "H1"),
+        ("p2_vs_h1_extra_key", psgd_passthrough(q=extra_key), "HeaderError", "H1"),
+        ("p2_with_valid_nested", psgd_passthrough(p=fp16), "HeaderError", "P2"),
+        ("p2_vs_c1", psgd_passthrough(rank=1, mode="fp8"), "HeaderError", "C1"),
+        # topk: H1, then C1, then T1
+        ("t1_vs_c1", topk(k=99, index_coding="zip"), "HeaderError", "C1"),
+        ("t1_vs_h1", topk(k=99, values=unknown), "UnknownCodecError", "H1"),
+        ("c1_vs_h1", topk(index_coding="zip", values=extra_key), "HeaderError", "H1"),
+        ("t1_vs_c3", topk(k=9), "HeaderError", "T1"),
+    ]
+
+
+@pytest.mark.parametrize("name, make, error, rule", _overlap_cases(), ids=lambda c: c if isinstance(c, str) else "")
+def test_overlapping_rules_report_the_first_in_the_spec_order(name, make, error, rule):
+    """A payload breaking several header rules gets the error of the first one in the order of
+    specs/format.md §7.3 (C0, H1, C1, the codec's header rules, C2, C3), from gcodec and from the
+    independent decoder alike."""
+    import gcodec
+
+    buf = make()
+    with pytest.raises(gcodec.GcodecError) as ei:
+        gcodec.validate(buf)
+    assert type(ei.value).__name__ == error and str(ei.value).startswith(rule + ":"), str(ei.value)
+    with pytest.raises(sd.E) as si:
+        sd.read(buf)
+    assert si.value.cls == error and str(si.value).split(": ", 1)[1].startswith(rule), str(si.value)

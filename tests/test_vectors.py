@@ -162,3 +162,22 @@ def test_spec_hexdumps_match_vectors():
     """Every hex dump marked ``<!-- hexdump: FILE -->`` in specs/ shows the committed FILE exactly."""
     assert mv.spec_hexdumps(), "no marked hex dumps found in specs/"
     assert mv.check_spec_hexdumps() == []
+
+
+def test_a_value_rule_id_names_one_codec():
+    """Codec value rules have unique prefixes (U, Q, S, TG, T, TH, R, P; H for hybrids), so a rule ID
+    alone says which codec's specification defines it; every invalid vector's name starts with its rule."""
+    owners: dict[str, set[str]] = {}
+    for e in MANIFEST["vectors"]:
+        if e["kind"] != "invalid":
+            continue
+        if e["rule"][0] in "FCH":
+            continue
+        assert e["name"].startswith(e["rule"].lower() + "_"), e["name"]
+        codecs = set(e["codecs"])
+        if e["rule"][0] not in "UQS":  # the quantizers' rules also guard values nested in a host
+            codecs = {e["codec"]}
+        owners.setdefault(e["rule"].rstrip("0123456789"), set()).update(codecs)
+    shared = {prefix: sorted(c) for prefix, c in owners.items() if len(c) > 1 and prefix not in "UQS"}
+    assert not shared, f"rule prefixes used by several codecs: {shared}"
+    assert owners["TG"] == {"terngrad"} and owners["T"] == {"topk"}

@@ -187,11 +187,11 @@ def compute_q(m: np.ndarray, p: np.ndarray, out: np.ndarray | None = None) -> np
 def decompress(p: np.ndarray, q: np.ndarray, out: np.ndarray, *, accumulate: bool = False, scale: float = 1.0) -> None:
     """out (+)= scale * P Q^T, written row by row into ``out`` (m*n elements, float32/float64).
 
-    No temporary of the output's size: rank <= 8 runs the row kernel, larger ranks multiply
-    blocks of 64 rows with BLAS into a block-sized buffer.
+    No temporary of the output's size. Every rank runs the reconstruct kernel, whose sums follow
+    specs/codecs/powersgd.md §6 exactly (no BLAS: its order and fused operations are its own).
     """
     flat = out.reshape(-1)
-    m, r = p.shape
+    m = p.shape[0]
     n = q.shape[0]
     if flat.shape[0] != m * n:
         raise ConfigError(f"out has {flat.shape[0]} elements; P Q^T has {m} x {n}")
@@ -200,23 +200,7 @@ def decompress(p: np.ndarray, q: np.ndarray, out: np.ndarray, *, accumulate: boo
     if scale != 1.0:
         ps *= dt.type(scale)
     K = kernels.of(flat)
-    if r <= K.lowrank.MAX_KERNEL_RANK:
-        K.lowrank.reconstruct(
-            np.ascontiguousarray(ps), np.ascontiguousarray(q.T.astype(dt, copy=False)), flat, accumulate
-        )
-        return
-    out2 = flat.reshape(m, n)
-    qt = np.ascontiguousarray(q.T.astype(dt, copy=False))
-    block = max(1, (1 << 16) // max(n, 1))
-    tmp = np.empty((min(block, m), n), dt) if accumulate else None
-    for i0 in range(0, m, block):
-        i1 = min(i0 + block, m)
-        if accumulate:
-            assert tmp is not None
-            np.matmul(ps[i0:i1], qt, out=tmp[: i1 - i0])
-            out2[i0:i1] += tmp[: i1 - i0]
-        else:
-            np.matmul(ps[i0:i1], qt, out=out2[i0:i1])
+    K.lowrank.reconstruct(np.ascontiguousarray(ps), np.ascontiguousarray(q.T.astype(dt, copy=False)), flat, accumulate)
 
 
 #: The slot of a :class:`~gcodec.codecs.state.CodecState` that holds each key's warm-start Q.

@@ -29,7 +29,7 @@ __all__ = ["QuantLayout", "ScaledQuantizer"]
 
 class ScaledQuantizer(Codec):
     """Base of the group-scaled integer codecs. Subclasses define ``PARAMS``, ``_layout`` and the
-    rule prefix used in error messages (``U``, ``Q``, ``T``)."""
+    rule prefix used in error messages (``U``, ``Q``, ``TG``)."""
 
     rule_prefix: str = "U"
 

@@ -41,7 +41,7 @@ class TernGrad(ScaledQuantizer):
 
     codec_id = "terngrad"
     aggregation = Aggregation.GATHER
-    rule_prefix = "T"
+    rule_prefix = "TG"
     PARAMS = {
         "group_size": Param(int, 0, "elements per scale (0: whole tensor)", min=0, max=1 << 24),
         "clip": Param(float, 0.0, "clip at c * standard deviation (0: off)", min=0.0, max=1e6),

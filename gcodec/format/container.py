@@ -409,10 +409,7 @@ def _parse_tensor(t: Any, i: int, lim: Limits, strict_keys: bool) -> TensorEntry
     params = t["params"]
     _want(isinstance(params, dict), f"F9: {w}.params must be a map")
     name = t.get("name")
-    _want(name is None or isinstance(name, str), f"F9: {w}.name must be a string")
-    # Item 7: a name, if present, is a string. In a payload of a known minor a present nil is also
-    # not canonical (F11 reports it, after F9-F10); a newer minor's header is not re-encoded, so:
-    _want(strict_keys or "name" not in t or name is not None, f"F9: {w}.name must be a string, not nil")
+    _want("name" not in t or isinstance(name, str), f"F9: {w}.name must be a string")
     secs = t["sections"]
     _want(isinstance(secs, list), f"F9: {w}.sections must be a list")
     lim.check("section count", len(secs), "max_sections", f"{w}.sections")

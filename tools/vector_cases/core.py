@@ -553,6 +553,8 @@ F9 = [
     ("f09_shape_bool", _hdr(fp16_base, _t0(_set("shape", [True]))), "HeaderError", "F9"),
     ("f09_params_not_map", _hdr(fp16_base, _t0(_set("params", []))), "HeaderError", "F9"),
     ("f09_name_not_string", _hdr(fp16_base, _t0(_set("name", 5))), "HeaderError", "F9"),
+    # minor 1, so that F11 (which a nil key also breaks under minor 0) does not apply: only §7.2 item 7
+    ("f09_name_nil_minor1", _hdr(fp16_base, _t0(_set("name", None)), minor=1), "HeaderError", "F9"),
     ("f09_section_not_list", _hdr(fp16_base, _t0(_set("sections", [{"name": "data"}]))), "HeaderError", "F9"),
     ("f09_section_three_fields", _hdr(fp16_base, _t0(_set("sections", [["data", "u2", 0]]))), "HeaderError", "F9"),
     ("f09_section_name_empty", _hdr(fp16_base, _section(0, 0, 0, "")), "HeaderError", "F9"),
@@ -639,7 +641,6 @@ F10_F15 = [
     ("f11_str8_not_fixstr", _replace_in_header(fp16_base, b"\xa4fp16", b"\xd9\x04fp16"), "HeaderError", "F11"),
     ("f11_map16_not_fixmap", _replace_in_header(fp16_base, b"\x82\xab", b"\xde\x00\x02\xab"), "HeaderError", "F11"),
     ("f11_array16_not_fixarray", _replace_in_header(fp16_base, b"\x91\x03", b"\xdc\x00\x01\x03"), "HeaderError", "F11"),
-    ("f11_name_nil", _hdr(fp16_base, _t0(_set("name", None))), "HeaderError", "F11"),
     ("f12_overlap", _hdr(u4_base, _section(0, 1, 2, 0)), "LayoutError", "F12"),
     ("f12_overlap_bundle", _hdr(bundle_base, _section(1, 0, 2, 8)), "LayoutError", "F12"),
     (

@@ -146,6 +146,18 @@ def _psgd_rank1_f64():
     return _powersgd_payload((3, 7), _dyadic(3, 1, 5), _dyadic(7, 1, 6), "float64"), None
 
 
+def _psgd_inexact(dtype: str):
+    """Factors whose products and sums round (24-bit significands): the decoded bits depend on
+    the order of specs/codecs/powersgd.md §6 (from +0, c = 0..r-1, each product rounded, no FMA)."""
+
+    def make():
+        p = uniform_values(8 * 6, 31, F32).reshape(8, 6)
+        q = uniform_values(9 * 6, 32, F32).reshape(9, 6) * np.float32(3)
+        return _powersgd_payload((8, 9), p, q, dtype), None
+
+    return make
+
+
 def _psgd_factors_fp16():
     """Nested fp16 factors (dyadic values are exact in binary16)."""
     from . import assemble
@@ -249,6 +261,9 @@ VALID = [
     ("powersgd_rank2", _psgd_rank2),
     ("powersgd_rank3_3d", _psgd_rank3_3d),
     ("powersgd_rank1_f64", _psgd_rank1_f64),
+    ("powersgd_inexact_rank6", _psgd_inexact("float32")),
+    ("powersgd_inexact_rank6_f16", _psgd_inexact("float16")),
+    ("powersgd_inexact_rank6_f64", _psgd_inexact("float64")),
     ("powersgd_factors_fp16", _psgd_factors_fp16),
     ("powersgd_factors_uniform8", _psgd_factors_uniform8),
     ("powersgd_passthrough_fp32", _enc("powersgd", heavy_input(10, 24), rank=2)),

@@ -9,11 +9,14 @@ M:
 * :func:`mat_q`: ``P = M @ Qt.T`` (m x rp), four dot products per row of M, parallel over rows.
 * :func:`mat_tp`: ``Qt = P.T @ M`` (rp x n), axpy updates over column chunks that stay in L1,
   four rows of M at a time, parallel over column chunks (no reduction between threads).
-* :func:`reconstruct`: ``out (+)= P @ Qt`` into the caller's buffer, row by row, no temporary.
+* :func:`reconstruct`: ``out (+)= P @ Qt`` into the caller's buffer, row by row, no temporary of
+  the output's size, in the exact order of specs/codecs/powersgd.md §6 (any rank).
 * :func:`gram_schmidt`: in-place column orthonormalisation with an epsilon for zero columns.
 
-Floating-point results depend on summation order (``reassoc`` is allowed); PowerSGD's factors are
-not bit-reproducible across backends, and the spec does not ask them to be.
+Floating-point results of the encoder's products depend on summation order (``reassoc`` is allowed
+there); PowerSGD's factors are not bit-reproducible across backends, and the spec does not ask them
+to be. Decoding (:func:`reconstruct`) is: it is compiled without fastmath and follows the spec's
+order, so every conforming backend decodes a payload to the same bits.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from numba import njit
 from .threads import run_chunks
 
 _FM = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: NaN and inf propagate as usual
-MAX_KERNEL_RANK = 8  # above this, callers use BLAS
+MAX_KERNEL_RANK = 8  # above this, the encoder's products (compute_p, compute_q) use BLAS
 _ROWS = 64  # rows of M per mat_q chunk
 
 
@@ -123,39 +126,118 @@ def mat_tp(M: np.ndarray, P: np.ndarray, Qt: np.ndarray) -> None:
     run_chunks(_tp_range, M.shape[1], 64, M, P, Qt)
 
 
-@njit(cache=True, fastmath=_FM, inline="never")
-def _reconstruct_row(P, Qt, out, i, accumulate):  # pragma: no cover - jitted
+RECON_COLS = 1024  # output columns per reconstruct tile: the tile's sums stay in L1
+
+
+@njit(cache=True, inline="never")  # no fastmath: the spec's order, each product rounded, no FMA
+def _reconstruct_rows(P, Qt, out, i0, i1, accumulate):  # pragma: no cover - jitted
+    """Rows i0 .. i1-1 of out (+)= P @ Qt, in the order of specs/codecs/powersgd.md §6.
+
+    For each output element the sum starts at +0 and adds the rounded products for c = 0 .. r-1
+    in turn; with ``accumulate`` the finished sum is added to ``out`` once. The terms go four per
+    pass over a tile of columns (still added one after the other: ``((s + t0) + t1) + ...``), and
+    each update is elementwise over the tile, so it vectorises without reassociation. Without
+    ``accumulate`` the sums are built in ``out`` itself; with it, in a tile ``acc`` whose last pass
+    ends in the add into ``out`` (ranks 1 and 4 need no tile).
+    """
     r = P.shape[1]
     n = Qt.shape[1]
-    base = np.uint64(i) * np.uint64(n)
-    nn = np.uint64(n)
-    for c in range(r):
-        p = P[i, c]
-        if c == 0 and not accumulate:
-            for j in range(nn):
-                out[base + j] = p * Qt[c, j]
-        else:
-            for j in range(nn):
-                out[base + j] += p * Qt[c, j]
-    if r == 0 and not accumulate:
-        for j in range(nn):
-            out[base + j] = 0
+    acc = np.empty(min(n, RECON_COLS), out.dtype)
+    z = out.dtype.type(0)
+    for i in range(i0, i1):
+        for j0 in range(0, n, RECON_COLS):
+            w = np.uint64(min(RECON_COLS, n - j0))
+            b = np.uint64(i) * np.uint64(n) + np.uint64(j0)
+            u = np.uint64(j0)
+            c = 0
+            first = True
+            while c < r:
+                k = 4 if r - c >= 4 else 1
+                last = c + k == r
+                p0 = P[i, c]
+                p1 = P[i, c + 1] if k > 1 else p0
+                p2 = P[i, c + 2] if k > 2 else p0
+                p3 = P[i, c + 3] if k > 3 else p0
+                if k == 4:
+                    if first and last:
+                        if accumulate:
+                            for j in range(w):
+                                out[b + j] = out[b + j] + (
+                                    (((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j])
+                                    + p3 * Qt[c + 3, u + j]
+                                )
+                        else:
+                            for j in range(w):
+                                out[b + j] = (
+                                    ((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                                ) + p3 * Qt[c + 3, u + j]
+                    elif first:
+                        if accumulate:
+                            for j in range(w):
+                                acc[j] = (
+                                    ((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                                ) + p3 * Qt[c + 3, u + j]
+                        else:
+                            for j in range(w):
+                                out[b + j] = (
+                                    ((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                                ) + p3 * Qt[c + 3, u + j]
+                    elif last and accumulate:
+                        for j in range(w):
+                            out[b + j] = out[b + j] + (
+                                (((acc[j] + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j])
+                                + p3 * Qt[c + 3, u + j]
+                            )
+                    elif accumulate:
+                        for j in range(w):
+                            acc[j] = (
+                                ((acc[j] + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                            ) + p3 * Qt[c + 3, u + j]
+                    else:
+                        for j in range(w):
+                            out[b + j] = (
+                                ((out[b + j] + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j]
+                            ) + p3 * Qt[c + 3, u + j]
+                    c += 4
+                else:  # one term
+                    if accumulate:
+                        if first and last:
+                            for j in range(w):
+                                out[b + j] = out[b + j] + (z + p0 * Qt[c, u + j])
+                        elif first:
+                            for j in range(w):
+                                acc[j] = z + p0 * Qt[c, u + j]
+                        elif last:
+                            for j in range(w):
+                                out[b + j] = out[b + j] + (acc[j] + p0 * Qt[c, u + j])
+                        else:
+                            for j in range(w):
+                                acc[j] = acc[j] + p0 * Qt[c, u + j]
+                    else:
+                        if first:
+                            for j in range(w):
+                                out[b + j] = z + p0 * Qt[c, u + j]
+                        else:
+                            for j in range(w):
+                                out[b + j] = out[b + j] + p0 * Qt[c, u + j]
+                    c += 1
+                first = False
 
 
 @njit(cache=True, nogil=True)
 def _reconstruct_range(P, Qt, out, accumulate, lo, hi):  # pragma: no cover - jitted
-    for i in range(lo, hi):
-        _reconstruct_row(P, Qt, out, i, accumulate)
+    _reconstruct_rows(P, Qt, out, lo, hi, accumulate)
     return 0
 
 
 def reconstruct(P: np.ndarray, Qt: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
     """out[i*n + j] (+)= sum_c P[i, c] * Qt[c, j]: ``out`` is the flat m*n output (float32/float64).
 
-    Row by row, rank by rank: the output row stays in L1 while the r updates pass over it; blocks
-    of rows on the kernel threads.
+    Any rank. The sum of each element is the spec's (specs/codecs/powersgd.md §6): from +0, the
+    products rounded one by one and added for c = 0 .. r-1, no fused multiply-add; then one add
+    to ``out`` when accumulating. Blocks of rows on the kernel threads.
     """
-    run_chunks(_reconstruct_range, P.shape[0], _ROWS, P, Qt, out, accumulate)
+    run_chunks(_reconstruct_range, P.shape[0], 8, P, Qt, out, accumulate)
 
 
 @njit(cache=True)
