@@ -3,9 +3,11 @@
 Exit status: 0 success; 1 a payload is invalid or an operation on valid arguments failed; 2 a
 usage error (bad arguments, unknown codec or parameter, a missing or unreadable file).
 
-bfloat16 arrays: NumPy stores them in ``.npy`` files as raw 2-byte records (``|V2``). ``decode``
-writes them that way and ``encode`` reads ``|V2`` arrays as bfloat16 (view them with
-``ml_dtypes.bfloat16``).
+bfloat16 arrays have two ``.npy`` conventions, and the CLI takes both: NumPy with ml_dtypes stores
+them as raw 2-byte records (``|V2``), the golden vectors of ``specs/vectors`` as their bit patterns
+(``<u2``). ``encode`` reads ``|V2`` arrays as bfloat16, and ``uint16`` arrays as bfloat16 bits with
+``--dtype bfloat16``; ``decode`` writes ``|V2`` (view with ``ml_dtypes.bfloat16``), or ``<u2`` bit
+patterns with ``--bf16-bits``.
 """
 
 from __future__ import annotations
@@ -84,16 +86,21 @@ def _read_payload_file(path: str) -> np.ndarray:
         raise UsageError(f"{path}: {e.strerror or e}") from None
 
 
-def _as_wire_dtype(a: np.ndarray) -> np.ndarray:
-    """C-contiguous, 0-d arrays kept 0-d (np.ascontiguousarray would make them 1-d); |V2 read as bfloat16."""
+def _as_wire_dtype(a: np.ndarray, bf16_bits: bool = False) -> np.ndarray:
+    """C-contiguous, 0-d arrays kept 0-d (np.ascontiguousarray would make them 1-d); |V2 read as
+    bfloat16, and uint16 as bfloat16 bit patterns when ``bf16_bits``."""
     if not a.flags.c_contiguous:
         a = a.copy(order="C")
     if a.dtype == np.dtype("V2"):  # how np.save stores bfloat16
         return a.view(BFLOAT16)
+    if a.dtype == np.dtype("<u2") and bf16_bits:  # the golden vectors' convention
+        return a.view(BFLOAT16)
+    if a.dtype == np.dtype("<u2"):
+        raise UsageError("uint16 input: for bfloat16 bit patterns (as in specs/vectors) pass --dtype bfloat16")
     return a
 
 
-def _load_arrays(path: str) -> tuple[dict[str, np.ndarray], bool]:
+def _load_arrays(path: str, bf16_bits: bool = False) -> tuple[dict[str, np.ndarray], bool]:
     """({name: array}, is_npz) from a ``.npy`` or ``.npz`` file; a ``.npy`` array's name is ``""``."""
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
@@ -101,7 +108,7 @@ def _load_arrays(path: str) -> tuple[dict[str, np.ndarray], bool]:
         loaded = np.load(path, allow_pickle=False)
         if isinstance(loaded, np.lib.npyio.NpzFile):
             with loaded:
-                arrays = {k: _as_wire_dtype(loaded[k]) for k in loaded.files}
+                arrays = {k: _as_wire_dtype(loaded[k], bf16_bits) for k in loaded.files}
             if not arrays:
                 raise UsageError(f"{path}: the .npz file holds no arrays")
             return arrays, True
@@ -109,7 +116,7 @@ def _load_arrays(path: str) -> tuple[dict[str, np.ndarray], bool]:
         raise UsageError(f"{path}: cannot read as .npy/.npz: {e}") from None
     if not isinstance(loaded, np.ndarray):
         raise UsageError(f"{path}: not a .npy array")
-    return {"": _as_wire_dtype(loaded)}, False
+    return {"": _as_wire_dtype(loaded, bf16_bits)}, False
 
 
 def _parse_param(text: str) -> tuple[str, Any]:
@@ -290,7 +297,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
         codec = get_codec(args.codec, **params)
     except (UnknownCodecError, ConfigError) as e:
         raise UsageError(_err(e)) from None
-    arrays, is_npz = _load_arrays(args.input)
+    arrays, is_npz = _load_arrays(args.input, bf16_bits=args.dtype == "bfloat16")
     try:
         if is_npz:
             buf = encode_bundle(arrays, codec, checksum=not args.no_checksum)
@@ -313,6 +320,10 @@ def _write_bytes(path: str, buf: Any) -> None:
         raise UsageError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
+def _bf16_out(a: np.ndarray, bits: bool) -> np.ndarray:
+    return a.view("<u2") if bits and a.dtype == BFLOAT16 else a
+
+
 def cmd_decode(args: argparse.Namespace) -> int:
     data = _read_payload_file(args.input)
     try:
@@ -326,16 +337,17 @@ def cmd_decode(args: argparse.Namespace) -> int:
             if args.output.endswith(".npy"):
                 raise UsageError(f"{args.input} is a bundle of {len(arrays)} tensors: give an .npz output")
             with open(args.output, "wb") as f:
-                np.savez(f, **arrays)
+                np.savez(f, **{k: _bf16_out(v, args.bf16_bits) for k, v in arrays.items()})
         else:
             with open(args.output, "wb") as f:
                 arr = arrays[""]
                 assert isinstance(arr, np.ndarray)
-                np.save(f, arr, allow_pickle=False)
+                np.save(f, _bf16_out(arr, args.bf16_bits), allow_pickle=False)
     except OSError as e:
         raise UsageError(f"{args.output}: cannot write: {e.strerror or e}") from None
     if any(t.dtype == BFLOAT16 for t in info.tensors):
-        print("note: bfloat16 is stored as raw 2-byte records (|V2); view with ml_dtypes.bfloat16", file=sys.stderr)
+        how = "<u2 bit patterns" if args.bf16_bits else "raw 2-byte records (|V2); view with ml_dtypes.bfloat16"
+        print(f"note: bfloat16 is stored as {how}", file=sys.stderr)
     print(f"wrote {args.output}: {_describe(info)}")
     return EXIT_OK
 
@@ -454,11 +466,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="codec parameter; VALUE is read as JSON when it parses, else as a string (repeatable)",
     )
     p.add_argument("--no-checksum", action="store_true", help="leave out the payload CRC32C (the header keeps its)")
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16"],
+        help="read uint16 input arrays as bfloat16 bit patterns (the convention of specs/vectors)",
+    )
     p.set_defaults(func=cmd_encode)
 
     p = sub.add_parser("decode", help="decompress a payload to .npy (a bundle to .npz)")
     p.add_argument("input", metavar="IN.gcd")
     p.add_argument("output", metavar="OUT.npy|OUT.npz")
+    p.add_argument(
+        "--bf16-bits", action="store_true", help="write bfloat16 tensors as <u2 bit patterns (as specs/vectors does)"
+    )
     p.set_defaults(func=cmd_decode)
 
     p = sub.add_parser("codecs", help="list the registered codecs and their parameters")

@@ -246,6 +246,36 @@ def test_bfloat16_round_trip_through_npy(capsys, tmp_path):
     np.testing.assert_array_equal(y, gcodec.decode(data))
 
 
+def test_bfloat16_in_the_golden_vectors_convention(capsys, tmp_path):
+    """specs/vectors stores bfloat16 inputs and outputs as <u2 bit patterns; the CLI reads and writes both."""
+    vec = ROOT / "specs" / "vectors" / "valid"
+    rc, _, err = run(
+        capsys, "encode", vec / "uniform_b4_g16_bf16_input.input.npy", tmp_path / "v.gcd", "--codec", "uniform"
+    )
+    assert rc == 2 and "--dtype bfloat16" in err  # uint16 is not silently taken as bfloat16
+    rc, _, err = run(
+        capsys,
+        "encode",
+        vec / "uniform_b4_g16_bf16_input.input.npy",
+        tmp_path / "v.gcd",
+        "--codec",
+        "uniform",
+        "--param",
+        "bits=4",
+        "--param",
+        "group_size=16",
+        "--dtype",
+        "bfloat16",
+    )
+    assert rc == 0, err
+    assert (tmp_path / "v.gcd").read_bytes() == (vec / "uniform_b4_g16_bf16_input.gcd").read_bytes()
+    rc, _, err = run(capsys, "decode", tmp_path / "v.gcd", tmp_path / "v.npy", "--bf16-bits")
+    assert rc == 0 and "<u2" in err
+    got = np.load(tmp_path / "v.npy")
+    assert got.dtype == np.dtype("<u2")
+    np.testing.assert_array_equal(got, np.load(vec / "uniform_b4_g16_bf16_input.npy"))
+
+
 def test_decode_invalid_payload_exits_1(capsys, tmp_path, payload_file):
     buf = bytearray(payload_file.read_bytes())
     buf[-10] ^= 0xFF
