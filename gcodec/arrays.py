@@ -25,6 +25,7 @@ __all__ = [
     "dtype_name",
     "host_array",
     "intake",
+    "torch_view",
 ]
 
 BFLOAT16: np.dtype = np.dtype(ml_dtypes.bfloat16)
@@ -76,6 +77,27 @@ def _TORCH_FLOATS(torch: Any) -> tuple[Any, ...]:
 
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
+
+
+def torch_view(t: Any) -> np.ndarray:
+    """A zero-copy NumPy view of a CPU torch tensor's memory, any dtype (bfloat16 through an int16
+    view, as ml_dtypes ``bfloat16``); ConfigError when the tensor is not contiguous or has no memory
+    NumPy can see."""
+    import torch
+
+    if getattr(t, "device", None) is None or t.device.type != "cpu":
+        raise ConfigError(f"expected a CPU torch tensor, got one on {getattr(t, 'device', '?')}")
+    if getattr(t, "layout", torch.strided) != torch.strided or getattr(t, "is_quantized", False):
+        raise ConfigError("expected a dense, non-quantized torch tensor")
+    if not t.is_contiguous():
+        raise ConfigError("the torch tensor must be contiguous (call .contiguous())")
+    d = t.detach()
+    if d.dtype == torch.bfloat16:
+        return d.view(torch.int16).numpy().view(BFLOAT16)
+    try:
+        return d.numpy()
+    except TypeError as e:  # dtypes NumPy lacks (float8, ...)
+        raise ConfigError(f"torch dtype {t.dtype} has no NumPy equivalent: {e}") from None
 
 
 def backend_of(x: Any) -> str:

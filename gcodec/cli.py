@@ -337,7 +337,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
             if args.output.endswith(".npy"):
                 raise UsageError(f"{args.input} is a bundle of {len(arrays)} tensors: give an .npz output")
             with open(args.output, "wb") as f:
-                np.savez(f, **{k: _bf16_out(v, args.bf16_bits) for k, v in arrays.items()})
+                out_arrays: dict[str, Any] = {k: _bf16_out(v, args.bf16_bits) for k, v in arrays.items()}  # type: ignore[arg-type]
+                np.savez(f, **out_arrays)
         else:
             with open(args.output, "wb") as f:
                 arr = arrays[""]

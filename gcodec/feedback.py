@@ -22,7 +22,7 @@ from .api import decode, encode, pending_from_plan, write_pending
 from .arrays import host_array
 from .codecs.base import Codec, EncodeContext
 from .codecs.registry import get_codec
-from .codecs.state import CodecState
+from .codecs.state import CodecState, owned_array
 from .errors import ConfigError, PayloadValueError
 from .limits import get_limits
 
@@ -50,6 +50,7 @@ class ErrorFeedback:
         self._residuals: dict[str, np.ndarray] = {}
         self._scratch: dict[str, np.ndarray] = {}
         self._disabled: set[str] = set()
+        self._torch_in = False  # were inputs torch tensors? Then state_dict() holds tensors
 
     def _work_dtype(self, arr: np.ndarray) -> np.dtype:
         if self.residual_dtype is not None:
@@ -71,6 +72,8 @@ class ErrorFeedback:
         ``out`` is a send buffer to write the payload into (as for :func:`gcodec.encode`). If encoding
         fails (non-finite values, or ``out`` too small), the residual is left as it was.
         """
+        if type(x).__module__.startswith("torch"):
+            self._torch_in = True
         arr = host_array(x)
         lim = get_limits()
         if key in self._disabled:
@@ -151,15 +154,22 @@ class ErrorFeedback:
     def keys(self) -> list[str]:
         return list(self._residuals)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Residuals (copied), disabled keys, the codec config and, for stochastic codecs, each key's
-        next random stream; restorable with load_state_dict (``torch.save`` / pickle friendly)."""
+    def state_dict(self, *, tensors: bool | None = None) -> dict[str, Any]:
+        """Residuals (copied), disabled keys, the codec config, and the codec's per-key state (random
+        streams, warm starts); restorable with :meth:`load_state_dict`.
+
+        Arrays are NumPy arrays, or torch tensors when ``tensors=True`` (default: when the inputs
+        were torch tensors: tensors in, tensors out), so that ``torch.load(..., weights_only=True)``,
+        torch's default loader, accepts a ``torch.save``-d state.
+        """
         state: dict[str, Any] = {
             "codec": self.codec.get_config(),
             "residuals": {k: v.copy() for k, v in self._residuals.items()},
             "disabled": sorted(self._disabled),
+            "codec_state": self.codec_state.state_dict(),  # streams and warm starts per key
         }
-        state["codec_state"] = self.codec_state.state_dict()  # streams and warm starts per key
+        if self._torch_in if tensors is None else tensors:
+            state = _arrays_to_tensors(state)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -172,7 +182,7 @@ class ErrorFeedback:
             raise ConfigError(f"state was saved with codec {state['codec']}, not {self.codec.get_config()}")
         new = {}
         for k, v in residuals.items():
-            a = np.array(v, copy=True)
+            a = owned_array(v)
             if a.dtype not in (np.float32, np.float64):
                 raise ConfigError(f"residual {k!r} has dtype {a.dtype}; expected float32 or float64")
             new[k] = a
@@ -185,3 +195,16 @@ class ErrorFeedback:
         self._residuals = new
         self._scratch.clear()
         self._disabled = set(disabled)
+
+
+def _arrays_to_tensors(obj: Any) -> Any:
+    """Every NumPy array in a nested dict/list as a torch tensor (float residuals and warm starts)."""
+    import torch
+
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(obj))
+    if isinstance(obj, dict):
+        return {k: _arrays_to_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_arrays_to_tensors(v) for v in obj]
+    return obj

@@ -17,19 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import DTYPES, backend_of
+from .arrays import DTYPES, backend_of, torch_view
 from .errors import ConfigError
 
 __all__ = ["flat_out", "refuse_overlaps"]
 
 
 def flat_out(out: Any, numel: int, shape: tuple[int, ...], where: str = "out=") -> np.ndarray:
-    """The flat plain-ndarray view of ``out`` that the kernels write, after every check.
+    """The flat plain-ndarray view of ``out`` that the kernels write, after every check. A CPU torch
+    tensor is written through a zero-copy view of its memory (bfloat16 included).
 
     A device ``out`` (CuPy, torch CUDA, Numba device array) becomes its backend's flat view."""
     backend = backend_of(out)
     if backend != "cpu":
         return _flat_device_out(out, numel, shape, where, backend)
+    if type(out).__module__.startswith("torch"):  # a CPU tensor: decode into its memory, return it
+        out = torch_view(out)
     if not isinstance(out, np.ndarray):
         raise ConfigError(f"{where} must be a numpy array, got {type(out).__name__}")
     if out.size != numel:

@@ -29,7 +29,14 @@ import numpy as np
 from ..errors import ConfigError
 from ..rng import MASK64
 
-__all__ = ["CodecState", "check_step", "default_state"]
+__all__ = ["CodecState", "check_step", "default_state", "owned_array"]
+
+
+def owned_array(v: Any) -> np.ndarray:
+    """A NumPy copy of ``v``: an array, a list, or a CPU torch tensor (a checkpoint loaded by torch)."""
+    if type(v).__module__.startswith("torch"):
+        v = v.detach().cpu().numpy()
+    return np.array(v, copy=True)
 
 
 def check_step(step: Any) -> int:
@@ -123,7 +130,7 @@ class CodecState:
         for slot, d in arrays.items():
             if not isinstance(d, Mapping):
                 raise ConfigError(f"codec state: arrays[{slot!r}] must be a dict")
-            new_arrays[slot] = {k: np.array(v, copy=True) for k, v in d.items()}
+            new_arrays[slot] = {k: owned_array(v) for k, v in d.items()}
         children = {}
         for role, sub in dict(state.get("children", {})).items():
             c = CodecState()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
-from ..arrays import backend_of
+from ..arrays import backend_of, torch_view
 from ..checksum import crc32c
 from ..errors import (
     ChecksumError,
@@ -220,6 +220,8 @@ class ParsedPayload:
 
 
 def _as_bytes_array(buf: Any) -> np.ndarray:
+    if type(buf).__module__.startswith("torch"):  # a CPU uint8 tensor (what torch collectives deliver)
+        buf = torch_view(buf)
     if isinstance(buf, np.ndarray):
         if buf.dtype.hasobject or buf.dtype.fields is not None:
             raise FormatError(
