@@ -49,6 +49,9 @@ class Limits:
         max_output_bytes: most bytes the decoded tensors of one payload may take, all together.
         max_payload_bytes: largest payload accepted or produced.
         max_nesting: deepest nesting of maps and arrays inside the header (at most 1000).
+        max_header_containers: most maps and arrays in one header (2**17). Each costs a Python object
+            of 60-80 bytes for one msgpack byte, so this bounds what parsing a hostile header can
+            allocate: at most about 20 x max_header_bytes + 80 x max_header_containers bytes.
         max_decode_work: most multiply-adds the decode of one payload may take, all tensors together
             (numel per tensor; m*n*rank for a low-rank PowerSGD tensor).
         max_scratch_bytes: most bytes of temporaries (beyond the outputs) that decoding or validating
@@ -64,6 +67,7 @@ class Limits:
     max_output_bytes: int = 1 << 30
     max_payload_bytes: int = 1 << 31
     max_nesting: int = 8
+    max_header_containers: int = 1 << 17
     max_decode_work: int = 1 << 32
     max_scratch_bytes: int = 1 << 31
 

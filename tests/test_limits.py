@@ -144,6 +144,7 @@ TIGHT = {
     "max_output_bytes": 399,
     "max_payload_bytes": 200,
     "max_nesting": 3,
+    "max_header_containers": 5,
     "max_decode_work": 99,
     "max_scratch_bytes": 99,
 }
@@ -373,3 +374,28 @@ def test_limits_is_the_module_and_the_context_manager():
     with gcodec.limits(max_elements=7) as lim:
         assert lim.max_elements == 7 and gcodec.get_limits().max_elements == 7
     assert gcodec.get_limits().max_elements == before
+
+
+def test_a_header_of_tiny_containers_is_refused_before_it_becomes_tens_of_mib():
+    """An empty array is 1 byte of msgpack and ~64 bytes of Python object: max_header_containers
+    bounds what a hostile 1 MiB header can cost (docs/limits.md: ~20 x header + 80 x containers)."""
+    import tracemalloc
+
+    from gcodec.format.header import unpack_strict
+
+    lim = gcodec.get_limits()
+    n = (1 << 20) - 16
+    flood = b"\xdd" + n.to_bytes(4, "big") + b"\x90" * n  # one array of a million empty arrays
+    tracemalloc.start()
+    try:
+        with pytest.raises(gcodec.LimitExceededError, match="max_header_containers"):
+            unpack_strict(flood, lim)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    bound = 20 * len(flood) + 80 * lim.max_header_containers
+    assert peak <= bound, (peak, bound)
+    # at the limit exactly, it parses
+    k = lim.max_header_containers - 1
+    ok = b"\xdd" + k.to_bytes(4, "big") + b"\x80" * k
+    assert len(unpack_strict(ok, lim)) == k

@@ -30,7 +30,7 @@ from ..errors import (
 from ..limits import Limits, get_limits
 from ..quote import short
 from ..sections import SECTION_DTYPES, SectionInfo, SectionSpec, TensorEntry
-from .header import check_tree, pack_canonical, unpack_strict
+from .header import check_tree, count_containers, pack_canonical, unpack_strict
 
 __all__ = [
     "ALIGN",
@@ -150,8 +150,10 @@ def write_payload(
     data_length = align_up(pos)
     header = Header(tuple(entries), data_length, (), dict(meta or {}))
     _check_header(header, lim)
-    hbytes = pack_canonical(header.to_wire())
+    wire = header.to_wire()
+    hbytes = pack_canonical(wire)
     lim.check("header length", len(hbytes), "max_header_bytes")
+    lim.check("header maps and arrays", count_containers(wire), "max_header_containers")
 
     # Step 2: one allocation for the whole payload; zero exactly the padding bytes.
     data_start = align_up(PREAMBLE_SIZE + len(hbytes))

@@ -15,7 +15,7 @@ import msgpack
 from ..errors import HeaderError, LimitExceededError
 from ..limits import Limits, how_to_raise
 
-__all__ = ["MSGPACK_MAX_DEPTH", "canonical", "pack_canonical", "unpack_strict"]
+__all__ = ["MSGPACK_MAX_DEPTH", "canonical", "count_containers", "pack_canonical", "unpack_strict"]
 
 #: msgpack refuses deeper nesting itself (StackError), whatever max_nesting says.
 MSGPACK_MAX_DEPTH = 1024
@@ -59,6 +59,15 @@ def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     return out
 
 
+def count_containers(obj: Any) -> int:
+    """How many maps and arrays ``obj`` holds, itself included (what max_header_containers counts)."""
+    if isinstance(obj, dict):
+        return 1 + sum(count_containers(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return 1 + sum(count_containers(v) for v in obj)
+    return 0
+
+
 def check_tree(obj: Any, limit: int, depth: int = 0) -> None:
     """F8: nesting depth within ``limit``; only nil, bool, int, float, str, array and map (text keys)."""
     if depth > limit:
@@ -78,23 +87,51 @@ def check_tree(obj: Any, limit: int, depth: int = 0) -> None:
         )
 
 
+class _ContainerBudget:
+    """Counts the maps and arrays msgpack builds and stops the parse past ``max_header_containers``:
+    an empty map or array is one byte of msgpack but 60-80 bytes of Python object."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+        self.limit = limit
+
+    def _take(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise LimitExceededError(
+                f"F8: header holds more than max_header_containers={self.limit} maps and arrays; "
+                f"{how_to_raise('max_header_containers')}"
+            )
+
+    def array(self, items: list[Any]) -> list[Any]:
+        self._take()
+        return items
+
+    def map(self, pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        self._take()
+        return _no_duplicates(pairs)
+
+
 def unpack_strict(data: bytes | memoryview, limits: Limits) -> Any:
-    """Parse one msgpack object, refusing duplicates, ext, bin, trailing bytes and deep nesting."""
+    """Parse one msgpack object, refusing duplicates, ext, bin, trailing bytes, deep nesting and more
+    than ``max_header_containers`` maps and arrays."""
     n = len(data)
+    budget = _ContainerBudget(limits.max_header_containers)
     try:
         obj = msgpack.unpackb(
             data,
             raw=False,
             use_list=True,
             strict_map_key=True,
-            object_pairs_hook=_no_duplicates,
+            list_hook=budget.array,
+            object_pairs_hook=budget.map,
             max_str_len=n,
             max_bin_len=0,
             max_array_len=n,  # the counts are limits, checked (LimitExceededError) after parsing
             max_map_len=n,
             max_ext_len=0,
         )
-    except HeaderError:
+    except (HeaderError, LimitExceededError):
         raise
     except msgpack.StackError:
         raise LimitExceededError(
