@@ -17,6 +17,7 @@ import json
 import os
 import struct
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -395,6 +396,21 @@ def codecs_table() -> list[dict[str, Any]]:
     return out
 
 
+def cmd_warmup(args: argparse.Namespace) -> int:
+    from .warmup import warmup
+
+    codecs: list[Any] | None = None
+    if args.codec:
+        try:
+            codecs = [get_codec(c) for c in args.codec]
+        except (UnknownCodecError, ConfigError) as e:
+            raise UsageError(_err(e)) from None
+    t0 = time.perf_counter()
+    times = warmup(codecs, progress=lambda label, s: print(f"{s:7.2f} s  {label}", flush=True))
+    print(f"warmed up {len(times)} codec settings in {time.perf_counter() - t0:.1f} s")
+    return EXIT_OK
+
+
 def cmd_codecs(args: argparse.Namespace) -> int:
     table = codecs_table()
     if args.json:
@@ -481,6 +497,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--bf16-bits", action="store_true", help="write bfloat16 tensors as <u2 bit patterns (as specs/vectors does)"
     )
     p.set_defaults(func=cmd_decode)
+
+    p = sub.add_parser(
+        "warmup", help="compile every kernel into Numba's cache (run once at install or image build time)"
+    )
+    p.add_argument("--codec", action="append", help="only this codec id (repeatable); default: all")
+    p.set_defaults(func=cmd_warmup)
 
     p = sub.add_parser("codecs", help="list the registered codecs and their parameters")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -535,3 +535,13 @@ def test_python_m_gcodec_and_exit_codes(tmp_path, payload_file):
     )
     assert p.returncode == 0
     assert p.stdout.strip().startswith(f"gcodec {gcodec.__version__}")
+
+
+def test_warmup_compiles_the_named_codecs(capsys):
+    rc, out, _ = run(capsys, "warmup", "--codec", "fp16", "--codec", "bf16")
+    assert rc == 0
+    lines = out.splitlines()
+    assert any("get_codec('fp16')" in ln for ln in lines) and any("get_codec('bf16')" in ln for ln in lines)
+    assert lines[-1].startswith("warmed up 2 codec settings")
+    rc, _, err = run(capsys, "warmup", "--codec", "nope")
+    assert rc == 2 and "nope" in err

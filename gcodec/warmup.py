@@ -1,0 +1,78 @@
+"""Compile every kernel ahead of time, so that the first encode of a fresh process is fast.
+
+gcodec's CPU kernels are compiled by Numba on first use and cached on disk (``cache=True``, in
+``__pycache__`` beside the sources, or ``NUMBA_CACHE_DIR``). A fresh job with an empty cache pays the
+compile on every rank's first step; :func:`warmup` (``gcodec warmup`` on the command line) runs every
+registered codec through encode, validate, decode and accumulate on small inputs of every dtype, so
+that an image build or an install step fills the cache once. It changes nothing else and is safe to
+run again: with a filled cache it only loads what is there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from .api import decode, encode, validate
+from .arrays import DTYPES
+from .codecs.registry import get_codec, list_codecs
+from .feedback import ErrorFeedback
+
+__all__ = ["WARMUP_CONFIGS", "warmup"]
+
+#: The codec settings warmed up: every codec at its defaults, plus the settings that compile
+#: kernels of their own (stochastic rounding, float16 scales, sub-byte widths, nested values).
+WARMUP_CONFIGS: list[dict[str, Any]] = [
+    {"id": "uniform", "bits": 4},
+    {"id": "uniform", "bits": 2},
+    {"id": "uniform", "bits": 8, "rounding": "stochastic"},
+    {"id": "uniform", "bits": 8, "scale_dtype": "float16"},
+    {"id": "qsgd", "bucket_size": 0},
+    {"id": "terngrad", "clip": 2.5},
+    {"id": "sign", "group_size": 0},
+    {"id": "topk", "index_coding": "raw"},
+    {"id": "topk", "values": {"id": "uniform", "bits": 8}},
+    {"id": "randomk", "values": {"id": "fp16"}},
+    {"id": "powersgd", "rank": 2},
+]
+
+
+def _inputs(dtype: np.dtype) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    # one small tensor (the one-thread path) and one above the threading threshold (the pool path)
+    return [rng.standard_normal((64, 33)).astype(dtype), rng.standard_normal((300, 300)).astype(dtype)]
+
+
+def warmup(
+    codecs: Iterable[str | dict[str, Any]] | None = None,
+    *,
+    progress: Callable[[str, float], None] | None = None,
+) -> dict[str, float]:
+    """Compile (or load from the cache) every kernel the given codecs use; returns seconds per codec.
+
+    ``codecs``: ids or configs; default every registered codec at its defaults plus
+    :data:`WARMUP_CONFIGS`. ``progress(label, seconds)`` is called after each one.
+    """
+    configs: list[Any] = list(codecs) if codecs is not None else [*list_codecs(), *WARMUP_CONFIGS]
+    times: dict[str, float] = {}
+    for cfg in configs:
+        codec = get_codec(cfg)
+        label = repr(codec)
+        t0 = time.perf_counter()
+        for dtype in DTYPES.values():
+            for x in _inputs(dtype):
+                buf = encode(x, codec, key="warmup", step=0)
+                validate(buf)
+                y = decode(buf)
+                for out_dtype in (np.float32, np.float64):
+                    acc = np.zeros(x.shape, out_dtype)
+                    decode(buf, out=acc, accumulate=True)
+                decode(buf, out=np.empty_like(y))
+        ErrorFeedback(codec).encode(_inputs(np.dtype(np.float32))[1], key="warmup", step=0)
+        times[label] = time.perf_counter() - t0
+        if progress is not None:
+            progress(label, times[label])
+    return times
