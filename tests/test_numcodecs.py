@@ -186,6 +186,23 @@ def test_zarr_v3_chunks_of_a_stochastic_codec_take_different_streams(cid, kw):
 
 
 @pytest.mark.skipif(not ZARR3, reason="zarr 3 needed")
+def test_zarr_v3_stores_bfloat16_values_as_float32_arrays_with_the_bf16_codec():
+    """docs/interop.md: zarr has no bfloat16 dtype; a float32 array with the bf16 codec stores 2 bytes
+    per element and reads back the bfloat16 values exactly."""
+    import ml_dtypes
+
+    x = sample_input((4, 64)).astype(ml_dtypes.bfloat16)
+    z = zarr.create_array(
+        zarr.storage.MemoryStore(), shape=x.shape, chunks=(4, 64), dtype="float32", compressors=None,
+        serializer=gzc.GcodecZarrCodec(codec="bf16"),
+    )  # fmt: skip
+    z[:] = x.astype(np.float32)
+    raw = bytes(z.store._store_dict["c/0/0"].to_bytes())
+    assert gcodec.validate(raw).nbytes - gcodec.validate(raw).header_nbytes < 2 * x.size + 64
+    np.testing.assert_array_equal(z[:], x.astype(np.float32))
+
+
+@pytest.mark.skipif(not ZARR3, reason="zarr 3 needed")
 def test_zarr_v3_step_pins_one_stream_for_every_chunk():
     x = np.tile(sample_input((1, 64)), (2, 1))
     z = zarr.create_array(
