@@ -1,6 +1,6 @@
 """Kernel threads for ranks that share a machine.
 
-gcodec's kernels run on Numba's thread pool, which by default has one thread per core. When p
+gcodec's kernels run on gcodec's thread pool, which by default has one thread per core. When p
 ranks share a machine, p pools of that size fight for the same cores: on a 2-core machine with two
 gloo ranks a uniform-4 hook took 109 ms per step with Numba's default and 35 ms with one thread per
 rank. Transports therefore pick a thread count from the job, in this order:
@@ -32,7 +32,7 @@ __all__ = ["job_threads", "kernel_threads"]
 
 
 def _max_threads() -> int:
-    return int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    return max(int(numba.config.NUMBA_NUM_THREADS), 1)  # type: ignore[attr-defined]
 
 
 def _env_int(name: str) -> int | None:
