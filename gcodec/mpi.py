@@ -126,7 +126,7 @@ def _state_for(comm: MPI.Comm, codec: Codec, mode: str, ef: Any) -> TransportSta
     k = (id(comm), repr(codec), mode)
     st = _default_states.get(k)
     if st is None:
-        # Stateful codecs (PowerSGD's warm start) keep their state in the codec object itself.
+        # One state per (communicator, codec, mode): it keeps PowerSGD's warm start (codec_state) and steps.
         st = TransportState(codec, mode=mode, error_feedback=False)
         _default_states[k] = st
     return st
