@@ -20,31 +20,39 @@ from ..feedback import ErrorFeedback
 __all__ = ["SendBuffers", "encode_into"]
 
 
-def _encode(encoder: Codec | ErrorFeedback, x: np.ndarray, key: str, step: int, out: Any) -> Any:
+def _encode(encoder: Codec | ErrorFeedback, x: np.ndarray, key: str, step: int, out: Any, checksum: bool) -> Any:
     if isinstance(encoder, ErrorFeedback):
-        return encoder.encode(x, key, step=step, out=out)
-    return encode(x, encoder, key=key, step=step, out=out)
+        return encoder.encode(x, key, step=step, out=out, checksum=checksum)
+    return encode(x, encoder, key=key, step=step, out=out, checksum=checksum)
 
 
 def encode_into(
-    encoder: Codec | ErrorFeedback, x: np.ndarray, key: str, step: int, bufs: SendBuffers | None, slot: int = 0
+    encoder: Codec | ErrorFeedback,
+    x: np.ndarray,
+    key: str,
+    step: int,
+    bufs: SendBuffers | None,
+    slot: int = 0,
+    *,
+    checksum: bool = True,
 ) -> Any:
     """Encode ``x`` (with ``encoder``'s error feedback when it is an :class:`~gcodec.ErrorFeedback`)
     into the send buffer kept in ``bufs`` for (key, slot); returns the payload, a view of that buffer.
 
     The payload stays valid until the next encode of the same (key, slot). ``bufs=None``: a fresh
-    payload every call.
+    payload every call. ``checksum=False`` for payloads that never leave this process (summable
+    mode sends values, not payloads).
     """
     if bufs is None:
-        return _encode(encoder, x, key, step, None)
+        return _encode(encoder, x, key, step, None, checksum)
     buf = bufs.get(key, slot)
     if buf is not None:
         try:
-            return _encode(encoder, x, key, step, buf)
+            return _encode(encoder, x, key, step, buf, checksum)
         except BufferTooSmallError as e:
             buf = bufs.grow(key, slot, e.needed)
-            return _encode(encoder, x, key, step, buf)
-    payload = _encode(encoder, x, key, step, None)
+            return _encode(encoder, x, key, step, buf, checksum)
+    payload = _encode(encoder, x, key, step, None, checksum)
     bufs.grow(key, slot, len(payload))  # ready for the next step: this one is already written
     return payload
 

@@ -11,7 +11,10 @@ to the engine's allreduce:
 1. each rank splits its values into p chunks and sends chunk j to rank j (all-to-all);
 2. rank j adds the p copies of its chunk in float32 (float64 for float64 values), in rank order,
    and rounds the sum once to the values' type;
-3. the reduced chunks are all-gathered into every rank's payload, whose CRC is resealed.
+3. the reduced chunks are all-gathered into every rank's payload, which is decoded once.
+
+The payload itself never leaves its rank (only values travel), so it is written without a payload
+CRC; the summed values are checked instead (NaN or infinity on any rank is refused on every rank).
 
 Bytes per rank are those of a ring allreduce of the values, 2 (p-1)/p of a payload. Unlike an
 engine's float16 allreduce, which rounds at every hop in an order that depends on the algorithm
@@ -76,14 +79,16 @@ def summable_protocol(
         else:
             xs = x
         try:
-            payload = encode_into(state.worker or codec, xs, key, step, state.send_buffers, 0)
+            # The payload never leaves this process (only its values travel, and they are checked
+            # after the sum), so it carries no payload CRC: no CRC pass on encode, reseal or decode.
+            payload = encode_into(state.worker or codec, xs, key, step, state.send_buffers, 0, checksum=False)
             vals = summable_values(payload, verify_checksum=False)  # our own fresh payload
         except GcodecError as e:
             # e.g. NaN input for randomk: take part with a payload of NaN values. NaN survives the
             # sum, so every rank sees it and refuses the result; no size exchange is needed.
             err = e
-            payload = codec.encode(np.zeros_like(xs), key=key, step=step)
-            vals = summable_values(payload)
+            payload = codec.encode(np.zeros_like(xs), key=key, step=step, checksum=False)
+            vals = summable_values(payload, verify_checksum=False)
             vals[...] = np.nan
     st.add("payload_bytes", len(payload))
     # Every rank has the same number of values (the handshake agreed on codec and shape), so the
@@ -119,6 +124,6 @@ def summable_protocol(
                 f"{what}: {bad} summed value(s) are NaN or infinite in {vals.dtype} (non-finite input or a "
                 "failed encode on some rank, or an op='sum' beyond the type's range)"
             )
-        reseal(payload)
+        reseal(payload)  # a no-op without a payload CRC; kept so a checksummed payload stays valid
         codec.decode(payload, out=out)
     return out
