@@ -1,4 +1,5 @@
-"""gcodec on torch.distributed: a compressed ``all_reduce`` and a DDP communication hook.
+"""gcodec on torch.distributed: a compressed ``all_reduce``, a DDP communication hook and FSDP2's
+reduce-scatter (:func:`compress_fsdp`, docs/fsdp.md).
 
 >>> import gcodec.torch                                                         # doctest: +SKIP
 >>> ddp.register_comm_hook(gcodec.torch.HookState(codec="fp16"), gcodec.torch.comm_hook)  # doctest: +SKIP
@@ -20,17 +21,22 @@ from ..errors import ConfigError
 from ..transports import TransportState, allreduce_protocol
 from .comm import FutureQueue, TorchCommunicator, queue_for
 from .convert import to_numpy, to_tensor
+from .fsdp import FSDPState, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookState, Policy, comm_hook
 
 __all__ = [
     "AllReduceWork",
+    "FSDPState",
     "FutureQueue",
     "HookState",
     "Policy",
+    "ReduceScatter",
     "TorchCommunicator",
     "TransportState",
     "all_reduce",
     "comm_hook",
+    "compress_fsdp",
+    "reshard_state_dicts",
     "to_numpy",
     "to_tensor",
 ]

@@ -1,0 +1,258 @@
+"""One gloo rank of an FSDP2 job: ``python -m tests.transport_ranks.fsdp_program SCENARIO OUTDIR RANK WORLD PORT``.
+
+Writes ``OUTDIR/rank<r>.json`` (a list of checks) and, on rank 0, ``OUTDIR/runs.json`` (loss
+curves and final parameters of each training run) that tests/test_fsdp.py compares.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import gcodec
+import gcodec.torch
+import gcodec.transports.reduce_scatter as rs_mod
+from gcodec.transports.common import gather_stream
+
+CHECKS: list[dict] = []
+RANK = WORLD = 0
+MESH: Any = None
+
+
+def check(name: str, ok: bool, detail: str = "") -> None:
+    CHECKS.append({"name": name, "ok": bool(ok), "detail": detail})
+
+
+def build(seed_data: int = 100) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A small MLP (each Linear its own FSDP module), on a fixed teacher problem; data per rank."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 128), torch.nn.Tanh(), torch.nn.Linear(128, 128), torch.nn.Tanh(), torch.nn.Linear(128, 8)
+    )
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m, mesh=MESH)
+    fully_shard(model, mesh=MESH)
+    g = torch.Generator().manual_seed(seed_data + RANK)
+    x = torch.randn(64, 32, generator=g)
+    teacher = torch.randn(32, 8, generator=torch.Generator().manual_seed(5))
+    return model, x, torch.tanh(x @ teacher)
+
+
+def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
+
+
+def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        t = loss.detach().clone()
+        dist.all_reduce(t)
+        losses.append(float(t) / WORLD)
+    return losses
+
+
+# name: (codec, warm-up steps); top-k 1 % gets the recommended 10 uncompressed steps first
+RUNS: dict[str, tuple[Any, int]] = {
+    "none": (None, 0),
+    "fp16": ("fp16", 2),
+    "topk": ({"id": "topk", "ratio": 0.01}, 10),
+    "uniform4": ({"id": "uniform", "bits": 4}, 2),
+}
+STEPS = 40
+
+
+def reference_check() -> None:
+    """Direct calls of ReduceScatter against a one-process computation of the same arithmetic."""
+    from gcodec.torch.fsdp import ReduceScatter
+
+    p, n = WORLD, 4096
+    for codec, op, dtype in [
+        ({"id": "uniform", "bits": 4}, dist.ReduceOp.AVG, torch.float32),
+        ({"id": "topk", "ratio": 0.01}, dist.ReduceOp.SUM, torch.float32),
+        ({"id": "topk", "ratio": 0.05}, dist.ReduceOp.PREMUL_SUM(0.25), torch.bfloat16),
+        ("fp16", dist.ReduceOp.AVG, torch.float32),
+    ]:
+        comm = ReduceScatter(codec, name="ref")
+        efs = [gcodec.ErrorFeedback(codec) for _ in range(p)]
+        scale = {"AVG": 1.0 / p, "SUM": 1.0}.get(str(op).split(".")[-1], 0.25)
+        ok, detail = True, ""
+        for step in range(3):  # three steps: the residuals matter from the second on
+            inputs = [
+                torch.randn(p * n, generator=torch.Generator().manual_seed(1000 * step + r)).to(dtype) for r in range(p)
+            ]
+            out = torch.empty(n, dtype=dtype)
+            work = comm(out, inputs[RANK].clone(), None, op, async_op=(step == 1))
+            if work is not None:
+                work.wait()
+            acc = np.zeros(n, np.float32)
+            for r in range(p):
+                row = gcodec.torch.to_numpy(inputs[r]).reshape(p, n)[RANK]
+                pay = efs[r].encode(
+                    np.ascontiguousarray(row), f"ref:x[{RANK}/{p}]", step=gather_stream(step, r, RANK, p)
+                )
+                gcodec.decode(pay, out=acc, accumulate=True)
+            acc *= np.float32(scale)
+            ref = torch.from_numpy(acc).to(dtype)
+            if not torch.equal(out, ref):
+                ok, detail = False, f"step {step}: max diff {float((out.float() - ref.float()).abs().max())}"
+                break
+        check(f"reference arithmetic {codec} {scale} {dtype}", ok, detail)
+
+
+def errors_check() -> None:
+    """A corrupt peer payload and a mismatched codec: GcodecError on every rank, no hang."""
+    from gcodec.torch.fsdp import ReduceScatter
+
+    comm = ReduceScatter({"id": "uniform", "bits": 8}, name="bad")
+    real = rs_mod.encode_into
+
+    def corrupt(*a: Any, **k: Any) -> Any:
+        pay = bytearray(real(*a, **k))
+        pay[len(pay) // 2] ^= 0x55
+        return pay
+
+    if RANK == 1:
+        rs_mod.encode_into = corrupt  # type: ignore[assignment]
+    try:
+        comm(torch.empty(1024), torch.randn(1024 * WORLD), None, dist.ReduceOp.AVG)
+        check("corrupt payload raises", False, "no error")
+    except gcodec.GcodecError as e:
+        check("corrupt payload raises", True, repr(e))
+    finally:
+        rs_mod.encode_into = real
+    out = torch.empty(1024)
+    # the group still works (a fresh comm: the failed call's residuals would blur the check)
+    ReduceScatter({"id": "uniform", "bits": 8}, name="clean")(out, torch.ones(1024 * WORLD), None, dist.ReduceOp.AVG)
+    check("clean call after the error", bool(torch.allclose(out, torch.ones(1024), atol=0.01)))
+
+    model, x, y = build()
+    gcodec.torch.compress_fsdp(model, {"id": "uniform", "bits": 4 if RANK == 0 else 8}, start_iter=0)
+    try:
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        check("mismatched codec raises from backward", False, "no error")
+    except Exception as e:
+        ok = isinstance(e, gcodec.ConfigError) or "ConfigError" in str(e)
+        check("mismatched codec raises from backward", ok, f"{type(e).__name__}: {str(e)[:300]}")
+
+
+def scenario_train(outdir: Path) -> None:
+    reference_check()
+    runs: dict[str, Any] = {}
+    for name, (codec, start_iter) in RUNS.items():
+        model, x, y = build()
+        state = None
+        if codec is not None:
+            state = gcodec.torch.compress_fsdp(model, codec, start_iter=start_iter)
+        losses = train(model, x, y, STEPS)
+        params = full_params(model)
+        runs[name] = {"losses": losses, "params": torch.cat([v.reshape(-1) for v in params.values()]).tolist()}
+        if state is not None:
+            runs[name]["stats"] = state.stats()
+            if name == "topk":
+                torch.save(state.state_dict(), outdir / f"gcodec_rank{RANK}.pt")
+                if RANK == 0:
+                    torch.save(params, outdir / "params.pt")
+    errors_check()
+    if RANK == 0:
+        (outdir / "runs.json").write_text(json.dumps(runs))
+
+
+def scenario_resume(outdir: Path) -> None:
+    """Resume the 4-rank top-k job on WORLD ranks with its residuals, re-partitioned."""
+    old = sorted(outdir.glob("gcodec_rank*.pt"))
+    sds = [torch.load(f, weights_only=True) for f in old]
+    new = gcodec.torch.reshard_state_dicts(sds, WORLD)
+    params = torch.load(outdir / "params.pt", weights_only=True)
+
+    def resumed(with_state: bool) -> tuple[torch.nn.Module, Any, torch.Tensor, torch.Tensor]:
+        model, x, y = build()
+        for k, v in model.state_dict().items():
+            v.to_local().copy_(params[k].reshape(-1)[:0] if False else params[k].chunk(WORLD)[RANK])
+        state = gcodec.torch.compress_fsdp(model, {"id": "topk", "ratio": 0.01}, start_iter=2)
+        if with_state:
+            state.load_state_dict(new[RANK])
+        return model, state, x, y
+
+    # With zero gradients, what reaches the optimizer is only what the residuals carried over:
+    # top-k of the mean of the 4 old ranks' residuals, chunk by chunk.
+    model, state, x, y = resumed(True)
+    (0.0 * model(x).sum()).backward()
+    mean: dict[str, np.ndarray] = {}
+    for sd in sds:
+        for k, v in sd["residuals"].items():
+            fqn, rng = k.split("[")
+            a, b = (int(t) for t in rng[:-1].split(":"))
+            shape = tuple(sd["shapes"][fqn])
+            m = mean.setdefault(fqn, np.zeros(int(np.prod(shape)), np.float32))
+            m[a:b] += v.numpy() / len(sds)
+    ok, detail, used = True, "", 0
+    for fqn, arr in mean.items():
+        prm = dict(model.named_parameters())[fqn]
+        shape = tuple(prm.shape)
+        rowlen = int(np.prod(shape[1:]))
+        clen = -(-shape[0] // WORLD) * rowlen
+        chunk = np.zeros(clen, np.float32)
+        piece = arr[RANK * clen : (RANK + 1) * clen]
+        chunk[: piece.shape[0]] = piece
+        pay = gcodec.encode(chunk, {"id": "topk", "ratio": 0.01})
+        ref = np.zeros(clen, np.float32)
+        gcodec.decode(pay, out=ref, accumulate=True)
+        ref = ref * np.float32(WORLD) * np.float32(1.0 / WORLD)
+        got = prm.grad.to_local().reshape(-1).numpy()
+        used += int(np.count_nonzero(got))
+        if not np.array_equal(got, ref[: got.shape[0]]):
+            ok, detail = False, f"{fqn}: max diff {np.abs(got - ref[: got.shape[0]]).max()}"
+    check("resumed residuals reach the gradients exactly", ok and used > 0, f"{detail} nonzero={used}")
+
+    fresh, _, x2, _ = resumed(False)
+    (0.0 * fresh(x2).sum()).backward()
+    zero = all(float(p.grad.to_local().abs().sum()) == 0 for p in fresh.parameters())
+    check("without the residuals the same step sends nothing", zero)
+
+    model, state, x, y = resumed(True)
+    losses = train(model, x, y, 10)
+    check("training continues after the resume", losses[-1] < losses[0], str(losses))
+    if RANK == 0:
+        (outdir / f"resume{WORLD}.json").write_text(json.dumps({"losses": losses, "stats": state.stats()}))
+
+
+def main() -> None:
+    global RANK, WORLD, MESH
+    scenario, outdir = sys.argv[1], Path(sys.argv[2])
+    RANK, WORLD, port = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=RANK,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    MESH = init_device_mesh("cpu", (WORLD,))
+    try:
+        globals()[f"scenario_{scenario}"](outdir)
+    except Exception:
+        check("no unexpected exception", False, traceback.format_exc())
+    (outdir / f"rank{RANK}.json").write_text(json.dumps(CHECKS))
+    dist.barrier()  # no rank tears the group down while a peer still uses it
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
