@@ -29,6 +29,10 @@ def make_array(n: int, data_seed: int, kind: str) -> np.ndarray:
         x = np.round(x * 4) / 4
     elif kind == "nan" and n:
         x[n // 2] = np.nan
+    elif kind == "zeros":  # signed zeros and a few equal magnitudes: top-k's tie rule
+        x = np.where(np.arange(n) % 2 == 0, np.float32(-0.0), np.float32(0.0)).astype(np.float32)
+        x[n // 3 :: 7] = np.float32(-1.5)
+        x[n // 2 :: 11] = np.float32(1.5)
     return x
 
 
@@ -40,12 +44,12 @@ def run_case(case: dict) -> dict:
     x = make_array(case["n"], case["data_seed"], case.get("kind", "normal"))
     res: dict = {"id": case["id"]}
     try:
-        d = cuda.to_device(x)
+        d = cuda.to_device(x.reshape(case.get("shape") or (x.size,)))
         p = gcodec.encode(d, case["codec"], step=case.get("step"))
         res["payload_type"] = type(p).__name__
         res["payload"] = bytes(p).hex()
         cpu = bytes.fromhex(case["cpu_payload"])
-        out = cuda.to_device(np.zeros(x.size, np.float32))
+        out = cuda.to_device(np.full(x.size, 7.0, np.float32))  # decode must overwrite every element
         gcodec.decode(cpu, out=out)
         res["decoded"] = out.copy_to_host().tobytes().hex()
         gcodec.decode(p, out=out, accumulate=True)

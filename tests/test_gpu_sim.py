@@ -60,21 +60,42 @@ CASES: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
     ("sign", {"id": "sign"}, 200, 13, None, "normal"),
     ("sign-g48", {"id": "sign", "group_size": 48}, 150, 14, None, "normal"),
     ("u8-nan", {"id": "uniform", "bits": 8}, 64, 17, None, "nan"),
+    # random-k: Floyd's sampling on the device (k near n: many collisions), k = 0, k = n, empty
+    ("rk-r10-s1", {"id": "randomk", "ratio": 0.1, "seed": 1}, 100, 19, 0, "normal"),
+    ("rk-k90-s7", {"id": "randomk", "k": 90, "seed": 7}, 100, 21, 3, "normal"),
+    ("rk-k60-s99", {"id": "randomk", "k": 60, "seed": 2**64 - 1}, 67, 22, 2**40, "normal"),
+    ("rk-k0", {"id": "randomk", "k": 0, "seed": 3}, 50, 23, 1, "normal"),
+    ("rk-kn", {"id": "randomk", "k": 40, "seed": 3}, 40, 24, 1, "normal"),
+    ("rk-empty", {"id": "randomk", "ratio": 0.5, "seed": 3}, 0, 25, 1, "normal"),
+    ("rk-nan", {"id": "randomk", "ratio": 0.1, "seed": 1}, 64, 26, 0, "nan"),
+    # top-k: radix select, ties to the lowest index, delta and raw indices, k = 0, k = n, empty
+    ("topk-r10", {"id": "topk", "ratio": 0.1}, 300, 18, None, "normal"),
+    ("topk-ties", {"id": "topk", "k": 37}, 300, 27, None, "ties"),
+    ("topk-zeros", {"id": "topk", "k": 5}, 70, 28, None, "zeros"),
+    ("topk-sparse-gaps", {"id": "topk", "k": 3}, 400, 29, None, "normal"),
+    ("topk-raw", {"id": "topk", "k": 100, "index_coding": "raw"}, 200, 30, None, "ties"),
+    ("topk-k0", {"id": "topk", "k": 0}, 50, 31, None, "normal"),
+    ("topk-kn", {"id": "topk", "ratio": 1.0}, 130, 32, None, "normal"),
+    ("topk-empty", {"id": "topk", "ratio": 0.1}, 0, 33, None, "normal"),
+    ("topk-nan", {"id": "topk", "ratio": 0.1}, 64, 34, None, "nan"),
+    ("th-delta", {"id": "threshold", "threshold": 1.5}, 200, 35, None, "normal"),
+    ("th-raw-ties", {"id": "threshold", "threshold": 0.5, "index_coding": "raw"}, 150, 36, None, "ties"),
+    ("th-zero", {"id": "threshold", "threshold": 0.0}, 90, 37, None, "zeros"),
 ]
 #: Codecs whose kernels are not on the device yet: a device array gets a ConfigError that says so.
 NOT_ON_DEVICE = [
-    ("topk", {"id": "topk", "ratio": 0.1}, 100, 18, None, "normal"),
-    ("randomk", {"id": "randomk", "ratio": 0.1, "seed": 1}, 100, 19, 0, "normal"),
-    ("powersgd", {"id": "powersgd", "rank": 2}, 64, 20, None, "normal"),
+    ("powersgd", {"id": "powersgd", "rank": 2}, 192, 20, None, "normal"),
 ]
-REFUSED = {"u8-nan"}  # NaN input: the device encoder refuses it as the CPU one does
+#: Cases encoded as a matrix (default: the flat array).
+SHAPES: dict[str, tuple[int, ...]] = {"powersgd": (16, 12)}
+REFUSED = {"u8-nan", "rk-nan", "topk-nan"}  # NaN input: the device encoder refuses it as the CPU one does
 PHILOX = [(0, 0, 37, 0), (1, 0, 8, 0), (2**64 - 1, 2**63 + 5, 50, 2**34), (12345, 678, 101, 4)]
 CRC_BLOBS = [b"", b"123456789", bytes(range(256)) * 3, bytes(1000)]
 
 
-def _cpu_payload(cfg: dict[str, Any], n: int, seed: int, step: int | None, kind: str) -> bytes:
+def _cpu_payload(cfg: dict[str, Any], n: int, seed: int, step: int | None, kind: str, cid: str = "") -> bytes:
     codec = gcodec.get_codec(cfg)
-    return bytes(gcodec.encode(make_array(n, seed, kind), codec, step=step))
+    return bytes(gcodec.encode(make_array(n, seed, kind).reshape(SHAPES.get(cid, (n,))), codec, step=step))
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +105,20 @@ def sim() -> dict[str, Any]:
     cases = []
     for cid, cfg, n, seed, step, kind in CASES + NOT_ON_DEVICE:
         try:
-            cpu = _cpu_payload(cfg, n, seed, step, kind).hex()
+            cpu = _cpu_payload(cfg, n, seed, step, kind, cid).hex()
         except gcodec.GcodecError:
             cpu = ""
         cases.append(
-            {"id": cid, "codec": cfg, "n": n, "data_seed": seed, "step": step, "kind": kind, "cpu_payload": cpu}
+            {
+                "id": cid,
+                "codec": cfg,
+                "n": n,
+                "shape": list(SHAPES.get(cid, (n,))),
+                "data_seed": seed,
+                "step": step,
+                "kind": kind,
+                "cpu_payload": cpu,
+            }
         )
     req = {"cases": cases, "philox": PHILOX, "crc": [b.hex() for b in CRC_BLOBS]}
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
@@ -123,7 +153,7 @@ def test_device_payload_equals_cpu_bytes(sim: dict[str, Any], case: tuple) -> No
     got = sim["by_id"][cid]
     assert "error" not in got, got.get("error")
     assert got["payload_type"] == "DevicePayload"
-    assert bytes.fromhex(got["payload"]) == _cpu_payload(cfg, n, seed, step, kind)
+    assert bytes.fromhex(got["payload"]) == _cpu_payload(cfg, n, seed, step, kind, cid)
 
 
 @pytest.mark.parametrize("case", ENCODED, ids=[c[0] for c in ENCODED])
@@ -131,15 +161,17 @@ def test_decode_into_device_out(sim: dict[str, Any], case: tuple) -> None:
     cid, cfg, n, seed, step, kind = case
     got = sim["by_id"][cid]
     assert "error" not in got, got.get("error")
-    ref = gcodec.decode(_cpu_payload(cfg, n, seed, step, kind)).astype(np.float32).reshape(-1)
+    ref = gcodec.decode(_cpu_payload(cfg, n, seed, step, kind, cid)).astype(np.float32).reshape(-1)
     dec = np.frombuffer(bytes.fromhex(got["decoded"]), np.float32)
     acc = np.frombuffer(bytes.fromhex(got["accumulated"]), np.float32)
-    np.testing.assert_array_equal(dec, ref)
-    np.testing.assert_array_equal(acc, ref + ref)
+    # bit for bit: signed zeros (top-k's kept -0, the +0 of dropped elements) and NaN payloads count
+    np.testing.assert_array_equal(dec.view(np.uint32), ref.view(np.uint32))
+    np.testing.assert_array_equal(acc.view(np.uint32), (ref + ref).view(np.uint32))
 
 
-def test_device_encoder_refuses_nan_like_cpu(sim: dict[str, Any]) -> None:
-    assert sim["by_id"]["u8-nan"]["error"].startswith("PayloadValueError: uniform: input has NaN")
+@pytest.mark.parametrize(("cid", "codec"), [("u8-nan", "uniform"), ("rk-nan", "randomk"), ("topk-nan", "topk")])
+def test_device_encoder_refuses_nan_like_cpu(sim: dict[str, Any], cid: str, codec: str) -> None:
+    assert sim["by_id"][cid]["error"].startswith(f"PayloadValueError: {codec}: input has NaN")
 
 
 @pytest.mark.parametrize("case", NOT_ON_DEVICE, ids=[c[0] for c in NOT_ON_DEVICE])

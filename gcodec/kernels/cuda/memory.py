@@ -20,9 +20,22 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .launch import SIM, adopt, grid, is_device
+from .launch import SIM, adopt, device, grid, is_device
 
-__all__ = ["CRC_CHUNK", "DevicePayload", "alloc", "crc32c", "crc32c_store", "put", "result", "to_host", "view", "zero"]
+__all__ = [
+    "CRC_CHUNK",
+    "DevicePayload",
+    "alloc",
+    "copy",
+    "crc32c",
+    "crc32c_store",
+    "empty",
+    "put",
+    "result",
+    "to_host",
+    "view",
+    "zero",
+]
 
 CRC_CHUNK = 64 if SIM else 16384
 _POLY = 0x82F63B78
@@ -159,6 +172,24 @@ def _zero(a):  # pragma: no cover - device
 def zero(buf: Any, lo: int, hi: int) -> None:
     if hi > lo:
         _zero[grid(hi - lo)](buf[lo:hi])
+
+
+def empty(n: int, dtype: Any) -> Any:
+    """An uninitialised device array of ``n`` elements (codecs' temporaries: indices, values)."""
+    return cuda.device_array(max(int(n), 1), np.dtype(dtype))[: int(n)]
+
+
+@cuda.jit
+def _copy(dst, src):  # pragma: no cover - device
+    for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+        dst[i] = src[i]
+
+
+def copy(dst: Any, src: Any) -> None:
+    """dst[:] = src, converting the element type as NumPy's assignment does (flat arrays of one
+    length; ``src`` may be host memory: copied once)."""
+    if int(dst.shape[0]):
+        _copy[grid(dst.shape[0])](dst, device(src))
 
 
 def view(buf: Any, lo: int, hi: int, dtype: Any) -> Any:
