@@ -18,6 +18,30 @@ import numpy as np
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)  # the simulator's uint32 wraparound
 
+#: What a real ``numba.cuda`` DeviceNDArray offers. The simulator's FakeCUDAArray forwards every other
+#: attribute to the NumPy array it wraps, so ``d.astype(...)``, ``np.max(d)`` or ``d + 1`` work there
+#: and fail (or copy to the host without a word) on a GPU; :func:`strict_simulator` refuses them.
+DEVICE_ARRAY_API = frozenset(
+    "shape strides ndim dtype size alloc_size gpu_data stream nbytes T transpose bind copy_to_device "
+    "copy_to_host split as_cuda_arg get_ipc_handle squeeze view flags is_c_contiguous is_f_contiguous "
+    "reshape ravel getitem setitem device_ctypes_pointer".split()
+)
+
+
+def strict_simulator() -> None:
+    """Make the simulator's device arrays refuse what real device arrays lack, ``__array__``
+    included (on a GPU it is a silent device-to-host copy): gcodec must say ``copy_to_host``."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    forward = FakeCUDAArray.__getattr__
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        if name not in DEVICE_ARRAY_API and not name.startswith("_numba") and not name.startswith("__cuda"):
+            raise AttributeError(f"a real device array has no {name!r} (the simulator's would forward it to NumPy)")
+        return forward(self, name)
+
+    FakeCUDAArray.__getattr__ = __getattr__
+
 
 def make_array(n: int, data_seed: int, kind: str) -> np.ndarray:
     """The test array of a case; the same function gives the parent process its CPU input."""
@@ -52,6 +76,10 @@ def run_case(case: dict) -> dict:
         out = cuda.to_device(np.full(x.size, 7.0, np.float32))  # decode must overwrite every element
         gcodec.decode(cpu, out=out)
         res["decoded"] = out.copy_to_host().tobytes().hex()
+        if case["codec"]["id"] == "powersgd":  # its device payload differs: accumulate the CPU's
+            gcodec.decode(cpu, out=out, accumulate=True)
+            res["accumulated_cpu"] = out.copy_to_host().tobytes().hex()
+            gcodec.decode(cpu, out=out)
         gcodec.decode(p, out=out, accumulate=True)
         res["accumulated"] = out.copy_to_host().tobytes().hex()
     except Exception as e:  # reported, and judged by the parent
@@ -83,7 +111,16 @@ def main() -> None:
 
     req = json.load(sys.stdin)
     before = "numba.cuda" in sys.modules
+    strict_simulator()
+    from numba import cuda
+
+    try:
+        cuda.to_device(np.zeros(2, np.float32)).astype(np.float64)
+        strict = "no error"
+    except Exception as e:
+        strict = f"{type(e).__name__}: {e}"
     result = {
+        "strict": strict,
         "cuda_imported_by_gcodec": before,
         "cases": [run_case(c) for c in req.get("cases", [])],
         "philox": run_philox(req.get("philox", [])),

@@ -33,9 +33,12 @@ def empty(n: int, dtype: Any) -> np.ndarray:
     return np.empty(n, dtype)
 
 
-def copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """dst[:] = src (NumPy's conversion of the element type)."""
-    dst[...] = src
+def copy(dst: np.ndarray, src: np.ndarray, accumulate: bool = False) -> None:
+    """dst[:] = src, or dst += src (NumPy's conversion of the element type)."""
+    if accumulate:
+        dst += src
+    else:
+        dst[...] = src
 
 
 def view(buf: np.ndarray, lo: int, hi: int, dtype: np.dtype) -> np.ndarray:

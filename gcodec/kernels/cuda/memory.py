@@ -180,16 +180,19 @@ def empty(n: int, dtype: Any) -> Any:
 
 
 @cuda.jit
-def _copy(dst, src):  # pragma: no cover - device
+def _copy(dst, src, accumulate):  # pragma: no cover - device
     for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
-        dst[i] = src[i]
+        if accumulate:
+            dst[i] = dst[i] + src[i]
+        else:
+            dst[i] = src[i]
 
 
-def copy(dst: Any, src: Any) -> None:
-    """dst[:] = src, converting the element type as NumPy's assignment does (flat arrays of one
-    length; ``src`` may be host memory: copied once)."""
+def copy(dst: Any, src: Any, accumulate: bool = False) -> None:
+    """dst[:] = src (or dst += src), converting the element type as NumPy's assignment does (flat
+    arrays of one length; ``src`` may be host memory: copied once)."""
     if int(dst.shape[0]):
-        _copy[grid(dst.shape[0])](dst, device(src))
+        _copy[grid(dst.shape[0])](dst, device(src), bool(accumulate))
 
 
 def view(buf: Any, lo: int, hi: int, dtype: Any) -> Any:
