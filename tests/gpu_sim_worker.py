@@ -87,6 +87,32 @@ def run_case(case: dict) -> dict:
     return res
 
 
+def ef_inputs(n: int, data_seed: int, steps: int) -> list:
+    """The gradients of an error-feedback run (the parent makes the same ones for the CPU)."""
+    return [make_array(n, data_seed + s, "normal") for s in range(steps)]
+
+
+def run_ef(case: dict) -> dict:
+    """``steps`` encodes through ErrorFeedback with device arrays: the payloads and the device
+    residual after the last step, as hex."""
+    from numba import cuda
+
+    import gcodec
+
+    res: dict = {"id": case["id"], "payloads": []}
+    try:
+        ef = gcodec.ErrorFeedback(case["codec"])
+        for s, x in enumerate(ef_inputs(case["n"], case["data_seed"], case["steps"])):
+            p = ef.encode(cuda.to_device(x), "w", step=s)
+            res["payloads"].append(bytes(p).hex())
+        e = ef.residual("w")
+        res["residual_type"] = type(e).__name__
+        res["residual"] = e.copy_to_host().tobytes().hex()
+    except Exception as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+    return res
+
+
 def run_philox(cases: list) -> list:
     from gcodec.kernels.cuda import philox
 
@@ -123,6 +149,7 @@ def main() -> None:
         "strict": strict,
         "cuda_imported_by_gcodec": before,
         "cases": [run_case(c) for c in req.get("cases", [])],
+        "ef": [run_ef(c) for c in req.get("ef", [])],
         "philox": run_philox(req.get("philox", [])),
         "crc": run_crc(req.get("crc", [])),
     }

@@ -28,7 +28,7 @@ import gcodec
 from gcodec.checksum import crc32c
 from gcodec.kernels.cpu import philox as cpu_philox
 
-from .gpu_sim_worker import make_array
+from .gpu_sim_worker import ef_inputs, make_array
 
 pytestmark = pytest.mark.gpu
 
@@ -119,6 +119,12 @@ LOWRANK: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
     ("psgd-r2-fp16", {"id": "powersgd", "rank": 2, "factors": {"id": "fp16"}}, 192, 48, 1, "normal"),
     ("psgd-r3-u8", {"id": "powersgd", "rank": 3, "factors": {"id": "uniform", "bits": 8}}, 192, 49, 1, "normal"),
 ]
+#: ErrorFeedback with device arrays: (id, codec, n, data seed, steps); payloads and residual as the CPU's.
+EF_CASES: list[tuple[str, dict[str, Any], int, int, int]] = [
+    ("ef-topk", {"id": "topk", "ratio": 0.1}, 120, 50, 3),
+    ("ef-u8", {"id": "uniform", "bits": 8, "group_size": 32}, 100, 51, 2),
+    ("ef-rk-fp16", {"id": "randomk", "ratio": 0.2, "seed": 9, "values": {"id": "fp16"}}, 90, 52, 2),
+]
 #: Cases encoded as a matrix (default: the flat array).
 SHAPES: dict[str, tuple[int, ...]] = {
     "psgd-fp16-pass": (4, 4),
@@ -160,7 +166,8 @@ def sim() -> dict[str, Any]:
                 "cpu_payload": cpu,
             }
         )
-    req = {"cases": cases, "philox": PHILOX, "crc": [b.hex() for b in CRC_BLOBS]}
+    ef = [{"id": c, "codec": cfg, "n": n, "data_seed": s, "steps": st} for c, cfg, n, s, st in EF_CASES]
+    req = {"cases": cases, "ef": ef, "philox": PHILOX, "crc": [b.hex() for b in CRC_BLOBS]}
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
@@ -175,7 +182,7 @@ def sim() -> dict[str, Any]:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout)
-    out["by_id"] = {c["id"]: c for c in out["cases"]}
+    out["by_id"] = {c["id"]: c for c in out["cases"] + out["ef"]}
     return out
 
 
@@ -233,6 +240,21 @@ def test_powersgd_on_device(sim: dict[str, Any], case: tuple) -> None:
     acc = np.frombuffer(bytes.fromhex(got["accumulated_cpu"]), np.float32)
     np.testing.assert_array_equal(dec.view(np.uint32), ref.view(np.uint32))
     np.testing.assert_array_equal(acc.view(np.uint32), (ref + ref).view(np.uint32))
+
+
+@pytest.mark.parametrize("case", EF_CASES, ids=[c[0] for c in EF_CASES])
+def test_error_feedback_on_device(sim: dict[str, Any], case: tuple) -> None:
+    """Every step's device payload and the device residual equal the CPU run's, bit for bit."""
+    cid, cfg, n, seed, steps = case
+    got = sim["by_id"][cid]
+    assert "error" not in got, got.get("error")
+    ef = gcodec.ErrorFeedback(cfg)
+    want = [bytes(ef.encode(x, "w", step=s)) for s, x in enumerate(ef_inputs(n, seed, steps))]
+    assert [bytes.fromhex(h) for h in got["payloads"]] == want
+    assert got["residual_type"] != "ndarray"  # the residual stayed in device memory
+    e = ef.residual("w")
+    assert e is not None
+    assert bytes.fromhex(got["residual"]) == e.tobytes()
 
 
 def test_simulator_is_strict(sim: dict[str, Any]) -> None:
