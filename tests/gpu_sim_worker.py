@@ -113,6 +113,19 @@ def run_ef(case: dict) -> dict:
     return res
 
 
+def run_streamed(cases: list, ids: set) -> list:
+    """The cases in ``ids`` again, with every launch and copy on a stream of their own (the
+    plumbing only: the simulator runs streams in order, so no concurrency is exercised)."""
+    from numba import cuda
+
+    from gcodec.kernels.cuda import launch
+
+    with launch.use_stream(cuda.stream()):
+        out = [run_case(c) for c in cases if c["id"] in ids]
+    assert launch.stream() == 0
+    return out
+
+
 def run_philox(cases: list) -> list:
     from gcodec.kernels.cuda import philox
 
@@ -150,6 +163,7 @@ def main() -> None:
         "cuda_imported_by_gcodec": before,
         "cases": [run_case(c) for c in req.get("cases", [])],
         "ef": [run_ef(c) for c in req.get("ef", [])],
+        "streamed": run_streamed(req.get("cases", []), set(req.get("streamed", []))),
         "philox": run_philox(req.get("philox", [])),
         "crc": run_crc(req.get("crc", [])),
     }

@@ -125,6 +125,8 @@ EF_CASES: list[tuple[str, dict[str, Any], int, int, int]] = [
     ("ef-u8", {"id": "uniform", "bits": 8, "group_size": 32}, 100, 51, 2),
     ("ef-rk-fp16", {"id": "randomk", "ratio": 0.2, "seed": 9, "values": {"id": "fp16"}}, 90, 52, 2),
 ]
+#: Cases run a second time with gcodec's work on a Numba stream (launch.use_stream).
+STREAMED = ["u4-sto-s9", "topk-ties", "rk-k90-s7", "psgd-r2"]
 #: Cases encoded as a matrix (default: the flat array).
 SHAPES: dict[str, tuple[int, ...]] = {
     "psgd-fp16-pass": (4, 4),
@@ -167,7 +169,7 @@ def sim() -> dict[str, Any]:
             }
         )
     ef = [{"id": c, "codec": cfg, "n": n, "data_seed": s, "steps": st} for c, cfg, n, s, st in EF_CASES]
-    req = {"cases": cases, "ef": ef, "philox": PHILOX, "crc": [b.hex() for b in CRC_BLOBS]}
+    req = {"cases": cases, "ef": ef, "streamed": STREAMED, "philox": PHILOX, "crc": [b.hex() for b in CRC_BLOBS]}
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
@@ -255,6 +257,15 @@ def test_error_feedback_on_device(sim: dict[str, Any], case: tuple) -> None:
     e = ef.residual("w")
     assert e is not None
     assert bytes.fromhex(got["residual"]) == e.tobytes()
+
+
+def test_streamed_cases_equal_unstreamed(sim: dict[str, Any]) -> None:
+    got = {c["id"]: c for c in sim["streamed"]}
+    assert sorted(got) == sorted(STREAMED)
+    for cid in STREAMED:
+        assert "error" not in got[cid], got[cid].get("error")
+        for field in ("payload", "decoded"):
+            assert got[cid][field] == sim["by_id"][cid][field], (cid, field)
 
 
 def test_simulator_is_strict(sim: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .launch import grid
+from .launch import grid, host, upload
 
 __all__ = ["residual_inplace"]
 
@@ -29,7 +29,7 @@ def _residual(corrected, decoded, bad):  # pragma: no cover - device
 def residual_inplace(corrected: Any, decoded: Any) -> int:
     """corrected -= decoded (flat device arrays of one dtype); returns how many results are NaN or
     infinite (the one number that comes back to the host)."""
-    bad = cuda.to_device(np.zeros(1, np.int64))
+    bad = upload(np.zeros(1, np.int64))
     if int(corrected.shape[0]):
         _residual[grid(corrected.shape[0])](corrected, decoded, bad)
-    return int(bad.copy_to_host()[0])
+    return int(host(bad)[0])

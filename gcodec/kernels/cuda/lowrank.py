@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda
 
 from ...rng import split64
-from .launch import device, grid, mul32, mul64, sub64
+from .launch import device, grid, host, mul32, mul64, one, sub64, upload
 from .philox import word
 
 __all__ = [
@@ -150,7 +150,7 @@ def _gram_schmidt(A, epsilon):  # pragma: no cover - device
 def gram_schmidt(A: Any, epsilon: float) -> None:
     """Orthonormalise the columns of device A (m x r) in place, left to right (torch's rule)."""
     if A.size:
-        _gram_schmidt[1, 1](A, float(epsilon))
+        _gram_schmidt[one()](A, float(epsilon))
 
 
 @cuda.jit
@@ -221,7 +221,7 @@ def orthogonalize(a: Any, epsilon: float = 1e-8) -> Any:
         q64 = a if a.dtype == np.float64 else cuda.device_array((m, r), np.float64)
         if q64 is not a:
             _cast2[grid(m * r)](a, q64)
-        _householder[1, 1](q64, V, tau)
+        _householder[one()](q64, V, tau)
         if q64 is not a:
             _cast2[grid(m * r)](q64, a)
     return a
@@ -297,12 +297,12 @@ def _flat(a: Any) -> Any:
 
 
 def _scan(a: Any) -> tuple[int, float]:
-    res = cuda.to_device(np.zeros(1, np.int64))
-    mx = cuda.to_device(np.zeros(1, np.float64))
+    res = upload(np.zeros(1, np.int64))
+    mx = upload(np.zeros(1, np.float64))
     if int(a.size):
         f = _flat(a)
         _nonfinite_maxabs[grid(f.shape[0])](f, res, mx)
-    return int(res.copy_to_host()[0]), float(mx.copy_to_host()[0])
+    return int(host(res)[0]), float(host(mx)[0])
 
 
 def count_nonfinite(a: Any) -> int:
@@ -325,7 +325,7 @@ def copy_of(a: Any, dtype: Any = None) -> Any:
     """A device copy of ``a`` (device or host, 2-D) in ``dtype`` (default: a's)."""
     dt = np.dtype(a.dtype if dtype is None else dtype)
     if isinstance(a, np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(a, dtype=dt))
+        return upload(np.ascontiguousarray(a, dtype=dt))
     out = _mat(a.shape[0], a.shape[1], dt)
     if int(a.size):
         _copy_flat[grid(a.size)](_flat(a), _flat(out))

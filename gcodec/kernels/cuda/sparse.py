@@ -44,7 +44,7 @@ import numpy as np
 from numba import cuda
 
 from ...layout.sparse import GAP_BLOCK
-from .launch import SIM, device, grid, missing
+from .launch import SIM, device, grid, host, missing, one, upload
 
 __all__ = [
     "candidate_capacity",
@@ -115,7 +115,7 @@ def scan_exclusive(a: Any) -> Any:
     n = int(a.shape[0])
     if n <= _SEG:
         total = cuda.device_array(1, np.int64)
-        _serial_scan[1, 1](a, total)
+        _serial_scan[one()](a, total)
         return total
     ns = (n + _SEG - 1) // _SEG
     sums = cuda.device_array(ns, np.int64)
@@ -126,7 +126,7 @@ def scan_exclusive(a: Any) -> Any:
 
 
 def _read(a: Any) -> int:
-    return int(a.copy_to_host()[0])
+    return int(host(a)[0])
 
 
 @cuda.jit
@@ -164,10 +164,10 @@ def _count_ge(bits, mask, infkey, t, cnt):  # pragma: no cover - device
 
 def count_ge(bits: Any, mask: Any, infkey: Any, t: Any) -> tuple[int, int]:
     """(#keys >= t, #non-finite keys): the counting pass of ``threshold`` (both come to the host)."""
-    cnt = cuda.to_device(np.zeros(2, np.int64))
+    cnt = upload(np.zeros(2, np.int64))
     if int(bits.shape[0]):
         _count_ge[grid(bits.shape[0])](bits, mask, infkey, t, cnt)
-    h = cnt.copy_to_host()
+    h = host(cnt)
     return int(h[0]), int(h[1])
 
 
@@ -188,7 +188,7 @@ def _count_nonfinite_values(v, cnt):  # pragma: no cover - device
 
 
 def count_nonfinite_values(v: Any) -> int:
-    cnt = cuda.to_device(np.zeros(1, np.int64))
+    cnt = upload(np.zeros(1, np.int64))
     if int(v.shape[0]):
         _count_nonfinite_values[grid(v.shape[0])](device(v), cnt)
     return _read(cnt)
@@ -382,9 +382,9 @@ def topk_select(
         if k and not bad:
             _iota[grid(n)](out, bits, out_bits)
         return bad
-    st = cuda.to_device(np.array([0, 0, k], np.uint64))
-    hist_d = cuda.to_device(np.zeros(_BINS, np.int64))
-    badc = cuda.to_device(np.zeros(1, np.int64))
+    st = upload(np.array([0, 0, k], np.uint64))
+    hist_d = upload(np.zeros(_BINS, np.int64))
+    badc = upload(np.zeros(1, np.int64))
     nbits = 8 * np.dtype(bits.dtype).itemsize
     for p, (shift, width) in enumerate(_digits(nbits)):
         dmask = (1 << width) - 1
@@ -393,7 +393,7 @@ def topk_select(
             bad = _read(badc)
             if bad:
                 return bad
-        _pick_digit[1, 1](hist_d, st, shift, dmask)
+        _pick_digit[one()](hist_d, st, shift, dmask)
     # st: prefix = K (the k-th largest key), remain = how many keys equal to K are kept
     sel, eqm, ceq = _words(n)
     nw = int(sel.shape[0])
