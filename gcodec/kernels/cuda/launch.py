@@ -103,10 +103,10 @@ def _caller_stream(x: Any) -> Any:  # pragma: no cover - needs a GPU
     return cuda.external_stream(ptr) if ptr else 0
 
 
-def grid(n: int) -> tuple[Any, ...]:
+def grid(n: int, max_blocks: int = MAX_BLOCKS) -> tuple[Any, ...]:
     """Launch configuration for ``n`` independent work items: (blocks, threads[, stream]), grid-stride
     loops covering the rest, on this thread's current stream."""
-    blocks = max(1, min(MAX_BLOCKS, (max(int(n), 1) + THREADS - 1) // THREADS))
+    blocks = max(1, min(max_blocks, MAX_BLOCKS, (max(int(n), 1) + THREADS - 1) // THREADS))
     s = stream()
     return (blocks, THREADS, s) if s else (blocks, THREADS)
 

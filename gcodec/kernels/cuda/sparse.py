@@ -64,6 +64,7 @@ __all__ = [
 RADIX = 11  # bits per radix-select digit (2048 bins: 8 KiB of shared memory per block)
 _BINS = 1 << RADIX
 _SEG = 8 if SIM else 1024  # elements a scan thread adds up
+_HIST_BLOCKS = 1024  # blocks of a histogram pass
 
 # selection state on the device (uint64): prefix, prefix mask, keys still to take (ties at the end)
 _PREFIX, _PMASK, _REMAIN = 0, 1, 2
@@ -388,7 +389,8 @@ def topk_select(
     nbits = 8 * np.dtype(bits.dtype).itemsize
     for p, (shift, width) in enumerate(_digits(nbits)):
         dmask = (1 << width) - 1
-        _hist[grid(n)](bits, mask, st, shift, dmask, infkey, p == 0, hist_d, badc)
+        # few blocks, many keys each: every block clears and flushes a shared histogram
+        _hist[grid(n, _HIST_BLOCKS)](bits, mask, st, shift, dmask, infkey, p == 0, hist_d, badc)
         if p == 0:
             bad = _read(badc)
             if bad:
