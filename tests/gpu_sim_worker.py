@@ -100,14 +100,18 @@ def run_ef(case: dict) -> dict:
     import gcodec
 
     res: dict = {"id": case["id"], "payloads": []}
+    shape = case.get("shape") or (case["n"],)
     try:
         ef = gcodec.ErrorFeedback(case["codec"])
         for s, x in enumerate(ef_inputs(case["n"], case["data_seed"], case["steps"])):
-            p = ef.encode(cuda.to_device(x), "w", step=s)
+            p = ef.encode(cuda.to_device(x.reshape(shape)), "w", step=s)
             res["payloads"].append(bytes(p).hex())
         e = ef.residual("w")
         res["residual_type"] = type(e).__name__
         res["residual"] = e.copy_to_host().tobytes().hex()
+        st = ef.state_dict()  # a checkpoint: host copies of the device residual and warm-start Q
+        kept = [v for d in st["codec_state"]["arrays"].values() for v in d.values()]
+        res["checkpoint_types"] = sorted({type(v).__name__ for v in [*st["residuals"].values(), *kept]})
     except Exception as e:
         res["error"] = f"{type(e).__name__}: {e}"
     return res

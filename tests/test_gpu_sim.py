@@ -124,7 +124,9 @@ EF_CASES: list[tuple[str, dict[str, Any], int, int, int]] = [
     ("ef-topk", {"id": "topk", "ratio": 0.1}, 120, 50, 3),
     ("ef-u8", {"id": "uniform", "bits": 8, "group_size": 32}, 100, 51, 2),
     ("ef-rk-fp16", {"id": "randomk", "ratio": 0.2, "seed": 9, "values": {"id": "fp16"}}, 90, 52, 2),
+    ("ef-psgd", {"id": "powersgd", "rank": 2}, 192, 53, 3),  # warm-start Q kept on the device
 ]
+EF_SHAPES = {"ef-psgd": (16, 12)}
 #: Cases run a second time with gcodec's work on a Numba stream (launch.use_stream).
 STREAMED = ["u4-sto-s9", "topk-ties", "rk-k90-s7", "psgd-r2"]
 #: Cases encoded as a matrix (default: the flat array).
@@ -168,7 +170,10 @@ def sim() -> dict[str, Any]:
                 "cpu_payload": cpu,
             }
         )
-    ef = [{"id": c, "codec": cfg, "n": n, "data_seed": s, "steps": st} for c, cfg, n, s, st in EF_CASES]
+    ef = [
+        {"id": c, "codec": cfg, "n": n, "data_seed": s, "steps": st, "shape": EF_SHAPES.get(c)}
+        for c, cfg, n, s, st in EF_CASES
+    ]
     req = {"cases": cases, "ef": ef, "streamed": STREAMED, "philox": PHILOX, "crc": [b.hex() for b in CRC_BLOBS]}
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     root = Path(__file__).resolve().parents[1]
@@ -251,12 +256,23 @@ def test_error_feedback_on_device(sim: dict[str, Any], case: tuple) -> None:
     got = sim["by_id"][cid]
     assert "error" not in got, got.get("error")
     ef = gcodec.ErrorFeedback(cfg)
-    want = [bytes(ef.encode(x, "w", step=s)) for s, x in enumerate(ef_inputs(n, seed, steps))]
-    assert [bytes.fromhex(h) for h in got["payloads"]] == want
+    shape = EF_SHAPES.get(cid, (n,))
+    want = [bytes(ef.encode(x.reshape(shape), "w", step=s)) for s, x in enumerate(ef_inputs(n, seed, steps))]
     assert got["residual_type"] != "ndarray"  # the residual stayed in device memory
+    assert got["checkpoint_types"] == ["ndarray"]  # state_dict() holds host copies only
     e = ef.residual("w")
     assert e is not None
-    assert bytes.fromhex(got["residual"]) == e.tobytes()
+    mine = [bytes.fromhex(h) for h in got["payloads"]]
+    if cfg["id"] != "powersgd":
+        assert mine == want
+        assert bytes.fromhex(got["residual"]) == e.tobytes()
+        return
+    # PowerSGD's encoder products are free (powersgd.md §5): every step decodes close to the CPU's
+    for a, b in zip(mine, want, strict=True):
+        ref = gcodec.decode(b).reshape(-1)
+        np.testing.assert_allclose(gcodec.decode(a).reshape(-1), ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
+    res = np.frombuffer(bytes.fromhex(got["residual"]), np.float32)
+    np.testing.assert_allclose(res, e.reshape(-1), rtol=0, atol=1e-4 * float(np.abs(e).max()))
 
 
 def test_streamed_cases_equal_unstreamed(sim: dict[str, Any]) -> None:
