@@ -130,6 +130,13 @@ def run_streamed(cases: list, ids: set) -> list:
     return out
 
 
+def run_randomk_indices(cases: list) -> list:
+    """Device Floyd sampling (gcodec.kernels.cuda.sparse.randomk_indices) for each (n, k, seed, stream)."""
+    from gcodec.codecs.randomk import randomk_indices
+
+    return [randomk_indices(n, k, s, t, backend="cuda").copy_to_host().tolist() for n, k, s, t in cases]
+
+
 def run_philox(cases: list) -> list:
     from gcodec.kernels.cuda import philox
 
@@ -169,6 +176,7 @@ def main() -> None:
         "ef": [run_ef(c) for c in req.get("ef", [])],
         "streamed": run_streamed(req.get("cases", []), set(req.get("streamed", []))),
         "philox": run_philox(req.get("philox", [])),
+        "randomk_indices": run_randomk_indices(req.get("randomk_indices", [])),
         "crc": run_crc(req.get("crc", [])),
     }
     from gcodec.kernels.cuda import launch

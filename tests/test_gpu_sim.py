@@ -140,6 +140,10 @@ SHAPES: dict[str, tuple[int, ...]] = {
 }
 REFUSED = {"u8-nan", "rk-nan", "topk-nan"}  # NaN input: the device encoder refuses it as the CPU one does
 PHILOX = [(0, 0, 37, 0), (1, 0, 8, 0), (2**64 - 1, 2**63 + 5, 50, 2**34), (12345, 678, 101, 4)]
+#: (n, k, seed, stream) for the device's parallel Floyd sampling: k close to n forces chains of collisions.
+RANDOMK_INDICES = [
+    (n, k, seed, 3) for n in (1, 2, 33, 64, 65) for k in sorted({1, n // 2, n - 1, n}) for seed in (0, 12345) if k >= 1
+]
 CRC_BLOBS = [b"", b"123456789", bytes(range(256)) * 3, bytes(1000)]
 
 
@@ -174,7 +178,14 @@ def sim() -> dict[str, Any]:
         {"id": c, "codec": cfg, "n": n, "data_seed": s, "steps": st, "shape": EF_SHAPES.get(c)}
         for c, cfg, n, s, st in EF_CASES
     ]
-    req = {"cases": cases, "ef": ef, "streamed": STREAMED, "philox": PHILOX, "crc": [b.hex() for b in CRC_BLOBS]}
+    req = {
+        "cases": cases,
+        "ef": ef,
+        "streamed": STREAMED,
+        "philox": PHILOX,
+        "randomk_indices": RANDOMK_INDICES,
+        "crc": [b.hex() for b in CRC_BLOBS],
+    }
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
@@ -293,6 +304,14 @@ def test_philox_words_equal_cpu(sim: dict[str, Any]) -> None:
     for (seed, stream, n, start), h in zip(PHILOX, sim["philox"]):
         want = cpu_philox.random_u32(seed, stream, n, start)
         assert np.frombuffer(bytes.fromhex(h), np.uint32).tolist() == want.tolist(), (seed, stream, n, start)
+
+
+def test_randomk_indices_equal_cpu(sim: dict[str, Any]) -> None:
+    from gcodec.codecs.randomk import randomk_indices
+
+    assert len(sim["randomk_indices"]) == len(RANDOMK_INDICES)
+    for (n, k, seed, stream), got in zip(RANDOMK_INDICES, sim["randomk_indices"], strict=True):
+        assert got == randomk_indices(n, k, seed, stream).tolist(), (n, k, seed, stream)
 
 
 def test_device_crc32c_equals_host(sim: dict[str, Any]) -> None:
