@@ -19,7 +19,7 @@ import numpy as np
 
 from . import kernels
 from .api import decode, encode, pending_from_plan, write_pending
-from .arrays import host_array
+from .arrays import backend_of, host_array, intake
 from .codecs.base import Codec, EncodeContext
 from .codecs.registry import get_codec
 from .codecs.state import CodecState, owned_array
@@ -27,6 +27,22 @@ from .errors import ConfigError, PayloadValueError
 from .limits import get_limits
 
 __all__ = ["ErrorFeedback"]
+
+
+def _copy(a: Any) -> Any:
+    """A copy of ``a`` in the memory it lives in."""
+    if backend_of(a) == "cpu":
+        return a.copy()
+    K = kernels.of(a)
+    c = K.memory.empty(int(a.size), a.dtype)
+    K.memory.copy(c, a.reshape(int(a.size)))
+    return c.reshape(tuple(a.shape))
+
+
+def _host_copy(a: Any) -> np.ndarray:
+    if backend_of(a) == "cpu":
+        return a.copy()
+    return np.asarray(kernels.of(a).launch.host(a))  # copied on gcodec's current stream, after its work
 
 
 class ErrorFeedback:
@@ -74,6 +90,8 @@ class ErrorFeedback:
         """
         if type(x).__module__.startswith("torch"):
             self._torch_in = True
+        if backend_of(x) != "cpu":
+            return self._encode_device(x, key, step=step, checksum=checksum, meta=meta, out=out)
         arr = host_array(x)
         lim = get_limits()
         if key in self._disabled:
@@ -128,11 +146,62 @@ class ErrorFeedback:
         self._residuals[key] = corrected
         return buf
 
+    def _encode_device(
+        self, x: Any, key: str, *, step: int | None, checksum: bool, meta: Mapping[str, str] | None, out: Any
+    ) -> Any:
+        """The generic path with every array in device memory (docs/gpu.md): the residual stays on the
+        device, ``x + e`` and ``e <- corrected - decode(payload)`` run there, bit-identical to the CPU.
+        A host residual (from ``load_state_dict``) is copied to the device once."""
+        arr = intake(x)
+        K = kernels.get(arr.backend)
+        dev = K.view(arr.array)
+        if key in self._disabled:
+            return encode(
+                dev, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta, out=out
+            )
+        wd = self._work_dtype(dev)
+        if np.dtype(dev.dtype) != wd:
+            raise ConfigError(
+                f"error feedback on device arrays needs {wd} input (residual dtype), got {dev.dtype}: cast it first"
+            )
+        shape = tuple(int(d) for d in dev.shape)
+        n = int(dev.size)
+        e = self._residuals.get(key)
+        if e is not None and tuple(e.shape) != shape:
+            raise ConfigError(f"error feedback key {key!r}: shape {shape} differs from its residual's {tuple(e.shape)}")
+        corrected = K.memory.empty(n, wd)
+        K.memory.copy(corrected, dev.reshape(n))
+        if e is not None:
+            K.memory.copy(corrected, e.reshape(n), True)  # x + e: one IEEE addition, as np.add
+        buf = encode(
+            corrected.reshape(shape),
+            self.codec,
+            key=key,
+            step=step,
+            state=self.codec_state,
+            checksum=checksum,
+            meta=meta,
+            out=out,
+        )
+        scratch = self._scratch.get(key)
+        if scratch is None or backend_of(scratch) != arr.backend or tuple(scratch.shape) != (n,):
+            scratch = K.memory.empty(n, wd)
+        self._scratch[key] = scratch
+        decode(buf, out=scratch)
+        bad = K.feedback.residual_inplace(corrected, scratch)
+        if bad:
+            raise PayloadValueError(
+                f"error feedback key {key!r}: {bad} residual value(s) would be NaN or infinite "
+                "(non-finite input, or a codec that overflowed); the residual was left unchanged"
+            )
+        self._residuals[key] = corrected.reshape(shape)
+        return buf
+
     # ---- state ---------------------------------------------------------------------------
     def residual(self, key: str) -> np.ndarray | None:
-        """The current residual of ``key`` (a copy), or None when it has none yet."""
+        """The current residual of ``key`` (a copy, in the memory it lives in), or None when it has none yet."""
         e = self._residuals.get(key)
-        return None if e is None else e.copy()
+        return None if e is None else _copy(e)
 
     def reset(self, key: str | None = None) -> None:
         """Forget the residual of ``key``, or of every key (the codec's streams carry on)."""
@@ -164,7 +233,7 @@ class ErrorFeedback:
         """
         state: dict[str, Any] = {
             "codec": self.codec.get_config(),
-            "residuals": {k: v.copy() for k, v in self._residuals.items()},
+            "residuals": {k: _host_copy(v) for k, v in self._residuals.items()},  # device residuals: host copies
             "disabled": sorted(self._disabled),
             "codec_state": self.codec_state.state_dict(),  # streams and warm starts per key
         }

@@ -18,6 +18,30 @@ import numpy as np
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)  # the simulator's uint32 wraparound
 
+#: What a real ``numba.cuda`` DeviceNDArray offers. The simulator's FakeCUDAArray forwards every other
+#: attribute to the NumPy array it wraps, so ``d.astype(...)``, ``np.max(d)`` or ``d + 1`` work there
+#: and fail (or copy to the host without a word) on a GPU; :func:`strict_simulator` refuses them.
+DEVICE_ARRAY_API = frozenset(
+    "shape strides ndim dtype size alloc_size gpu_data stream nbytes T transpose bind copy_to_device "
+    "copy_to_host split as_cuda_arg get_ipc_handle squeeze view flags is_c_contiguous is_f_contiguous "
+    "reshape ravel getitem setitem device_ctypes_pointer".split()
+)
+
+
+def strict_simulator() -> None:
+    """Make the simulator's device arrays refuse what real device arrays lack, ``__array__``
+    included (on a GPU it is a silent device-to-host copy): gcodec must say ``copy_to_host``."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    forward = FakeCUDAArray.__getattr__
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        if name not in DEVICE_ARRAY_API and not name.startswith("_numba") and not name.startswith("__cuda"):
+            raise AttributeError(f"a real device array has no {name!r} (the simulator's would forward it to NumPy)")
+        return forward(self, name)
+
+    FakeCUDAArray.__getattr__ = __getattr__
+
 
 def make_array(n: int, data_seed: int, kind: str) -> np.ndarray:
     """The test array of a case; the same function gives the parent process its CPU input."""
@@ -29,6 +53,10 @@ def make_array(n: int, data_seed: int, kind: str) -> np.ndarray:
         x = np.round(x * 4) / 4
     elif kind == "nan" and n:
         x[n // 2] = np.nan
+    elif kind == "zeros":  # signed zeros and a few equal magnitudes: top-k's tie rule
+        x = np.where(np.arange(n) % 2 == 0, np.float32(-0.0), np.float32(0.0)).astype(np.float32)
+        x[n // 3 :: 7] = np.float32(-1.5)
+        x[n // 2 :: 11] = np.float32(1.5)
     return x
 
 
@@ -40,19 +68,73 @@ def run_case(case: dict) -> dict:
     x = make_array(case["n"], case["data_seed"], case.get("kind", "normal"))
     res: dict = {"id": case["id"]}
     try:
-        d = cuda.to_device(x)
+        d = cuda.to_device(x.reshape(case.get("shape") or (x.size,)))
         p = gcodec.encode(d, case["codec"], step=case.get("step"))
         res["payload_type"] = type(p).__name__
         res["payload"] = bytes(p).hex()
         cpu = bytes.fromhex(case["cpu_payload"])
-        out = cuda.to_device(np.zeros(x.size, np.float32))
+        out = cuda.to_device(np.full(x.size, 7.0, np.float32))  # decode must overwrite every element
         gcodec.decode(cpu, out=out)
         res["decoded"] = out.copy_to_host().tobytes().hex()
+        if case["codec"]["id"] == "powersgd":  # its device payload differs: accumulate the CPU's
+            gcodec.decode(cpu, out=out, accumulate=True)
+            res["accumulated_cpu"] = out.copy_to_host().tobytes().hex()
+            gcodec.decode(cpu, out=out)
         gcodec.decode(p, out=out, accumulate=True)
         res["accumulated"] = out.copy_to_host().tobytes().hex()
     except Exception as e:  # reported, and judged by the parent
         res["error"] = f"{type(e).__name__}: {e}"
     return res
+
+
+def ef_inputs(n: int, data_seed: int, steps: int) -> list:
+    """The gradients of an error-feedback run (the parent makes the same ones for the CPU)."""
+    return [make_array(n, data_seed + s, "normal") for s in range(steps)]
+
+
+def run_ef(case: dict) -> dict:
+    """``steps`` encodes through ErrorFeedback with device arrays: the payloads and the device
+    residual after the last step, as hex."""
+    from numba import cuda
+
+    import gcodec
+
+    res: dict = {"id": case["id"], "payloads": []}
+    shape = case.get("shape") or (case["n"],)
+    try:
+        ef = gcodec.ErrorFeedback(case["codec"])
+        for s, x in enumerate(ef_inputs(case["n"], case["data_seed"], case["steps"])):
+            p = ef.encode(cuda.to_device(x.reshape(shape)), "w", step=s)
+            res["payloads"].append(bytes(p).hex())
+        e = ef.residual("w")
+        res["residual_type"] = type(e).__name__
+        res["residual"] = e.copy_to_host().tobytes().hex()
+        st = ef.state_dict()  # a checkpoint: host copies of the device residual and warm-start Q
+        kept = [v for d in st["codec_state"]["arrays"].values() for v in d.values()]
+        res["checkpoint_types"] = sorted({type(v).__name__ for v in [*st["residuals"].values(), *kept]})
+    except Exception as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+    return res
+
+
+def run_streamed(cases: list, ids: set) -> list:
+    """The cases in ``ids`` again, with every launch and copy on a stream of their own (the
+    plumbing only: the simulator runs streams in order, so no concurrency is exercised)."""
+    from numba import cuda
+
+    from gcodec.kernels.cuda import launch
+
+    with launch.use_stream(cuda.stream()):
+        out = [run_case(c) for c in cases if c["id"] in ids]
+    assert launch.stream() == 0
+    return out
+
+
+def run_randomk_indices(cases: list) -> list:
+    """Device Floyd sampling (gcodec.kernels.cuda.sparse.randomk_indices) for each (n, k, seed, stream)."""
+    from gcodec.codecs.randomk import randomk_indices
+
+    return [randomk_indices(n, k, s, t, backend="cuda").copy_to_host().tolist() for n, k, s, t in cases]
 
 
 def run_philox(cases: list) -> list:
@@ -79,10 +161,22 @@ def main() -> None:
 
     req = json.load(sys.stdin)
     before = "numba.cuda" in sys.modules
+    strict_simulator()
+    from numba import cuda
+
+    try:
+        cuda.to_device(np.zeros(2, np.float32)).astype(np.float64)
+        strict = "no error"
+    except Exception as e:
+        strict = f"{type(e).__name__}: {e}"
     result = {
+        "strict": strict,
         "cuda_imported_by_gcodec": before,
         "cases": [run_case(c) for c in req.get("cases", [])],
+        "ef": [run_ef(c) for c in req.get("ef", [])],
+        "streamed": run_streamed(req.get("cases", []), set(req.get("streamed", []))),
         "philox": run_philox(req.get("philox", [])),
+        "randomk_indices": run_randomk_indices(req.get("randomk_indices", [])),
         "crc": run_crc(req.get("crc", [])),
     }
     from gcodec.kernels.cuda import launch

@@ -28,7 +28,7 @@ import gcodec
 from gcodec.checksum import crc32c
 from gcodec.kernels.cpu import philox as cpu_philox
 
-from .gpu_sim_worker import make_array
+from .gpu_sim_worker import ef_inputs, make_array
 
 pytestmark = pytest.mark.gpu
 
@@ -60,21 +60,96 @@ CASES: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
     ("sign", {"id": "sign"}, 200, 13, None, "normal"),
     ("sign-g48", {"id": "sign", "group_size": 48}, 150, 14, None, "normal"),
     ("u8-nan", {"id": "uniform", "bits": 8}, 64, 17, None, "nan"),
+    # random-k: Floyd's sampling on the device (k near n: many collisions), k = 0, k = n, empty
+    ("rk-r10-s1", {"id": "randomk", "ratio": 0.1, "seed": 1}, 100, 19, 0, "normal"),
+    ("rk-k90-s7", {"id": "randomk", "k": 90, "seed": 7}, 100, 21, 3, "normal"),
+    ("rk-k60-s99", {"id": "randomk", "k": 60, "seed": 2**64 - 1}, 67, 22, 2**40, "normal"),
+    ("rk-k0", {"id": "randomk", "k": 0, "seed": 3}, 50, 23, 1, "normal"),
+    ("rk-kn", {"id": "randomk", "k": 40, "seed": 3}, 40, 24, 1, "normal"),
+    ("rk-empty", {"id": "randomk", "ratio": 0.5, "seed": 3}, 0, 25, 1, "normal"),
+    ("rk-nan", {"id": "randomk", "ratio": 0.1, "seed": 1}, 64, 26, 0, "nan"),
+    # top-k: radix select, ties to the lowest index, delta and raw indices, k = 0, k = n, empty
+    ("topk-r10", {"id": "topk", "ratio": 0.1}, 300, 18, None, "normal"),
+    ("topk-ties", {"id": "topk", "k": 37}, 300, 27, None, "ties"),
+    ("topk-zeros", {"id": "topk", "k": 5}, 70, 28, None, "zeros"),
+    ("topk-sparse-gaps", {"id": "topk", "k": 3}, 400, 29, None, "normal"),
+    ("topk-raw", {"id": "topk", "k": 100, "index_coding": "raw"}, 200, 30, None, "ties"),
+    ("topk-k0", {"id": "topk", "k": 0}, 50, 31, None, "normal"),
+    ("topk-kn", {"id": "topk", "ratio": 1.0}, 130, 32, None, "normal"),
+    ("topk-empty", {"id": "topk", "ratio": 0.1}, 0, 33, None, "normal"),
+    ("topk-nan", {"id": "topk", "ratio": 0.1}, 64, 34, None, "nan"),
+    ("th-delta", {"id": "threshold", "threshold": 1.5}, 200, 35, None, "normal"),
+    ("th-raw-ties", {"id": "threshold", "threshold": 0.5, "index_coding": "raw"}, 150, 36, None, "ties"),
+    ("th-zero", {"id": "threshold", "threshold": 0.0}, 90, 37, None, "zeros"),
+    # hybrids: nested value codecs run on the device values
+    ("topk-fp16", {"id": "topk", "ratio": 0.1, "values": {"id": "fp16"}}, 200, 38, None, "normal"),
+    (
+        "topk-u4",
+        {"id": "topk", "k": 30, "values": {"id": "uniform", "bits": 4, "group_size": 16}},
+        200,
+        39,
+        None,
+        "ties",
+    ),
+    ("rk-fp16", {"id": "randomk", "k": 30, "seed": 4, "values": {"id": "fp16"}}, 200, 40, 2, "normal"),
+    (
+        "rk-u8-sto",
+        {
+            "id": "randomk",
+            "k": 30,
+            "seed": 4,
+            "values": {"id": "uniform", "bits": 8, "rounding": "stochastic", "seed": 5},
+        },
+        200,
+        41,
+        2,
+        "normal",
+    ),
+    ("th-bf16", {"id": "threshold", "threshold": 1.0, "values": {"id": "bf16"}}, 200, 42, None, "normal"),
+    # powersgd pass-through (no matrix view / too small to compress): byte-identical too
+    ("psgd-vector", {"id": "powersgd", "rank": 2}, 64, 43, None, "normal"),
+    ("psgd-fp16-pass", {"id": "powersgd", "rank": 2, "passthrough": "fp16"}, 16, 44, None, "normal"),
 ]
-#: Codecs whose kernels are not on the device yet: a device array gets a ConfigError that says so.
-NOT_ON_DEVICE = [
-    ("topk", {"id": "topk", "ratio": 0.1}, 100, 18, None, "normal"),
-    ("randomk", {"id": "randomk", "ratio": 0.1, "seed": 1}, 100, 19, 0, "normal"),
-    ("powersgd", {"id": "powersgd", "rank": 2}, 64, 20, None, "normal"),
+#: PowerSGD matrices: the encoder's products are free (specs/codecs/powersgd.md §5), so the device
+#: payload need not equal the CPU's; its decode must be close, and decoding (§6) is bit-identical.
+LOWRANK: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
+    ("psgd-r1-it2", {"id": "powersgd", "rank": 1, "iterations": 2}, 320, 45, 1, "normal"),
+    ("psgd-r2", {"id": "powersgd", "rank": 2}, 192, 46, 0, "normal"),
+    ("psgd-r4-qr", {"id": "powersgd", "rank": 4, "seed": 3}, 320, 47, 2, "normal"),
+    ("psgd-r2-fp16", {"id": "powersgd", "rank": 2, "factors": {"id": "fp16"}}, 192, 48, 1, "normal"),
+    ("psgd-r3-u8", {"id": "powersgd", "rank": 3, "factors": {"id": "uniform", "bits": 8}}, 192, 49, 1, "normal"),
 ]
-REFUSED = {"u8-nan"}  # NaN input: the device encoder refuses it as the CPU one does
+#: ErrorFeedback with device arrays: (id, codec, n, data seed, steps); payloads and residual as the CPU's.
+EF_CASES: list[tuple[str, dict[str, Any], int, int, int]] = [
+    ("ef-topk", {"id": "topk", "ratio": 0.1}, 120, 50, 3),
+    ("ef-u8", {"id": "uniform", "bits": 8, "group_size": 32}, 100, 51, 2),
+    ("ef-rk-fp16", {"id": "randomk", "ratio": 0.2, "seed": 9, "values": {"id": "fp16"}}, 90, 52, 2),
+    ("ef-psgd", {"id": "powersgd", "rank": 2}, 192, 53, 3),  # warm-start Q kept on the device
+]
+EF_SHAPES = {"ef-psgd": (16, 12)}
+#: Cases run a second time with gcodec's work on a Numba stream (launch.use_stream).
+STREAMED = ["u4-sto-s9", "topk-ties", "rk-k90-s7", "psgd-r2"]
+#: Cases encoded as a matrix (default: the flat array).
+SHAPES: dict[str, tuple[int, ...]] = {
+    "psgd-fp16-pass": (4, 4),
+    "psgd-r1-it2": (8, 40),
+    "psgd-r2": (16, 12),
+    "psgd-r4-qr": (20, 16),
+    "psgd-r2-fp16": (16, 12),
+    "psgd-r3-u8": (12, 16),
+}
+REFUSED = {"u8-nan", "rk-nan", "topk-nan"}  # NaN input: the device encoder refuses it as the CPU one does
 PHILOX = [(0, 0, 37, 0), (1, 0, 8, 0), (2**64 - 1, 2**63 + 5, 50, 2**34), (12345, 678, 101, 4)]
+#: (n, k, seed, stream) for the device's parallel Floyd sampling: k close to n forces chains of collisions.
+RANDOMK_INDICES = [
+    (n, k, seed, 3) for n in (1, 2, 33, 64, 65) for k in sorted({1, n // 2, n - 1, n}) for seed in (0, 12345) if k >= 1
+]
 CRC_BLOBS = [b"", b"123456789", bytes(range(256)) * 3, bytes(1000)]
 
 
-def _cpu_payload(cfg: dict[str, Any], n: int, seed: int, step: int | None, kind: str) -> bytes:
+def _cpu_payload(cfg: dict[str, Any], n: int, seed: int, step: int | None, kind: str, cid: str = "") -> bytes:
     codec = gcodec.get_codec(cfg)
-    return bytes(gcodec.encode(make_array(n, seed, kind), codec, step=step))
+    return bytes(gcodec.encode(make_array(n, seed, kind).reshape(SHAPES.get(cid, (n,))), codec, step=step))
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +157,35 @@ def sim() -> dict[str, Any]:
     if not HAVE_NUMBA_CUDA:
         pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
     cases = []
-    for cid, cfg, n, seed, step, kind in CASES + NOT_ON_DEVICE:
+    for cid, cfg, n, seed, step, kind in CASES + LOWRANK:
         try:
-            cpu = _cpu_payload(cfg, n, seed, step, kind).hex()
+            cpu = _cpu_payload(cfg, n, seed, step, kind, cid).hex()
         except gcodec.GcodecError:
             cpu = ""
         cases.append(
-            {"id": cid, "codec": cfg, "n": n, "data_seed": seed, "step": step, "kind": kind, "cpu_payload": cpu}
+            {
+                "id": cid,
+                "codec": cfg,
+                "n": n,
+                "shape": list(SHAPES.get(cid, (n,))),
+                "data_seed": seed,
+                "step": step,
+                "kind": kind,
+                "cpu_payload": cpu,
+            }
         )
-    req = {"cases": cases, "philox": PHILOX, "crc": [b.hex() for b in CRC_BLOBS]}
+    ef = [
+        {"id": c, "codec": cfg, "n": n, "data_seed": s, "steps": st, "shape": EF_SHAPES.get(c)}
+        for c, cfg, n, s, st in EF_CASES
+    ]
+    req = {
+        "cases": cases,
+        "ef": ef,
+        "streamed": STREAMED,
+        "philox": PHILOX,
+        "randomk_indices": RANDOMK_INDICES,
+        "crc": [b.hex() for b in CRC_BLOBS],
+    }
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
@@ -105,7 +200,7 @@ def sim() -> dict[str, Any]:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout)
-    out["by_id"] = {c["id"]: c for c in out["cases"]}
+    out["by_id"] = {c["id"]: c for c in out["cases"] + out["ef"]}
     return out
 
 
@@ -123,7 +218,7 @@ def test_device_payload_equals_cpu_bytes(sim: dict[str, Any], case: tuple) -> No
     got = sim["by_id"][cid]
     assert "error" not in got, got.get("error")
     assert got["payload_type"] == "DevicePayload"
-    assert bytes.fromhex(got["payload"]) == _cpu_payload(cfg, n, seed, step, kind)
+    assert bytes.fromhex(got["payload"]) == _cpu_payload(cfg, n, seed, step, kind, cid)
 
 
 @pytest.mark.parametrize("case", ENCODED, ids=[c[0] for c in ENCODED])
@@ -131,27 +226,92 @@ def test_decode_into_device_out(sim: dict[str, Any], case: tuple) -> None:
     cid, cfg, n, seed, step, kind = case
     got = sim["by_id"][cid]
     assert "error" not in got, got.get("error")
-    ref = gcodec.decode(_cpu_payload(cfg, n, seed, step, kind)).astype(np.float32).reshape(-1)
+    ref = gcodec.decode(_cpu_payload(cfg, n, seed, step, kind, cid)).astype(np.float32).reshape(-1)
     dec = np.frombuffer(bytes.fromhex(got["decoded"]), np.float32)
     acc = np.frombuffer(bytes.fromhex(got["accumulated"]), np.float32)
-    np.testing.assert_array_equal(dec, ref)
-    np.testing.assert_array_equal(acc, ref + ref)
+    # bit for bit: signed zeros (top-k's kept -0, the +0 of dropped elements) and NaN payloads count
+    np.testing.assert_array_equal(dec.view(np.uint32), ref.view(np.uint32))
+    np.testing.assert_array_equal(acc.view(np.uint32), (ref + ref).view(np.uint32))
 
 
-def test_device_encoder_refuses_nan_like_cpu(sim: dict[str, Any]) -> None:
-    assert sim["by_id"]["u8-nan"]["error"].startswith("PayloadValueError: uniform: input has NaN")
+@pytest.mark.parametrize(("cid", "codec"), [("u8-nan", "uniform"), ("rk-nan", "randomk"), ("topk-nan", "topk")])
+def test_device_encoder_refuses_nan_like_cpu(sim: dict[str, Any], cid: str, codec: str) -> None:
+    assert sim["by_id"][cid]["error"].startswith(f"PayloadValueError: {codec}: input has NaN")
 
 
-@pytest.mark.parametrize("case", NOT_ON_DEVICE, ids=[c[0] for c in NOT_ON_DEVICE])
-def test_codecs_not_on_device_say_so(sim: dict[str, Any], case: tuple) -> None:
-    err = sim["by_id"][case[0]].get("error", "")
-    assert err.startswith("ConfigError: gcodec's CUDA backend has no "), err
+@pytest.mark.parametrize("case", LOWRANK, ids=[c[0] for c in LOWRANK])
+def test_powersgd_on_device(sim: dict[str, Any], case: tuple) -> None:
+    """Device factors decode close to the CPU's; the CPU payload decodes on the device bit for bit."""
+    cid, cfg, n, seed, step, kind = case
+    got = sim["by_id"][cid]
+    assert "error" not in got, got.get("error")
+    assert got["payload_type"] == "DevicePayload"
+    cpu = _cpu_payload(cfg, n, seed, step, kind, cid)
+    dev = bytes.fromhex(got["payload"])
+    assert len(dev) == len(cpu)
+    gcodec.validate(dev)
+    ref = gcodec.decode(cpu).astype(np.float32).reshape(-1)
+    mine = gcodec.decode(dev).astype(np.float32).reshape(-1)
+    tol = 1e-5 if "factors" not in cfg else 2e-2  # nested factors: a last-bit difference can flip a code
+    np.testing.assert_allclose(mine, ref, rtol=0, atol=tol * float(np.abs(ref).max()))
+    dec = np.frombuffer(bytes.fromhex(got["decoded"]), np.float32)
+    acc = np.frombuffer(bytes.fromhex(got["accumulated_cpu"]), np.float32)
+    np.testing.assert_array_equal(dec.view(np.uint32), ref.view(np.uint32))
+    np.testing.assert_array_equal(acc.view(np.uint32), (ref + ref).view(np.uint32))
+
+
+@pytest.mark.parametrize("case", EF_CASES, ids=[c[0] for c in EF_CASES])
+def test_error_feedback_on_device(sim: dict[str, Any], case: tuple) -> None:
+    """Every step's device payload and the device residual equal the CPU run's, bit for bit."""
+    cid, cfg, n, seed, steps = case
+    got = sim["by_id"][cid]
+    assert "error" not in got, got.get("error")
+    ef = gcodec.ErrorFeedback(cfg)
+    shape = EF_SHAPES.get(cid, (n,))
+    want = [bytes(ef.encode(x.reshape(shape), "w", step=s)) for s, x in enumerate(ef_inputs(n, seed, steps))]
+    assert got["residual_type"] != "ndarray"  # the residual stayed in device memory
+    assert got["checkpoint_types"] == ["ndarray"]  # state_dict() holds host copies only
+    e = ef.residual("w")
+    assert e is not None
+    mine = [bytes.fromhex(h) for h in got["payloads"]]
+    if cfg["id"] != "powersgd":
+        assert mine == want
+        assert bytes.fromhex(got["residual"]) == e.tobytes()
+        return
+    # PowerSGD's encoder products are free (powersgd.md §5): every step decodes close to the CPU's
+    for a, b in zip(mine, want, strict=True):
+        ref = gcodec.decode(b).reshape(-1)
+        np.testing.assert_allclose(gcodec.decode(a).reshape(-1), ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
+    res = np.frombuffer(bytes.fromhex(got["residual"]), np.float32)
+    np.testing.assert_allclose(res, e.reshape(-1), rtol=0, atol=1e-4 * float(np.abs(e).max()))
+
+
+def test_streamed_cases_equal_unstreamed(sim: dict[str, Any]) -> None:
+    got = {c["id"]: c for c in sim["streamed"]}
+    assert sorted(got) == sorted(STREAMED)
+    for cid in STREAMED:
+        assert "error" not in got[cid], got[cid].get("error")
+        for field in ("payload", "decoded"):
+            assert got[cid][field] == sim["by_id"][cid][field], (cid, field)
+
+
+def test_simulator_is_strict(sim: dict[str, Any]) -> None:
+    """The worker's device arrays refuse what real ones lack (else host-only code passes here)."""
+    assert sim["strict"].startswith("AttributeError: a real device array has no 'astype'"), sim["strict"]
 
 
 def test_philox_words_equal_cpu(sim: dict[str, Any]) -> None:
     for (seed, stream, n, start), h in zip(PHILOX, sim["philox"]):
         want = cpu_philox.random_u32(seed, stream, n, start)
         assert np.frombuffer(bytes.fromhex(h), np.uint32).tolist() == want.tolist(), (seed, stream, n, start)
+
+
+def test_randomk_indices_equal_cpu(sim: dict[str, Any]) -> None:
+    from gcodec.codecs.randomk import randomk_indices
+
+    assert len(sim["randomk_indices"]) == len(RANDOMK_INDICES)
+    for (n, k, seed, stream), got in zip(RANDOMK_INDICES, sim["randomk_indices"], strict=True):
+        assert got == randomk_indices(n, k, seed, stream).tolist(), (n, k, seed, stream)
 
 
 def test_device_crc32c_equals_host(sim: dict[str, Any]) -> None:

@@ -87,7 +87,10 @@ def plan_nested(
     role: str, codec: Codec, arr: np.ndarray, ctx: EncodeContext
 ) -> tuple[dict[str, Any], list[SectionSpec], Any]:
     """Plan the nested encoding of ``arr`` (1-D). Returns (header map, prefixed sections, fill(views))."""
-    plan = codec.plan(np.ascontiguousarray(arr.reshape(-1)), ctx.nested(role))
+    flat = arr.reshape(-1)
+    if isinstance(flat, np.ndarray):  # device arrays are contiguous already (and stay on the device)
+        flat = np.ascontiguousarray(flat)
+    plan = codec.plan(flat, ctx.nested(role))
     sections = [SectionSpec(f"{role}.{s.name}", s.dtype, s.nbytes) for s in plan.sections]
     wire = {"codec": codec.codec_id, "params": plan.params, "version": codec.version}
     prefix = role + "."

@@ -108,8 +108,20 @@ def factor_product_ok(p: np.ndarray, q: np.ndarray, dtype_name: str) -> bool:
     if dtype_name == "float64" or p.size == 0 or q.size == 0:
         return True
     r = p.shape[1] if p.ndim == 2 else 1
-    bound = float(r) * float(np.max(np.abs(p), initial=0.0)) * float(np.max(np.abs(q), initial=0.0))
+    bound = float(r) * _max_abs(p) * _max_abs(q)
     return bound <= FACTOR_PRODUCT_BOUND
+
+
+def _max_abs(a: Any) -> float:
+    if kernels_backend(a) != "cpu":  # device factors: reduced on the device, one number back
+        return float(kernels.of(a).lowrank.max_abs(a))
+    return float(np.max(np.abs(a), initial=0.0))
+
+
+def _device(a: Any) -> bool:
+    """Whether ``a`` lives on a device backend: the steps below then run that backend's lowrank
+    kernels (gcodec/kernels/cuda/lowrank.py) and keep every matrix in device memory."""
+    return kernels_backend(a) != "cpu"
 
 
 def initial_q(
@@ -118,8 +130,10 @@ def initial_q(
     """The spec's initial Q (n x rank): ``Q[j, c] = 2 * u - 1`` with u the uniform01 of word ``j*rank + c``.
 
     Word w of the Philox stream (specs/rng.md) gives ``u = (w >> 8) * 2**-24``; every rank with the
-    same seed and stream builds the same Q, bit for bit.
+    same seed and stream builds the same Q, bit for bit (on every backend).
     """
+    if backend != "cpu":
+        return kernels.get(backend).lowrank.initial_q(n, rank, seed, stream, dtype)  # type: ignore[no-any-return]
     w = kernels.get(backend).philox.random_u32(seed, stream, n * rank)
     u = (w >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
     q = (np.float32(2.0) * u - np.float32(1.0)).reshape(n, rank)
@@ -135,6 +149,8 @@ def orthogonalize(a: np.ndarray, epsilon: float = 1e-8) -> np.ndarray:
     r = a.shape[1]
     if r == 0 or a.shape[0] == 0:
         return a
+    if _device(a):
+        return kernels.of(a).lowrank.orthogonalize(a, float(epsilon))  # type: ignore[no-any-return]
     if r <= 2:
         kernels.of(a).lowrank.gram_schmidt(a, float(epsilon))
     else:
@@ -156,6 +172,8 @@ def compute_p(m: np.ndarray, q: np.ndarray, out: np.ndarray | None = None) -> np
     """P = M Q (M: m x n, Q: n x r) in one streaming pass over M (BLAS above rank 8)."""
     rows, r = m.shape[0], q.shape[1]
     K = kernels.of(m)
+    if _device(m):
+        return K.lowrank.compute_p(m, q, out)  # type: ignore[no-any-return]
     if r > K.lowrank.MAX_KERNEL_RANK:
         return np.matmul(m, q.astype(m.dtype, copy=False), out=out)
     qt = _padded_t(q, m.dtype)
@@ -171,6 +189,8 @@ def compute_q(m: np.ndarray, p: np.ndarray, out: np.ndarray | None = None) -> np
     """Q = M^T P (M: m x n, P: m x r) in one streaming pass over M (BLAS above rank 8)."""
     n, r = m.shape[1], p.shape[1]
     K = kernels.of(m)
+    if _device(m):
+        return K.lowrank.compute_q(m, p, out)  # type: ignore[no-any-return]
     if r > K.lowrank.MAX_KERNEL_RANK:
         return np.matmul(m.T, p.astype(m.dtype, copy=False), out=out)
     rp = (r + 3) // 4 * 4
@@ -208,7 +228,8 @@ Q_SLOT = "q"
 
 
 def _store_q(state: CodecState, key: str | None, q: np.ndarray) -> None:
-    state.put_array(Q_SLOT, key, np.array(q, copy=True))
+    # a device Q stays on the device (the next encode of the key starts from it without a transfer)
+    state.put_array(Q_SLOT, key, kernels.of(q).lowrank.copy_of(q) if _device(q) else np.array(q, copy=True))
 
 
 class LowRankRound:
@@ -309,7 +330,11 @@ class PowerSGD(Codec):
         """The Q to start from: the warm one of this key in the caller's state when it fits, else a
         fresh initial Q (whose stream comes from ``ctx``)."""
         q = ctx.state.get_array(Q_SLOT, ctx.key) if self._params["warm_start"] else None
-        if q is not None and q.shape == (n, r):
+        if q is not None and tuple(q.shape) == (n, r):
+            if backend != "cpu":  # a device copy (of a device Q, or of a host one kept by a CPU encode)
+                return kernels.get(backend).lowrank.copy_of(q, dtype)  # type: ignore[no-any-return]
+            if _device(q):
+                q = q.copy_to_host()  # type: ignore[attr-defined]
             return q.astype(dtype, copy=True)
         return initial_q(n, r, self._params["seed"], ctx.take_stream(), dtype, backend=backend)
 
@@ -380,23 +405,28 @@ class PowerSGD(Codec):
             raise PayloadValueError(
                 "powersgd: input too large: rank * max|P| * max|Q| exceeds 2**127, so P Q^T could overflow float32"
             )
+        K = kernels.of(mat)
         for role, f in (("p", p), ("q", q)):
             if self._nested is None:
-                with np.errstate(over="ignore"):
-                    raw[role] = np.ascontiguousarray(f, dtype=np.float32).reshape(-1)
+                if _device(f):  # rounded to binary32 on the device
+                    raw[role] = K.memory.empty(int(f.size), np.float32)
+                    K.memory.copy(raw[role], f.reshape(int(f.size)))
+                else:
+                    with np.errstate(over="ignore"):
+                        raw[role] = np.ascontiguousarray(f, dtype=np.float32).reshape(-1)
                 nover = kernels.of(raw[role]).lowrank.count_nonfinite(raw[role])
                 if nover:  # float64 input: a finite factor beyond float32's range (rule P3)
                     raise PayloadValueError(f"powersgd: {nover} entries of factor {role.upper()} overflow float32")
                 sections.append(SectionSpec(role, "f4", 4 * raw[role].size))
             else:
-                wire, secs, fill = compose.plan_nested(role, self._nested, f.reshape(-1), ctx)
+                wire, secs, fill = compose.plan_nested(role, self._nested, f.reshape(int(f.size)), ctx)
                 params[role] = wire
                 sections += secs
                 fills.append(fill)
 
         def fill_all(views: Mapping[str, np.ndarray]) -> None:
             for role, f32 in raw.items():
-                views[role][:] = f32
+                K.memory.copy(views[role], f32)
             for fn in fills:
                 fn(views)
 
@@ -416,7 +446,10 @@ class PowerSGD(Codec):
 
             def fill(views: Mapping[str, np.ndarray]) -> None:
                 with np.errstate(over="ignore"):  # overflow is refused just below
-                    views["data"][:] = flat.astype(np.float32, copy=False)
+                    if _device(flat):
+                        kernels.of(flat).memory.copy(views["data"], flat)
+                    else:
+                        views["data"][:] = flat.astype(np.float32, copy=False)
                 _refuse_overflow(views["data"], "float32")
 
             return EncodePlan(params, [SectionSpec("data", "f4", 4 * n)], fill)
@@ -568,12 +601,9 @@ class PowerSGD(Codec):
         if mode != "lowrank":
             data = cls._passthrough_data(params, views)
             if mode == "fp32":
-                if accumulate:
-                    out += data
-                else:
-                    out[:] = data
+                kernels.of(out).memory.copy(out, data, accumulate)
             else:
-                kernels.of(data.view(np.uint16)).cast.decode_f16(data.view(np.uint16), out, accumulate)
+                kernels.of(out).cast.decode_f16(data.view(np.uint16), out, accumulate)
             return
         p, q = cls._factors(params, entry, views)
         decompress(p, q, out, accumulate=accumulate)

@@ -53,7 +53,7 @@ def randomk_indices(n: int, k: int, seed: int, stream: int, *, backend: str = "c
         raise ConfigError(f"randomk: k={k} must lie in [0, numel={n}]")
     K = kernels.get(backend)
     words = K.philox.random_u32(seed, stream, 2 * k) if k < n else np.empty(0, np.uint32)
-    out = np.empty(k, np.int64)
+    out = K.memory.empty(k, np.int64)
     K.sparse.randomk_indices(n, k, words, out)
     return out
 
@@ -177,9 +177,10 @@ class RandomK(ValuesHost):
     ) -> None:
         vals = cls._values(params, entry, views)  # every check before ``out`` is touched
         idx = randomk_indices(entry.numel, params["k"], params["seed"], params["stream"], backend=backend_of(out))
+        K = kernels.of(out)
         if not accumulate:
-            out[:] = 0
-        kernels.of(idx).sparse.scatter(idx, vals, out, accumulate)
+            K.memory.zero(out, 0, out.shape[0])
+        K.sparse.scatter(idx, vals, out, accumulate)
 
 
 def value_codec(params: dict[str, Any]) -> dict[str, Any] | None:

@@ -73,19 +73,22 @@ def plan_values(
     ``vbits``, when given, already holds those values' bit patterns (unsigned view of the dtype).
     """
     k = idx.shape[0]
+    K = kernels.of(flat)
     if vbits is None:
         ut = _UINT[flat.dtype.itemsize]
-        vbits = np.empty(k, ut)
-        kernels.of(flat.view(ut)).sparse.gather(flat.view(ut), idx, vbits)
+        vbits = K.memory.empty(k, ut)
+        K.sparse.gather(flat.view(ut), idx, vbits)
     if nested is None:
         code = VALUE_CODES[dtype_name]
 
         def fill(views: Mapping[str, np.ndarray]) -> None:
-            views["values"].view(vbits.dtype)[:] = vbits
+            K.memory.copy(views["values"].view(vbits.dtype), vbits)
 
         return None, [SectionSpec("values", code, k * _ITEMSIZE[code])], fill
     wd = np.float64 if dtype_name == "float64" else np.float32
-    vals = vbits.view(flat.dtype).astype(wd)
+    vals = vbits.view(flat.dtype)
+    if vals.dtype != wd:  # 16-bit tensors (host only): the nested codec sees binary32
+        vals = vals.astype(wd)
     return compose.plan_nested("values", nested, vals, ctx)
 
 
@@ -190,11 +193,12 @@ class SparseIndexCodec(ValuesHost):
         elements' bit patterns already (the selection kernels collect them on the way)."""
         k = idx.shape[0]
         n = flat.shape[0]
+        K = kernels.of(flat)
         coding = self._params["index_coding"]
         sections: list[SectionSpec] = []
         if coding == "delta":
-            widths = np.empty((k + slayout.GAP_BLOCK - 1) // slayout.GAP_BLOCK, np.uint8)
-            nbytes = int(kernels.of(idx).sparse.delta_widths(idx, widths))
+            widths = K.memory.empty((k + slayout.GAP_BLOCK - 1) // slayout.GAP_BLOCK, np.uint8)
+            nbytes = int(K.sparse.delta_widths(idx, widths))
             sections += [SectionSpec("index_widths", "u1", widths.shape[0]), SectionSpec("indices", "u1", nbytes)]
         else:
             if n > 1 << 32:
@@ -207,10 +211,10 @@ class SparseIndexCodec(ValuesHost):
 
         def fill(views: Mapping[str, np.ndarray]) -> None:
             if coding == "delta":
-                views["index_widths"][:] = widths
-                kernels.of(idx).sparse.delta_pack(idx, widths, views["indices"])
+                K.memory.copy(views["index_widths"], widths)
+                K.sparse.delta_pack(idx, widths, views["indices"])
             else:
-                views["indices"][:] = idx
+                K.memory.copy(views["indices"], idx)
             vfill(views)
 
         return EncodePlan(params, sections, fill)
@@ -319,9 +323,10 @@ class SparseIndexCodec(ValuesHost):
         # Every check runs before ``out`` is touched; the only temporaries are k-sized.
         idx = cls._decode_indices(params, entry, views)
         vals = cls._values(params, entry, views)
+        K = kernels.of(out)  # a device ``out`` gets the host-checked indices and values copied once
         if not accumulate:
-            out[:] = 0
-        kernels.of(idx).sparse.scatter(idx, vals, out, accumulate)
+            K.memory.zero(out, 0, out.shape[0])
+        K.sparse.scatter(idx, vals, out, accumulate)
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
+from ..arrays import backend_of
 from ..errors import ConfigError
 from ..rng import MASK64
 
@@ -44,6 +46,14 @@ def check_step(step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= int(step) <= MASK64:
         raise ConfigError(f"step must be an integer in [0, 2**64), got {step!r}")
     return int(step)
+
+
+def _host_copy(v: Any) -> np.ndarray:
+    """A host copy of a kept array; device arrays (a device encode's warm-start Q) are copied on
+    gcodec's current stream, after its work (a checkpoint is host memory)."""
+    if backend_of(v) == "cpu":
+        return np.array(v, copy=True)
+    return np.asarray(kernels.of(v).launch.host(v))
 
 
 class CodecState:
@@ -107,7 +117,7 @@ class CodecState:
             children = dict(self._children)
             out: dict[str, Any] = {
                 "streams": dict(self._streams),
-                "arrays": {s: {k: v.copy() for k, v in d.items()} for s, d in self._arrays.items()},
+                "arrays": {s: {k: _host_copy(v) for k, v in d.items()} for s, d in self._arrays.items()},
             }
         out["children"] = {r: c.state_dict() for r, c in children.items()}
         return out

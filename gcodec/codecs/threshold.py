@@ -100,9 +100,10 @@ class Threshold(SparseIndexCodec):
                 f"threshold: input has NaN or infinite values ({nan} found); see specs/codecs/threshold.md"
             )
         slack = 64  # the collecting pass writes whole blocks
-        idx = np.empty(count + slack, np.int64)
-        vbits = np.empty(count + slack, bits.dtype)
-        c = kernels.of(bits).sparse.collect_ge(bits, mask, kt, idx, vbits)
+        K = kernels.of(bits)
+        idx = K.memory.empty(count + slack, np.int64)
+        vbits = K.memory.empty(count + slack, bits.dtype)
+        c = K.sparse.collect_ge(bits, mask, kt, idx, vbits)
         assert c == count
         return self._plan_selected(flat, dname, idx[:count], {"threshold": t}, ctx, vbits[:count])
 

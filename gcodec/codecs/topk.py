@@ -108,10 +108,11 @@ class TopK(SparseIndexCodec):
         n = flat.shape[0]
         k = self.k_for(n)
         bits, mask, infkey = key_bits(flat, dname)
-        idx = np.empty(k, np.int64)
-        vbits = np.empty(k, bits.dtype)
-        cand, cbits, hist = _scratch(int(kernels.of(bits).sparse.candidate_capacity(n, k)), bits.dtype)
-        bad = kernels.of(bits).sparse.topk_select(bits, mask, infkey, k, idx, vbits, cand, cbits, hist)
+        K = kernels.of(bits)
+        idx = K.memory.empty(k, np.int64)
+        vbits = K.memory.empty(k, bits.dtype)
+        cand, cbits, hist = _scratch(int(K.sparse.candidate_capacity(n, k)), bits.dtype)
+        bad = K.sparse.topk_select(bits, mask, infkey, k, idx, vbits, cand, cbits, hist)
         if bad:
             raise PayloadValueError(
                 f"topk: input has NaN or infinite values ({bad} found); see specs/codecs/topk.md section 2"

@@ -7,12 +7,13 @@ that one writer serves host buffers (this module) and device buffers (``gcodec.k
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
 from ...checksum import crc32c as _crc32c
 
-__all__ = ["alloc", "crc32c", "crc32c_store", "put", "result", "to_host", "view", "zero"]
+__all__ = ["alloc", "copy", "crc32c", "crc32c_store", "empty", "put", "result", "to_host", "view", "zero"]
 
 
 def alloc(nbytes: int) -> np.ndarray:
@@ -25,6 +26,19 @@ def put(buf: np.ndarray, lo: int, data: bytes) -> None:
 
 def zero(buf: np.ndarray, lo: int, hi: int) -> None:
     buf[lo:hi] = 0
+
+
+def empty(n: int, dtype: Any) -> np.ndarray:
+    """An uninitialised array of ``n`` elements (codecs' temporaries: indices, values)."""
+    return np.empty(n, dtype)
+
+
+def copy(dst: np.ndarray, src: np.ndarray, accumulate: bool = False) -> None:
+    """dst[:] = src, or dst += src (NumPy's conversion of the element type)."""
+    if accumulate:
+        dst += src
+    else:
+        dst[...] = src
 
 
 def view(buf: np.ndarray, lo: int, hi: int, dtype: np.dtype) -> np.ndarray:

@@ -1,10 +1,35 @@
-"""The CUDA backend's ``feedback``: not on the device yet (docs/gpu.md). Every kernel name raises a
-ConfigError that says so, instead of an AttributeError deep inside a codec."""
+"""Error-feedback residuals on the device: ``residual = corrected - decoded`` in place, with a count of
+non-finite results (the caller refuses to keep a residual that is not finite), as the CPU's
+``gcodec.kernels.cpu.feedback``: one IEEE subtraction per element, so the residual is bit-identical."""
 
 from __future__ import annotations
 
-from .launch import missing
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from .launch import grid, host, upload
+
+__all__ = ["residual_inplace"]
 
 
-def __getattr__(name: str) -> object:
-    raise missing("feedback", name)
+@cuda.jit
+def _residual(corrected, decoded, bad):  # pragma: no cover - device
+    c = np.int64(0)
+    for i in range(cuda.grid(1), corrected.shape[0], cuda.gridsize(1)):
+        r = corrected[i] - decoded[i]
+        corrected[i] = r
+        if not (abs(r) <= 1.7976931348623157e308):
+            c += 1
+    if c:
+        cuda.atomic.add(bad, 0, c)
+
+
+def residual_inplace(corrected: Any, decoded: Any) -> int:
+    """corrected -= decoded (flat device arrays of one dtype); returns how many results are NaN or
+    infinite (the one number that comes back to the host)."""
+    bad = upload(np.zeros(1, np.int64))
+    if int(corrected.shape[0]):
+        _residual[grid(corrected.shape[0])](corrected, decoded, bad)
+    return int(host(bad)[0])

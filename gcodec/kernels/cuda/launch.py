@@ -4,6 +4,13 @@ Kernels use grid-stride loops, so any grid covers any size: on a GPU the grid is
 (256 threads a block); under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), where every
 simulated thread is a Python thread, it is kept to a few small blocks.
 
+**Streams.** Every launch goes on the *current stream* of this thread (:func:`stream`): when gcodec
+takes in a torch CUDA tensor it is ``torch.cuda.current_stream()``, for a CuPy array
+``cupy.cuda.get_current_stream()``, each wrapped with ``numba.cuda.external_stream`` (no sync, no
+copy); Numba device arrays leave it as it is (Numba's default stream until a torch or CuPy array was
+taken in on this thread); :func:`use_stream` sets it for a block of code. Values read back on the
+host (:func:`host`) are copied on that stream and the stream is synchronised: the only waits.
+
 Float steps whose rounding the spec fixes go through :func:`mul32` / :func:`mul64` / :func:`sub64`:
 on a GPU they are libdevice's ``__fmul_rn`` / ``__dmul_rn`` / ``__dsub_rn``, which the compiler never
 contracts into a fused multiply-add (it contracts ``a * b + c`` by default); in the simulator they are
@@ -12,6 +19,9 @@ plain operators (NumPy never fuses).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +29,21 @@ from numba import cuda
 
 from ...errors import ConfigError
 
-__all__ = ["SIM", "adopt", "device", "grid", "is_device", "mul32", "mul64", "sub64"]
+__all__ = [
+    "SIM",
+    "adopt",
+    "device",
+    "grid",
+    "host",
+    "is_device",
+    "mul32",
+    "mul64",
+    "one",
+    "stream",
+    "sub64",
+    "upload",
+    "use_stream",
+]
 
 SIM: bool = bool(cuda.simulator_enabled) if hasattr(cuda, "simulator_enabled") else False
 try:  # the simulator's module has no libdevice
@@ -35,10 +59,78 @@ THREADS = 32 if SIM else 256
 MAX_BLOCKS = 2 if SIM else 65535
 
 
-def grid(n: int) -> tuple[int, int]:
-    """(blocks, threads) for ``n`` independent work items, grid-stride loops covering the rest."""
-    blocks = max(1, min(MAX_BLOCKS, (max(int(n), 1) + THREADS - 1) // THREADS))
-    return blocks, THREADS
+_LOCAL = threading.local()
+
+
+def stream() -> Any:
+    """This thread's current stream for gcodec's launches and copies (0: Numba's default stream)."""
+    return getattr(_LOCAL, "stream", 0)
+
+
+def _set_stream(s: Any) -> None:
+    _LOCAL.stream = s
+
+
+@contextlib.contextmanager
+def use_stream(s: Any) -> Iterator[None]:
+    """Queue gcodec's device work on Numba stream ``s`` (e.g. ``numba.cuda.stream()``, or
+    ``numba.cuda.external_stream(ptr)``) inside the block."""
+    old = stream()
+    _set_stream(s)
+    try:
+        yield
+    finally:
+        _set_stream(old)
+
+
+def _caller_stream(x: Any) -> Any:  # pragma: no cover - needs a GPU
+    """The current stream of the library that owns ``x`` (torch, CuPy), as a Numba stream; None
+    when ``x`` belongs to neither."""
+    mod = type(x).__module__
+    try:
+        if mod.startswith("torch"):
+            import torch
+
+            ptr = int(torch.cuda.current_stream(x.device).cuda_stream)
+        elif mod.startswith("cupy"):
+            import cupy
+
+            ptr = int(cupy.cuda.get_current_stream().ptr)
+        else:
+            return None
+    except Exception:
+        return None
+    return cuda.external_stream(ptr) if ptr else 0
+
+
+def grid(n: int, max_blocks: int = MAX_BLOCKS) -> tuple[Any, ...]:
+    """Launch configuration for ``n`` independent work items: (blocks, threads[, stream]), grid-stride
+    loops covering the rest, on this thread's current stream."""
+    blocks = max(1, min(max_blocks, MAX_BLOCKS, (max(int(n), 1) + THREADS - 1) // THREADS))
+    s = stream()
+    return (blocks, THREADS, s) if s else (blocks, THREADS)
+
+
+def one() -> tuple[Any, ...]:
+    """Launch configuration of a one-thread kernel (serial steps), on the current stream."""
+    s = stream()
+    return (1, 1, s) if s else (1, 1)
+
+
+def host(a: Any) -> np.ndarray:
+    """A host copy of device ``a``, copied on the current stream after the work queued there."""
+    s = stream()
+    if not s:
+        return np.asarray(a.copy_to_host())
+    h = a.copy_to_host(stream=s)
+    s.synchronize()
+    return np.asarray(h)
+
+
+def upload(h: np.ndarray) -> Any:
+    """A device copy of host ``h``, queued on the current stream."""
+    s = stream()
+    return cuda.to_device(np.ascontiguousarray(h), stream=s) if s else cuda.to_device(np.ascontiguousarray(h))
 
 
 if SIM:
@@ -85,6 +177,10 @@ def adopt(x: Any) -> Any:
             f"gcodec has no kernels for 'cuda' arrays here: numba.cuda finds no usable GPU or driver "
             f"for this {type(x).__name__} (docs/gpu.md)"
         )
+    if not SIM:  # pragma: no cover - needs a GPU
+        s = _caller_stream(x)
+        if s is not None:
+            _set_stream(s)
     if SIM:  # the simulator has no foreign device memory
         raise ConfigError(f"the CUDA simulator cannot adopt {type(x).__name__}; pass a numba.cuda device array")
     if hasattr(x, "__cuda_array_interface__"):  # pragma: no cover - needs a GPU
@@ -104,7 +200,7 @@ def device(a: Any) -> Any:
     if type(a).__module__.startswith("numba.cuda"):
         return a
     if isinstance(a, np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(a))
+        return upload(a)
     return adopt(a)
 
 

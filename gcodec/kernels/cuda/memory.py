@@ -20,9 +20,22 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .launch import SIM, adopt, grid, is_device
+from .launch import SIM, adopt, device, grid, host, is_device, one, stream
 
-__all__ = ["CRC_CHUNK", "DevicePayload", "alloc", "crc32c", "crc32c_store", "put", "result", "to_host", "view", "zero"]
+__all__ = [
+    "CRC_CHUNK",
+    "DevicePayload",
+    "alloc",
+    "copy",
+    "crc32c",
+    "crc32c_store",
+    "empty",
+    "put",
+    "result",
+    "to_host",
+    "view",
+    "zero",
+]
 
 CRC_CHUNK = 64 if SIM else 16384
 _POLY = 0x82F63B78
@@ -124,7 +137,7 @@ def _crc_combine(crcs, x_full, x_last, dst):  # pragma: no cover - device
 def _crc_into(data: Any, dst: Any) -> None:
     n = int(data.shape[0])
     if n == 0:
-        dst.copy_to_device(np.zeros(4, np.uint8))  # CRC32C of nothing is 0
+        dst.copy_to_device(np.zeros(4, np.uint8), stream=stream())  # CRC32C of nothing is 0
         return
     nch = (n + CRC_CHUNK - 1) // CRC_CHUNK
     crcs = cuda.device_array(nch, np.uint32)
@@ -132,7 +145,7 @@ def _crc_into(data: Any, dst: Any) -> None:
     last = n - (nch - 1) * CRC_CHUNK
     x_full = np.uint32(_x2nmodp(CRC_CHUNK, 3))
     x_last = np.uint32(_x2nmodp(last, 3))
-    _crc_combine[1, 1](crcs, x_full, x_last, dst)
+    _crc_combine[one()](crcs, x_full, x_last, dst)
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,7 +160,7 @@ def alloc(nbytes: int) -> Any:
 def put(buf: Any, lo: int, data: bytes) -> None:
     """buf[lo : lo + len(data)] = data (one host-to-device copy)."""
     if data:
-        buf[lo : lo + len(data)].copy_to_device(np.frombuffer(data, np.uint8))
+        buf[lo : lo + len(data)].copy_to_device(np.frombuffer(data, np.uint8), stream=stream())
 
 
 @cuda.jit
@@ -161,6 +174,27 @@ def zero(buf: Any, lo: int, hi: int) -> None:
         _zero[grid(hi - lo)](buf[lo:hi])
 
 
+def empty(n: int, dtype: Any) -> Any:
+    """An uninitialised device array of ``n`` elements (codecs' temporaries: indices, values)."""
+    return cuda.device_array(max(int(n), 1), np.dtype(dtype))[: int(n)]
+
+
+@cuda.jit
+def _copy(dst, src, accumulate):  # pragma: no cover - device
+    for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+        if accumulate:
+            dst[i] = dst[i] + src[i]
+        else:
+            dst[i] = src[i]
+
+
+def copy(dst: Any, src: Any, accumulate: bool = False) -> None:
+    """dst[:] = src (or dst += src), converting the element type as NumPy's assignment does (flat
+    arrays of one length; ``src`` may be host memory: copied once)."""
+    if int(dst.shape[0]):
+        _copy[grid(dst.shape[0])](dst, device(src), bool(accumulate))
+
+
 def view(buf: Any, lo: int, hi: int, dtype: Any) -> Any:
     return buf[lo:hi].view(np.dtype(dtype))
 
@@ -169,7 +203,7 @@ def crc32c(buf: Any, lo: int, hi: int) -> int:
     """The CRC32C of buf[lo:hi] (computed on the device; four bytes come back)."""
     dst = cuda.device_array(4, np.uint8)
     _crc_into(buf[lo:hi], dst)
-    return int(dst.copy_to_host().view("<u4")[0])
+    return int(host(dst).view("<u4")[0])
 
 
 def crc32c_store(buf: Any, lo: int, hi: int, at: int) -> None:
@@ -184,7 +218,7 @@ def to_host(buf: Any) -> np.ndarray:
         return buf.to_host()
     if not is_device(buf):
         buf = adopt(buf)
-    return np.asarray(buf.copy_to_host()).reshape(-1).view(np.uint8)
+    return host(buf).reshape(-1).view(np.uint8)
 
 
 class DevicePayload:
@@ -217,7 +251,7 @@ class DevicePayload:
 
     def to_host(self) -> np.ndarray:
         """The payload's bytes as a host uint8 array (one device-to-host copy)."""
-        return np.asarray(self.device.copy_to_host())
+        return host(self.device)
 
     def __bytes__(self) -> bytes:
         return self.tobytes()

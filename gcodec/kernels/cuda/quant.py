@@ -26,7 +26,7 @@ from numba import cuda
 from ...layout.quant import RBLOCK, RULE_ABSMAX, RULE_L2, RULE_MAX, RULE_MEANABS, QuantLayout
 from ...rng import split64
 from .cast import f16_bits_to_f32, f32_to_f16_bits
-from .launch import device, grid, mul32, mul64, sub64
+from .launch import device, grid, host, mul32, mul64, sub64, upload
 from .philox import block, u16_to_open01
 
 __all__ = ["count_bad", "count_scale_overflows", "encode", "group_scales", "scaled_decode"]
@@ -158,7 +158,7 @@ def group_scales(x: Any, sc32: Any, sc16: Any, G: int, rule: int, qmax: int, cli
     bm = cuda.device_array(max(nb, 1), np.uint32)
     b1 = cuda.device_array(max(nb, 1), np.float64)
     b2 = cuda.device_array(max(nb, 1), np.float64)
-    nbad = cuda.to_device(np.zeros(1, np.int64))
+    nbad = upload(np.zeros(1, np.int64))
     if nb:
         _block_stats[grid(nb)](x, G, nbpg, rule, float(clip), bm[:nb], b1[:nb], b2[:nb])
         f16 = int(sc16.shape[0]) > 0
@@ -223,7 +223,7 @@ def encode(flat: Any, codes: Any, sc32: Any, sc16: Any, lay: QuantLayout, seed: 
     k0, k1 = split64(seed)
     t0, t1 = split64(stream)
     _quantize[grid((n + 7) // 8)](flat, G, lay.width, lay.qmax, bool(lay.stochastic), s32, codes, k0, k1, t0, t1)
-    return int(nbad.copy_to_host()[0])
+    return int(host(nbad)[0])
 
 
 @cuda.jit(device=True)
@@ -263,9 +263,9 @@ def scaled_decode(codes: Any, sc32: Any, sc16: Any, out: Any, G: int, w: int, qm
     c = device(codes)
     s32 = device(sc32) if not f16 else cuda.device_array(1, np.float32)
     s16 = device(sc16) if f16 else cuda.device_array(1, np.uint16)
-    nbad = cuda.to_device(np.zeros(1, np.int64))
+    nbad = upload(np.zeros(1, np.int64))
     _decode[grid(n)](c, s32, s16, f16, out, G, w, qmax, bool(accumulate), nbad)
-    return int(nbad.copy_to_host()[0])
+    return int(host(nbad)[0])
 
 
 @cuda.jit
@@ -278,10 +278,10 @@ def _count(codes, n, w, qmax, nbad):  # pragma: no cover - device
 
 def count_bad(codes: Any, n: int, w: int, qmax: int) -> int:
     """How many of the first ``n`` ``w``-bit codes lie outside [-qmax, qmax]."""
-    nbad = cuda.to_device(np.zeros(1, np.int64))
+    nbad = upload(np.zeros(1, np.int64))
     if n:
         _count[grid(n)](device(codes), n, w, qmax, nbad)
-    return int(nbad.copy_to_host()[0])
+    return int(host(nbad)[0])
 
 
 @cuda.jit
@@ -294,7 +294,7 @@ def _overflows(sc32, qmax, nbad):  # pragma: no cover - device
 
 def count_scale_overflows(sc32: Any, qmax: int) -> int:
     """How many scales ``s`` have ``float32(qmax * s)`` infinite."""
-    nbad = cuda.to_device(np.zeros(1, np.int64))
+    nbad = upload(np.zeros(1, np.int64))
     if int(sc32.shape[0]):
         _overflows[grid(int(sc32.shape[0]))](device(sc32), qmax, nbad)
-    return int(nbad.copy_to_host()[0])
+    return int(host(nbad)[0])

@@ -14,7 +14,7 @@ import numpy as np
 from numba import cuda
 
 from ...layout.quant import RULE_MEANABS
-from .launch import device, grid, mul32
+from .launch import device, grid, host, mul32
 from .quant import group_scales
 
 __all__ = ["encode", "encode_feedback", "fuses_feedback", "sign_decode"]
@@ -40,7 +40,7 @@ def encode(flat: Any, bits: Any, scales: Any, group_size: int) -> int:
     G = group_size if group_size > 0 else n
     nbad = group_scales(flat, scales, cuda.device_array(1, np.uint16)[:0], G, RULE_MEANABS, 1, 0.0)
     _pack[grid(int(bits.shape[0]))](flat, bits)
-    return int(nbad.copy_to_host()[0])
+    return int(host(nbad)[0])
 
 
 @cuda.jit
