@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numba
 import pytest
 
@@ -17,6 +19,7 @@ def env(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(T, "_cores", lambda: 8)
     monkeypatch.setattr(T, "_max_threads", lambda: 8)
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch's own thread count caps it when loaded
     return monkeypatch
 
 
@@ -46,3 +49,14 @@ def test_kernel_threads_scopes_gcodec_threads_on_this_thread():
     with T.kernel_threads(None):
         assert gcodec.get_num_threads() == before
     assert MAX >= 1
+
+
+def test_torch_thread_count_caps_the_choice(env):
+    class FakeTorch:
+        @staticmethod
+        def get_num_threads() -> int:
+            return 3
+
+    env.setitem(sys.modules, "torch", FakeTorch)
+    assert T.job_threads(1) == 3
+    assert T.job_threads(4) == 2
