@@ -13,9 +13,9 @@ then every ``interval`` steps) the controller
    payload bytes, as moving averages) and falls back to a one-off calibration on this machine
    (:func:`gcodec.advise.measure_speed`) for rungs it has not run yet;
 2. takes the link bandwidth as given, or measures it as received bytes over communication seconds;
-3. marks a rung *out of bounds* when its sampled telemetry broke the bound: without error feedback,
-   a norm ratio under ``min_norm_ratio`` (the article's 0.9); with error feedback, a residual norm
-   above ``max_residual_ratio`` times the gradient's norm (the backlog keeps growing). Stronger
+3. marks a rung *out of bounds* when its sampled telemetry broke the bound: a moving average of the
+   norm ratio under ``min_norm_ratio`` (the article's 0.9), or, with error feedback, a residual norm
+   above ``max_residual_ratio`` times the gradient's norm (a backlog that keeps growing). Stronger
    rungs than one out of bounds are out too;
 4. allreduces these figures (element-wise maximum: the slowest rank and the worst quality count),
    so every rank holds the same numbers and takes the same decision at the same step, then picks
@@ -127,11 +127,14 @@ class AdaptiveController:
             spb = record["comm_s"] / record["wire_bytes"]
             self._spb = spb if self._spb is None else (1 - _EMA) * self._spb + _EMA * spb
         q = record.get("quality")
-        if q is not None and self.ladder[rung] is not None:
+        if q is not None and self.ladder[rung] is not None and math.isfinite(q["norm_ratio"]):
+            # a moving average: one noisy sample (about 5 % of top-k + EF steps dip under 0.9) must
+            # not close a rung that keeps the signal on average
+            r = q["norm_ratio"]
+            m["norm_ratio"] = r if "norm_ratio" not in m else (1 - _EMA) * m["norm_ratio"] + _EMA * r
+            bad = m["norm_ratio"] < self.min_norm_ratio
             if error_feedback and q.get("residual_norm") is not None:
-                bad = q["residual_norm"] > self.max_residual_ratio * max(q["norm"], 1e-30)
-            else:
-                bad = q["norm_ratio"] < self.min_norm_ratio
+                bad = bad or q["residual_norm"] > self.max_residual_ratio * max(q["norm"], 1e-30)
             m["bad"] = 1.0 if bad else 0.0
 
     def _speed(self, rung: int) -> CodecSpeed:

@@ -1,26 +1,23 @@
 """Does compression pay on this job? The alpha-β cost model, this machine's measured codec speeds, and
-the bandwidth above which each codec stops paying (``gcodec advise``; docs/advise.md).
+the bandwidth above which each codec stops paying (``gcodec advise``; docs/advise.md). With error
+feedback, each encode also decodes its payload (the residual), which ``error_feedback=True`` adds.
 
-With p ranks, n bytes of float32 gradient per rank, a payload of S bytes, latency alpha and bandwidth β
-(bytes/s), the communication time of one step is (Thakur, Rabenseifner and Gropp, 2005):
+With p ranks, n bytes of float32 gradient per rank, a payload of S bytes, latency alpha and
+bandwidth beta (bytes/s), one step's communication (Thakur, Rabenseifner and Gropp, 2005) is:
 
-======================  =====================================  ==========================================
-collective              bytes each rank receives               seconds
-======================  =====================================  ==========================================
-dense ring allreduce    2(p-1)/p · n                           2(p-1)alpha + 2(p-1)/p · n/β
-summable (fp16, bf16)   2(p-1)/p · S                           2(p-1)alpha + 2(p-1)/p · S/β
-gather                  (p-1) · S                              (p-1)(alpha + S/β)
-two-phase               2(p-1)/p · S                           2(p-1)alpha + 2(p-1)/p · S/β
-powersgd                2(p-1)/p · S  (S = 4(m+n)r, 2 rounds)  4(p-1)alpha + 2(p-1)/p · S/β
-======================  =====================================  ==========================================
+* dense ring allreduce: ``2(p-1) alpha + 2(p-1)/p * n / beta``;
+* summable (fp16, bf16, Random-K): ``2(p-1) alpha + 2(p-1)/p * S / beta``;
+* gather: ``(p-1) (alpha + S / beta)``;
+* two-phase: ``2(p-1) alpha + 2(p-1)/p * S / beta``;
+* PowerSGD (two rounds, S = 4 (m+n) r): ``4(p-1) alpha + 2(p-1)/p * S / beta``;
 
-and the compute each codec adds: summable and powersgd ``T_enc + T_dec``; gather ``T_enc + p·T_dec``
-(every payload is decoded); two-phase ``(1 + 1/p)·T_enc + 2·T_dec`` (the owner re-encodes its 1/p
+and the compute each codec adds: summable and PowerSGD ``T_enc + T_dec``; gather ``T_enc + p T_dec``
+(every payload is decoded); two-phase ``(1 + 1/p) T_enc + 2 T_dec`` (the owner re-encodes its 1/p
 chunk and every rank decodes the gathered chunks once more). A codec saves
-``t_dense - (t_comm + t_compute)`` per step, which falls as β grows; the break-even bandwidth is where
-it reaches zero: ``β* = (V_dense - V_codec) / (t_compute + L_codec - L_dense)`` with V the bytes and L
-the latency terms. Below β* the codec pays; above it, it costs. None when it always pays (no
-compute, less latency) or never does (no fewer bytes).
+``t_dense - (t_comm + t_compute)`` per step, which falls as beta grows; the break-even bandwidth is
+where it reaches zero: ``beta* = (V_dense - V_codec) / (t_compute + L_codec - L_dense)`` with V the
+bytes and L the latency terms. Below beta* the codec pays; above it, it costs. None when it always
+pays (no compute, less latency) or never does (no fewer bytes).
 
 Encode and decode times are measured on this machine with a linear model ``t(n) = t0 + c·n`` fitted
 on two sizes, so that a model's many tensors are priced without encoding each of them.
@@ -243,11 +240,13 @@ def predict(
     *,
     mode: str = "auto",
     dense_tensors: Sequence[tuple[int, ...]] = (),
+    error_feedback: bool = False,
 ) -> dict[str, Any]:
     """The cost of one step for ``tensors`` (shapes; each encoded on its own) under ``codec``.
 
     ``dense_tensors`` (biases, small tensors a policy keeps dense) travel in a dense allreduce in
-    every case and are added to both the codec's and the baseline's time.
+    every case and are added to both the codec's and the baseline's time. With ``error_feedback``,
+    each encode also decodes its payload to keep the residual (``T_enc + T_dec`` per encode).
     """
     cfg = None if codec is None else get_codec(codec).get_config()  # type: ignore[arg-type]
     coll = collective_of(cfg, workers, mode)
@@ -275,12 +274,14 @@ def predict(
         comm = comm_seconds(coll, workers, payload, link)
         if dense_extra:
             comm += comm_seconds("allreduce", workers, dense_extra, link)
+    if error_feedback and cfg is not None and coll != "powersgd":
+        enc += dec  # the residual is (x + e) minus the decoded payload
     compute = compute_seconds(coll, workers, enc, dec)
     wire, _ = _volume_latency(coll, workers, payload, link)
     wire_dense, _ = _volume_latency("allreduce", workers, dense_extra, link)
     return {
         "codec": cfg,
-        "name": "none (fp32 ring allreduce)" if cfg is None else _label(cfg),
+        "name": "none (fp32 allreduce)" if cfg is None else _label(cfg),
         "collective": coll,
         "workers": workers,
         "numel": sum(numels),
@@ -337,6 +338,7 @@ def advise(
     threads: int | None = None,
     repeats: int = 3,
     speeds: Mapping[str, CodecSpeed] | None = None,
+    error_feedback: bool = False,
 ) -> list[dict[str, Any]]:
     """One prediction per candidate codec (see :func:`predict`), measuring each codec's speed here.
 
@@ -365,7 +367,9 @@ def advise(
             continue
         key = json.dumps(cfg, sort_keys=True)
         speed = (speeds or {}).get(key) or measure_speed(cfg, threads=threads, repeats=repeats)
-        out.append(predict(cfg, speed, tensors, workers, link, mode=mode, dense_tensors=dense))
+        out.append(
+            predict(cfg, speed, tensors, workers, link, mode=mode, dense_tensors=dense, error_feedback=error_feedback)
+        )
     return out
 
 
@@ -382,12 +386,12 @@ def format_table(rows: Sequence[Mapping[str, Any]], bandwidth_bps: float, worker
         f"{rows[0]['baseline_seconds'] * 1e3:.1f} ms per step"
         if rows
         else "no candidates",
-        f"{'codec':<24} {'mode':<10} {'wire MB':>9} {'comm ms':>9} {'compute ms':>11} {'saving ms':>10}  break-even",
+        f"{'codec':<27} {'mode':<10} {'wire MB':>9} {'comm ms':>9} {'compute ms':>11} {'saving ms':>10}  break-even",
     ]
     for r in rows:
         pays = r["saving_seconds"] > 0
         lines.append(
-            f"{r['name']:<24} {r['collective']:<10} {r['wire_bytes'] / 1e6:>9.3f} {r['comm_seconds'] * 1e3:>9.2f} "
+            f"{r['name']:<27} {r['collective']:<10} {r['wire_bytes'] / 1e6:>9.3f} {r['comm_seconds'] * 1e3:>9.2f} "
             f"{r['compute_seconds'] * 1e3:>11.2f} {r['saving_seconds'] * 1e3:>10.2f}  "
             + ("-" if r["codec"] is None else bw(r["break_even_bps"], pays))
         )

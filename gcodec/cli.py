@@ -444,6 +444,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
             mode=args.mode,
             threads=args.threads,
             repeats=args.repeats,
+            error_feedback=args.error_feedback,
         )
     except (GcodecError, json.JSONDecodeError) as e:
         print(f"gcodec advise: error: {_err(e)}", file=sys.stderr)
@@ -517,6 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="auto", help="transport mode (auto, summable, gather, two_phase, powersgd)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads per rank for the measurement")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (best is kept)")
+    p.add_argument("--error-feedback", action="store_true", help="price error feedback (a decode per encode)")
     p.add_argument("--json", metavar="PATH", help="also write one JSON object per codec to PATH")
     p.set_defaults(func=cmd_advise)
     return ap

@@ -1,7 +1,8 @@
 """Quality telemetry: how much of a gradient survives compression, measured, sampled, and watched.
 
-Five figures describe one encode of a tensor ``x`` (the tensor the codec was handed: the gradient
-plus its error-feedback residual when there is one) decoded back to ``x̂``:
+Five figures describe one step of a gradient ``x`` whose payload decodes to ``x̂`` (with error
+feedback, the codec encodes ``x`` plus the residual, and ``x̂`` is compared with ``x``, the gradient
+of the step: what the optimizer receives against what it should have):
 
 * ``relative_error`` ‖x - x̂‖ / ‖x‖;
 * ``norm_ratio`` ‖x̂‖ / ‖x‖, the source article's over-compression signal: a ratio that stays below
@@ -55,7 +56,7 @@ FIELDS = ("relative_error", "norm_ratio", "cosine", "bits_per_element", "residua
 #: without feedback and sign/2-bit without groups fall below it).
 DEFAULT_THRESHOLD = 0.9
 
-_CHUNK = 1 << 20  # float64 accumulation in chunks: exact enough, no full-size float64 copy
+_CHUNK = 1 << 16  # float64 accumulation in cache-sized chunks: exact enough, no full-size float64 copy
 
 
 class LowNormRatioWarning(UserWarning):
@@ -67,26 +68,31 @@ def _flat(a: Any) -> np.ndarray:
     return arr.reshape(-1)
 
 
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    # einsum: no BLAS threads (which contend with the training's own threads and ranks)
+    return float(np.einsum("i,i->", a, b))
+
+
 def _sums(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
-    """(Σx², Σy², Σxy, Σ(x-y)²) in float64, chunk by chunk."""
+    """(Σx², Σy², Σxy, Σ(x-y)²) in float64, chunk by chunk into two reused buffers."""
     xx = yy = xy = dd = 0.0
+    ca = np.empty(min(_CHUNK, x.shape[0]), np.float64)
+    cb = np.empty_like(ca)
     for i in range(0, x.shape[0], _CHUNK):
-        a = x[i : i + _CHUNK].astype(np.float64)
-        b = y[i : i + _CHUNK].astype(np.float64)
-        xx += float(np.dot(a, a))
-        yy += float(np.dot(b, b))
-        xy += float(np.dot(a, b))
+        m = min(_CHUNK, x.shape[0] - i)
+        a, b = ca[:m], cb[:m]
+        a[...] = x[i : i + m]
+        b[...] = y[i : i + m]
+        xx += _dot(a, a)
+        yy += _dot(b, b)
+        xy += _dot(a, b)
         a -= b
-        dd += float(np.dot(a, a))
+        dd += _dot(a, a)
     return xx, yy, xy, dd
 
 
 def _norm(a: np.ndarray) -> float:
-    s = 0.0
-    for i in range(0, a.shape[0], _CHUNK):
-        c = a[i : i + _CHUNK].astype(np.float64)
-        s += float(np.dot(c, c))
-    return math.sqrt(s)
+    return math.sqrt(_sums(a, a)[0])
 
 
 def quality(x: Any, decoded: Any, *, payload_bytes: int | None = None, residual: Any = None) -> dict[str, Any]:
@@ -136,11 +142,14 @@ def measure(
     step: int | None = None,
     state: CodecState | None = None,
 ) -> dict[str, Any]:
-    """Encode ``x`` (plus ``residual``, as error feedback would) once, decode, and return :func:`quality`.
+    """Encode ``x`` (plus ``residual``, as error feedback would) once, decode, and return :func:`quality`
+    of the decoded tensor against ``x``.
 
     ``state`` is the codec state to draw streams and warm starts from; by default a fresh one, so
     measuring never advances the caller's streams. With ``residual``, ``residual_norm`` is the norm of
-    the residual error feedback would keep after this step, ``(x + residual) - x̂``.
+    the residual error feedback would keep after this step, ``(x + residual) - x̂``. Error feedback
+    sends what earlier steps dropped, so its norm ratio stays near 1 where the codec alone loses
+    signal (docs/telemetry.md has the measurement).
     """
     c = get_codec(codec)
     arr = host_array(x)
@@ -153,7 +162,7 @@ def measure(
     new_res = None
     if residual is not None:
         new_res = work.reshape(-1) - np.asarray(dec, dtype=work.dtype).reshape(-1)
-    rec = quality(work, dec, payload_bytes=len(memoryview(buf).cast("B")), residual=new_res)
+    rec = quality(arr, dec, payload_bytes=len(memoryview(buf).cast("B")), residual=new_res)
     rec["codec"] = c.get_config()
     return rec
 
@@ -167,8 +176,9 @@ class Telemetry:
             codec (docs/telemetry.md has the measurement).
         threshold: the norm ratio below which a key counts as losing signal (default 0.9).
         patience: steps a key's sampled norm ratio must stay below ``threshold`` before the warning
-            fires (counted from the first low sample; with ``every=1``, consecutive steps). Once per
-            low stretch: a healthy sample re-arms it.
+            fires, from the first low sample to the latest, both included (with ``every=1``,
+            consecutive steps; with ``every=100`` and ``patience=100``, two low samples in a row).
+            Once per low stretch: a healthy sample re-arms it.
         callback: called with every record (a plain dict), e.g. to send it to a metrics system.
         log_level: the ``logging`` level of the records (logger ``gcodec.telemetry``); warnings are
             always logged at WARNING.
@@ -228,7 +238,7 @@ class Telemetry:
             self._warned.discard(key)
             return
         since = self._low_since.setdefault(key, step)
-        span = step - since + max(self.every, 1)
+        span = step - since + 1  # steps from the first low sample to this one, both included
         if span >= self.patience and key not in self._warned:
             self._warned.add(key)
             msg = (

@@ -101,9 +101,11 @@ def test_low_norm_ratio_without_feedback_marks_the_rung_bad() -> None:
     }
     ctl.observe("w", rec, error_feedback=False)
     assert ctl.measured["w"][4]["bad"] == 1.0
-    ok = dict(rec, step=4, quality={"norm_ratio": 0.3, "norm": 1.0, "residual_norm": 5.0})
-    ctl.observe("w", ok, error_feedback=True)  # with feedback the backlog counts: 5 < 20 x norm
+    for step in range(4, 12):  # healthy samples pull the moving average back over 0.9
+        ctl.observe("w", dict(rec, step=step, quality={"norm_ratio": 1.0, "norm": 1.0, "residual_norm": 5.0}), True)
     assert ctl.measured["w"][4]["bad"] == 0.0
+    ctl.observe("w", dict(rec, step=12, quality={"norm_ratio": 1.0, "norm": 1.0, "residual_norm": 50.0}), True)
+    assert ctl.measured["w"][4]["bad"] == 1.0  # with feedback, a residual backlog over 20 x the norm
 
 
 def test_decisions_through_select_follow_the_link_and_agree_with_an_allreduce() -> None:

@@ -132,7 +132,7 @@ def test_healthy_or_briefly_low_runs_do_not_warn() -> None:
 def test_patience_counts_steps_when_sampling_sparsely() -> None:
     t = Telemetry(every=10, patience=30, warn=False)
     _feed(t, "w", [0.5] * 100)
-    assert [w["step"] for w in t.warnings] == [20]  # samples at 0, 10, 20 span 30 steps
+    assert [w["step"] for w in t.warnings] == [30]  # samples at 0, 10, 20, 30 span 31 steps (0 to 30)
 
 
 def test_warning_rearms_after_a_healthy_sample() -> None:
