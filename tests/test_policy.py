@@ -137,10 +137,10 @@ def test_a_codec_switch_carries_the_residual_over() -> None:
     ps = PolicyState(Switch(), error_feedback=True)
     comm = LocalComm()
     rng = np.random.default_rng(1)
-    sent = np.zeros(8192)
-    total = np.zeros(8192)
+    sent = np.zeros((64, 128))
+    total = np.zeros((64, 128))
     for _ in range(5):
-        x = rng.standard_normal(8192).astype(np.float32)
+        x = rng.standard_normal((64, 128)).astype(np.float32)  # 2-D: residuals keep the tensor's shape
         total += x
         sent += run_blocking(ps.protocol(comm, x, np.empty_like(x), "k", "mean"))
     # top-k dropped 99 % twice, uniform-4 carried that on, and the dense step flushed all of it

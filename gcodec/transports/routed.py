@@ -154,8 +154,8 @@ class PolicyState:
             b = owner_bounds(res.shape[0], size)
             for j in range(size):
                 sd["residuals"][f"{key}[{j}/{size}]"] = res[b[j] : b[j + 1]].copy()
-        else:
-            sd["residuals"][key] = res.reshape(-1).copy()
+        else:  # worker residuals keep the tensor's shape
+            sd["residuals"][key] = res.reshape(shape).copy()
         ts.worker.load_state_dict(sd)
 
     # ---- the exchange ------------------------------------------------------------------------
