@@ -28,6 +28,7 @@ what one codec dropped is sent by the next (or flushed with the dense allreduce)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -104,6 +105,27 @@ class AdaptiveController:
         self._spb: float | None = None  # measured seconds per received byte
         #: every decision: key, step, from and to rung, predicted seconds per rung (inf: out of bounds)
         self.decisions: list[dict[str, Any]] = []
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Each key's rung and measured figures, the measured link and the calibrated speeds (saved
+        with ``PolicyState.state_dict()``; a restored job keeps its rungs instead of starting over)."""
+        return {
+            "level": dict(self.level),
+            "measured": {k: [dict(m) for m in v] for k, v in self.measured.items()},
+            "spb": self._spb,
+            "speeds": {k: list(dataclasses.astuple(v)) for k, v in self._speeds.items()},
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        levels = {str(k): int(v) for k, v in sd["level"].items()}
+        if any(not 0 <= v < len(self.ladder) for v in levels.values()):
+            raise ConfigError(f"saved rungs {levels} do not fit a {len(self.ladder)}-rung ladder")
+        self.level = levels
+        self.measured = {str(k): [dict(m) for m in v] for k, v in sd.get("measured", {}).items()}
+        self._spb = sd.get("spb")
+        self._speeds.update({str(k): CodecSpeed(*v) for k, v in sd.get("speeds", {}).items()})
+        self._seen.clear()
 
     # ---- what the transports measured ---------------------------------------------------------
     def _rung_of(self, codec: Any) -> int | None:

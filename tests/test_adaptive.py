@@ -123,6 +123,17 @@ def test_decisions_through_select_follow_the_link_and_agree_with_an_allreduce() 
     assert [(d["step"], d["from"], d["to"]) for d in ctl.decisions if d["from"] != d["to"]] == [(0, 0, 4), (20, 4, 0)]
 
 
+def test_controller_state_round_trips() -> None:
+    ctl = _ctl("100Mbit")
+    ps = PolicyState(ctl)
+    run_blocking(ctl.select(FakeComm(4), ps, "w", SHAPE, 0))
+    back = _ctl("100Mbit")
+    back.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
+    assert back.level == {"w": 4} and back.state_dict() == ctl.state_dict()
+    with pytest.raises(ConfigError):
+        AdaptiveController(ladder=[None, "fp16"]).load_state_dict({"level": {"w": 4}})
+
+
 @pytest.mark.parametrize("kw", [{"ladder": []}, {"start": 9}, {"interval": 0}, {"bandwidth": "slow"}])
 def test_bad_settings_are_config_errors(kw) -> None:
     with pytest.raises(ConfigError):

@@ -173,3 +173,23 @@ def test_ddp_hook_takes_a_policy_and_telemetry(tmp_path: Path) -> None:
     failed = [c for c in checks if not c["ok"]]
     assert not failed, failed
     assert len(checks) == 2 * 7
+
+
+def test_policy_state_checkpoint_resumes_identically() -> None:
+    p = Policy(
+        [{"until_step": 3, "codec": {"id": "topk", "ratio": 0.05}}], default={"id": "qsgd", "levels": 7}, min_numel=0
+    )
+    comm = LocalComm()
+    xs = [np.random.default_rng(s).standard_normal((32, 64)).astype(np.float32) for s in range(8)]
+
+    def run(ps: PolicyState, steps: list[np.ndarray]) -> list[np.ndarray]:
+        return [run_blocking(ps.protocol(comm, x, np.empty_like(x), "w", "mean")) for x in steps]
+
+    whole = run(PolicyState(p), xs)
+    first = PolicyState(p)
+    head = run(first, xs[:2])
+    again = PolicyState(Policy.from_dict(p.to_dict()))
+    again.load_state_dict(first.state_dict())
+    tail = run(again, xs[2:])
+    assert all(np.array_equal(a, b) for a, b in zip(whole, head + tail))
+    assert [s[1] for s in again.switches] == [3]

@@ -113,6 +113,28 @@ class PolicyState:
         res = self._peek_residual(self.states[ck], key)
         return 0.0 if res is None else float(np.linalg.norm(res.astype(np.float64)))
 
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every codec's transport state (residuals, warm starts, steps), each key's current codec and
+        step, and the chooser's own state when it has one (plain arrays, ints, strings, dicts)."""
+        chooser_sd = getattr(self.chooser, "state_dict", None)
+        return {
+            "states": {k: ts.state_dict() for k, ts in self.states.items()},
+            "current": dict(self.current),
+            "steps": dict(self.steps),
+            "chooser": chooser_sd() if callable(chooser_sd) else None,
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (the chooser must be configured as it was)."""
+        for k, part in sd["states"].items():
+            self.state_for(self.codec(json.loads(k))).load_state_dict(part)  # type: ignore[arg-type]
+        self.current = {str(k): str(v) for k, v in sd["current"].items()}
+        self.steps = {str(k): int(v) for k, v in sd["steps"].items()}
+        loader = getattr(self.chooser, "load_state_dict", None)
+        if sd.get("chooser") is not None and callable(loader):
+            loader(sd["chooser"])
+
     # ---- residual carry-over -----------------------------------------------------------------
     @staticmethod
     def _chunk_keys(ts: TransportState, key: str) -> list[str]:
