@@ -449,6 +449,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_INVALID if failed and len(failed) == len(result["codecs"]) else EXIT_OK
 
 
+def cmd_advise(args: argparse.Namespace) -> int:
+    from .advise import DEFAULT_CANDIDATES, advise, format_table, parse_bandwidth
+
+    try:
+        model = None
+        if args.model is not None:
+            try:
+                with open(args.model) as f:
+                    model = json.load(f)
+            except (OSError, json.JSONDecodeError) as e:
+                raise UsageError(f"cannot read --model {args.model}: {e}") from None
+        cands: list[Any] = list(DEFAULT_CANDIDATES)
+        if args.codec:
+            cands = [None] + [json.loads(c) if c.lstrip().startswith("{") else c for c in args.codec]
+        rows = advise(
+            numel=args.numel,
+            model=model,
+            bandwidth=args.bandwidth,
+            workers=args.workers,
+            latency_s=args.latency,
+            candidates=cands,
+            mode=args.mode,
+            threads=args.threads,
+            repeats=args.repeats,
+            error_feedback=args.error_feedback,
+        )
+    except (GcodecError, json.JSONDecodeError) as e:
+        print(f"gcodec advise: error: {_err(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    print(format_table(rows, parse_bandwidth(args.bandwidth), args.workers))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+            f.write("\n")
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------------------------
 # the parser
 
@@ -512,6 +549,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes (seconds; used by the tests)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("advise", help="predict per codec whether compression pays on a link (docs/advise.md)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--numel", type=int, help="elements of one flat float32 gradient (a DDP bucket, a model)")
+    what.add_argument("--model", metavar="PARAMS.json", help='parameter shapes: {"name": [dims], ...}')
+    p.add_argument("--bandwidth", default="1Gbit", help="link bandwidth, e.g. 1Gbit, 100Mbit/s, 125MB/s")
+    p.add_argument("--workers", type=int, default=2, help="ranks in the allreduce")
+    p.add_argument("--latency", type=float, default=50e-6, help="seconds per message (alpha)")
+    p.add_argument("--codec", action="append", help="a codec id or JSON config to compare (repeatable)")
+    p.add_argument("--mode", default="auto", help="transport mode (auto, summable, gather, two_phase, powersgd)")
+    p.add_argument("--threads", type=int, default=None, help="kernel threads per rank for the measurement")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (best is kept)")
+    p.add_argument("--error-feedback", action="store_true", help="price error feedback (a decode per encode)")
+    p.add_argument("--json", metavar="PATH", help="also write one JSON object per codec to PATH")
+    p.set_defaults(func=cmd_advise)
     return ap
 
 

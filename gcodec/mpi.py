@@ -27,10 +27,12 @@ from .arrays import host_array
 from .codecs import Codec, get_codec
 from .errors import ConfigError
 from .feedback import ErrorFeedback
+from .policy import Policy
 from .transports import Communicator, Serial, Task, TransportState, Work, allreduce_protocol
 from .transports.collectives import joined
+from .transports.routed import PolicyState
 
-__all__ = ["MPICommunicator", "Request", "State", "allreduce", "iallreduce"]
+__all__ = ["MPICommunicator", "PolicyState", "Request", "State", "allreduce", "iallreduce"]
 
 #: The transport state: error-feedback residuals (worker and two-phase server), PowerSGD factors,
 #: step counters, agreed keys and statistics (``state.stats()``), with ``state_dict()``.
@@ -98,6 +100,7 @@ class MPICommunicator(Communicator):
 # start in the same order on every rank, which the queue makes the call order.
 _adapters: dict[int, tuple[MPICommunicator, Serial]] = {}
 _default_states: dict[tuple[int, str, str], TransportState] = {}
+_policy_states: dict[tuple[int, int], PolicyState] = {}
 _ef_states: weakref.WeakKeyDictionary[ErrorFeedback, TransportState] = weakref.WeakKeyDictionary()
 
 
@@ -132,16 +135,24 @@ def _state_for(comm: MPI.Comm, codec: Codec, mode: str, ef: Any) -> TransportSta
     return st
 
 
+def _policy_state(comm: MPI.Comm, policy: Policy) -> PolicyState:
+    k = (id(comm), id(policy))
+    st = _policy_states.get(k)
+    if st is None or st.chooser is not policy:
+        st = _policy_states[k] = PolicyState(policy, error_feedback=False)
+    return st
+
+
 def iallreduce(
     comm: MPI.Comm,
     x: Any,
-    codec: Codec | str | dict[str, Any],
+    codec: Codec | str | dict[str, Any] | Policy | None,
     op: str = "mean",
     *,
     key: str | None = None,
     mode: str = "auto",
     out: np.ndarray | None = None,
-    ef: TransportState | ErrorFeedback | None = None,
+    ef: TransportState | ErrorFeedback | PolicyState | None = None,
 ) -> Request:
     """Start a compressed allreduce; returns a request whose ``wait()`` returns the result array.
 
@@ -149,7 +160,12 @@ def iallreduce(
     Several requests may be in flight: they run one after another in call order (which is then
     the same on every rank), each advancing whenever any request's ``test()`` or ``wait()`` runs.
     """
-    c = ef.codec if isinstance(ef, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)
+    if isinstance(ef, PolicyState) or isinstance(codec, Policy):  # per-key choice: policy or controller
+        routed = ef if isinstance(ef, PolicyState) else _policy_state(comm, codec)  # type: ignore[arg-type]
+        arr = host_array(x)
+        out = np.empty_like(arr) if out is None else out
+        return _adapter(comm)[1].submit(routed.protocol(_adapter(comm)[0], arr, out, key or "tensor", op))
+    c = ef.codec if isinstance(ef, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)  # type: ignore[arg-type]
     arr = host_array(x)
     if out is None:
         out = np.empty_like(arr)
@@ -163,13 +179,13 @@ def iallreduce(
 def allreduce(
     comm: MPI.Comm,
     x: Any,
-    codec: Codec | str | dict[str, Any],
+    codec: Codec | str | dict[str, Any] | Policy | None,
     op: str = "mean",
     *,
     key: str | None = None,
     mode: str = "auto",
     out: np.ndarray | None = None,
-    ef: TransportState | ErrorFeedback | None = None,
+    ef: TransportState | ErrorFeedback | PolicyState | None = None,
 ) -> np.ndarray:
     """Compressed allreduce of ``x`` across ``comm``; returns an array of ``x``'s shape and dtype.
 
@@ -177,13 +193,17 @@ def allreduce(
         comm: an mpi4py intracommunicator.
         x: any array gcodec encodes (float32, float64, float16, bfloat16).
         codec: a codec, its id or config. Must be the same on every rank (the handshake checks).
+            A :class:`gcodec.policy.Policy` picks the codec per key and step (dense when it says
+            None); None when ``ef`` is a :class:`PolicyState` (its policy or controller decides).
         op: ``"mean"`` (the usual gradient average) or ``"sum"``.
         key: names the tensor: its error-feedback residual, warm start, random streams and
             statistics are kept under this key. Give each tensor its own key.
         mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"powersgd"``.
         out: the array to write the result into (may be ``x``); a new one by default.
         ef: None (no error feedback), a :class:`gcodec.ErrorFeedback` (worker residuals kept in it),
-            or a :class:`State` (worker and server residuals, steps, statistics, checkpointable).
+            a :class:`State` (worker and server residuals, steps, statistics, checkpointable), or a
+            :class:`PolicyState` (a policy or adaptive controller choosing per key and step, with
+            residuals that follow a key across codec changes).
 
     Raises :class:`gcodec.ConfigError` on every rank when ranks disagree on the configuration, and a
     :class:`gcodec.GcodecError` on every rank when any rank's payload fails (never a hang).

@@ -39,10 +39,13 @@ import torch.distributed as dist
 
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError
+from ..policy import Policy as CodecPolicy
+from ..telemetry import Telemetry
 from ..transports import LowRankItem, TransportState, lowrank_protocol, resolve_mode
 from ..transports.common import timed
 from ..transports.exchange import agree_on
 from ..transports.gather import gather_protocol
+from ..transports.quality import sample_quality
 from ..transports.stats import StepStats
 from ..transports.summable import summable_protocol
 from ..transports.two_phase import owner_bounds, two_phase_protocol
@@ -53,6 +56,8 @@ __all__ = ["HookState", "Policy", "comm_hook"]
 
 #: A policy maps (parameter name, gradient) to a codec, or to None to keep the tensor dense.
 Policy = Callable[[str, torch.Tensor], "Codec | str | dict[str, Any] | None"]
+
+_POLICY_MARK = "gcodec.policy.Policy"  # how a pickled HookState tells a Policy from a pattern dict
 
 _FLAT = {"summable": summable_protocol, "gather": gather_protocol, "two_phase": two_phase_protocol}
 
@@ -75,13 +80,17 @@ class HookState:
         error_feedback: keep what compression drops and add it to the next step's gradient. Needed
             for top-k, sign, low bit widths and PowerSGD; a no-op cost for fp16/bf16.
         mode: ``"auto"`` or an explicit mode (see docs/transports.md).
-        policy: per-tensor codec choice: a callable ``policy(name, grad) -> codec or None`` or a dict
-            ``{fnmatch pattern: codec or None}`` (first matching pattern wins; unmatched tensors use
-            ``codec``). ``None`` means dense. Names come from ``module``.
+        policy: per-tensor codec choice: a :class:`gcodec.policy.Policy` (by name, size, ndim and
+            step; it then decides alone, ``min_numel`` and ``codec`` unused), a callable
+            ``policy(name, grad) -> codec or None`` or a dict ``{fnmatch pattern: codec or None}``
+            (first matching pattern wins; unmatched tensors use ``codec``). ``None`` means dense.
+            Names come from ``module``.
         module: the model (or the DDP wrapper), used only to name parameters for the policy and for
             statistics. Without it, parameters are named ``param0``, ``param1``, ... in the order DDP
             first hands them to the hook (the same order in every run).
         num_threads: kernel threads per rank; None follows the job (docs/transports.md, "Threads").
+        telemetry: a :class:`gcodec.telemetry.Telemetry` sampling the quality of every compressed
+            group every ``telemetry.every`` steps (``stats()[key]["quality"]``). Not pickled.
     """
 
     def __init__(
@@ -93,11 +102,13 @@ class HookState:
         min_numel: int = 1024,
         error_feedback: bool = True,
         mode: str = "auto",
-        policy: Policy | Mapping[str, Any] | None = None,
+        policy: CodecPolicy | Policy | Mapping[str, Any] | None = None,
         module: torch.nn.Module | None = None,
         num_threads: int | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.codec = get_codec(codec)
+        self.telemetry = telemetry
         self.process_group = process_group
         self.start_iter = int(start_iter)
         self.min_numel = int(min_numel)
@@ -124,7 +135,9 @@ class HookState:
             self._names[id(p)] = name
         return name
 
-    def _codec_for(self, name: str, grad: torch.Tensor) -> Codec | None:
+    def _codec_for(self, name: str, grad: torch.Tensor, step: int = 0) -> Codec | None:
+        if isinstance(self.policy, CodecPolicy):  # the policy decides everything, min_numel included
+            return self.policy.codec_for(name, tuple(grad.shape), step)
         choice: Any = self.codec
         if callable(self.policy):
             choice = self.policy(name, grad)
@@ -151,7 +164,13 @@ class HookState:
         k = _codec_key(codec)
         st = self._states.get(k)
         if st is None:
-            st = TransportState(codec, error_feedback=self.error_feedback, mode=self.mode, num_threads=self.num_threads)
+            st = TransportState(
+                codec,
+                error_feedback=self.error_feedback,
+                mode=self.mode,
+                num_threads=self.num_threads,
+                telemetry=self.telemetry,
+            )
             self._states[k] = st
         return st
 
@@ -190,8 +209,10 @@ class HookState:
     def __getstate__(self) -> dict[str, Any]:
         # Like torch's PowerSGDState: the configuration and the state, not the process group (nor
         # the live adapter, nor parameter identities, which name parameters of this process only).
-        policy = self.policy
-        if isinstance(policy, Mapping):
+        policy: Any = self.policy
+        if isinstance(policy, CodecPolicy):
+            policy = {_POLICY_MARK: policy.to_dict()}
+        elif isinstance(policy, Mapping):
             policy = {k: (v if v is None else get_codec(v).get_config()) for k, v in policy.items()}
         return {
             "codec": self.codec.get_config(),
@@ -205,6 +226,8 @@ class HookState:
         }
 
     def __setstate__(self, d: dict[str, Any]) -> None:
+        if isinstance(d["policy"], Mapping) and _POLICY_MARK in d["policy"]:
+            d = {**d, "policy": CodecPolicy.from_dict(d["policy"][_POLICY_MARK])}
         self.__init__(  # type: ignore[misc]
             d["codec"],
             start_iter=d["start_iter"],
@@ -308,7 +331,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     groups: dict[str, list[int]] = {}
     codecs: dict[str, Codec] = {}
     for i, (n, g) in enumerate(zip(names, grads)):
-        c = state._codec_for(n, g)
+        c = state._codec_for(n, g, it)
         if c is None:
             dense.append(i)
         else:
@@ -337,6 +360,8 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
                 yield from agree_on(
                     comm, ts, item.key, shape=list(item.x.shape), dtype=str(item.x.dtype), mode=mode, op="mean"
                 )
+            for item in items:
+                sample_quality(ts, item.key, it, item.x)
             gkey = f"powersgd:{names[idx[0]]}..{names[idx[-1]]}"
             st = StepStats(gkey, it, mode, sum(i.x.nbytes for i in items))
             yield from timed(st, lowrank_protocol(comm, ts, items, "mean", it, st))
@@ -348,6 +373,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         x = to_numpy(buf) if whole else np.concatenate([to_numpy(grads[i]).reshape(-1) for i in idx])
         yield from agree_on(comm, ts, gkey, shape=[int(x.size)], dtype=str(x.dtype), mode=mode, op="mean")
         step = ts.next_step(gkey)
+        sample_quality(ts, gkey, step, x)
         st = StepStats(gkey, step, mode, x.nbytes)
         out = x if whole else np.empty_like(x)
         yield from timed(st, _FLAT[mode](comm, ts, x.reshape(-1), out.reshape(-1), gkey, "mean", step, st))

@@ -10,16 +10,19 @@ from __future__ import annotations
 from .comm import Communicator, DoneWork, Protocol, Serial, Task, Work, run_blocking
 from .exchange import OPS, allreduce_protocol
 from .lowrank import LowRankItem, lowrank_protocol
+from .routed import DENSE, PolicyState
 from .state import GATHER_MAX_RANKS, MODES, TransportState, resolve_mode
 from .threads import job_threads, kernel_threads
 
 __all__ = [
+    "DENSE",
     "GATHER_MAX_RANKS",
     "MODES",
     "OPS",
     "Communicator",
     "DoneWork",
     "LowRankItem",
+    "PolicyState",
     "Protocol",
     "Serial",
     "Task",

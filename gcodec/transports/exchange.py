@@ -17,6 +17,7 @@ from .common import timed
 from .gather import gather_protocol
 from .handshake import fingerprint, handshake
 from .lowrank import LowRankItem, lowrank_protocol
+from .quality import sample_quality
 from .state import TransportState, resolve_mode
 from .stats import StepStats
 from .summable import summable_protocol
@@ -51,6 +52,7 @@ def allreduce_protocol(
     fields = {"shape": list(x.shape), "dtype": dtype_name(x.dtype), "mode": resolved, "op": op, "size": comm.size}
     yield from agree_on(comm, state, key, **fields)
     step = state.next_step(key)
+    sample_quality(state, key, step, x)
     st = StepStats(key, step, resolved, x.nbytes)
     if resolved == "powersgd":
         yield from timed(st, lowrank_protocol(comm, state, [LowRankItem(key, x, out)], op, step, st))

@@ -17,6 +17,7 @@ from ..codecs import Aggregation, Codec, get_codec
 from ..codecs.state import CodecState
 from ..errors import ConfigError
 from ..feedback import ErrorFeedback
+from ..telemetry import Telemetry
 from .sendbuf import SendBuffers
 from .stats import Stats
 from .threads import job_threads
@@ -66,6 +67,9 @@ class TransportState:
             :mod:`gcodec.transports.threads`).
         worker: an existing :class:`~gcodec.ErrorFeedback` to hold the worker residuals (for
             ``gcodec.mpi.allreduce(..., ef=gcodec.ErrorFeedback(codec))``).
+        telemetry: a :class:`gcodec.telemetry.Telemetry` sampling each key's quality (norm ratio,
+            relative error, ...) every ``telemetry.every`` steps; its last record per key appears
+            as ``"quality"`` in :meth:`stats`. None (the default) costs nothing.
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class TransportState:
         mode: str = "auto",
         num_threads: int | None = None,
         worker: ErrorFeedback | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.codec = get_codec(codec)
         if mode not in MODES:
@@ -96,6 +101,7 @@ class TransportState:
         self.send_buffers = SendBuffers()
         self._stats = Stats()
         self._scratch: dict[str, np.ndarray] = {}
+        self.telemetry = telemetry
 
     # ---- bookkeeping the protocols use -------------------------------------------------------
     def scratch(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -120,8 +126,14 @@ class TransportState:
 
     # ---- public ------------------------------------------------------------------------------
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per key: the last step's raw/payload/wire bytes and encode/comm/decode seconds, plus totals."""
-        return self._stats.as_dict()
+        """Per key: the last step's raw/payload/wire bytes and encode/comm/decode seconds, plus totals
+        (and ``"quality"``, the last telemetry record of the key, when telemetry sampled it)."""
+        out = self._stats.as_dict()
+        if self.telemetry is not None:
+            for k, rec in self.telemetry.records().items():
+                if k in out:
+                    out[k]["quality"] = rec
+        return out
 
     def reset_stats(self) -> None:
         self._stats.reset()

@@ -1,0 +1,225 @@
+"""Adaptive compression: pick, per tensor and every few steps, the rung of a codec ladder that
+minimises the predicted step time, while the quality telemetry stays within bounds.
+
+>>> ctl = AdaptiveController(bandwidth="1Gbit", interval=20)            # doctest: +SKIP
+>>> state = gcodec.mpi.PolicyState(ctl, error_feedback=True, telemetry=Telemetry(every=10))
+>>> mean = gcodec.mpi.allreduce(comm, grad, None, key="layer1", ef=state)  # doctest: +SKIP
+
+The ladder runs from light to strong: none (fp32 allreduce) → fp16 → uniform 8 → uniform 4 →
+top-k 1 % (with the state's error feedback). At each decision step of a key (after ``warmup_steps``,
+then every ``interval`` steps) the controller
+
+1. updates, per rung, what it measured through the transport statistics (encode, decode seconds,
+   payload bytes, as moving averages) and falls back to a one-off calibration on this machine
+   (:func:`gcodec.advise.measure_speed`) for rungs it has not run yet;
+2. takes the link bandwidth as given, or measures it as received bytes over communication seconds;
+3. marks a rung *out of bounds* when its sampled telemetry broke the bound: a moving average of the
+   norm ratio under ``min_norm_ratio`` (the article's 0.9), or, with error feedback, a residual norm
+   above ``max_residual_ratio`` times the gradient's norm (a backlog that keeps growing). Stronger
+   rungs than one out of bounds are out too;
+4. allreduces these figures (element-wise maximum: the slowest rank and the worst quality count),
+   so every rank holds the same numbers and takes the same decision at the same step, then picks
+   the rung with the least predicted step time (:func:`gcodec.advise.predict`), switching only for
+   a gain of more than ``hysteresis``.
+
+The :class:`~gcodec.transports.PolicyState` carries the residual over when a key changes rung, so
+what one codec dropped is sent by the next (or flushed with the dense allreduce).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .advise import CodecSpeed, Link, measure_speed, parse_bandwidth, predict
+from .codecs import get_codec
+from .errors import ConfigError
+from .transports import DENSE, Communicator, PolicyState, Protocol
+
+__all__ = ["DEFAULT_LADDER", "AdaptiveController"]
+
+#: none → fp16 → uniform 8 → uniform 4 → top-k 1 % (error feedback from the state).
+DEFAULT_LADDER: tuple[dict[str, Any] | None, ...] = (
+    None,
+    {"id": "fp16"},
+    {"id": "uniform", "bits": 8},
+    {"id": "uniform", "bits": 4},
+    {"id": "topk", "ratio": 0.01},
+)
+
+_EMA = 0.3  # weight of the newest measurement
+
+
+class AdaptiveController:
+    """Chooses each key's rung of ``ladder`` (module docstring); pass it to ``PolicyState``.
+
+    Args:
+        ladder: codec configs from light to strong; None is the dense fp32 allreduce.
+        bandwidth: the link, e.g. ``"1Gbit"`` or bits/s; None measures it from the transfers.
+        latency_s: alpha of the cost model, seconds per message.
+        interval: steps between decisions of a key (each costs one small allreduce).
+        warmup_steps: steps on ``start`` before the first decision.
+        start: the rung keys start on (index into ``ladder``).
+        min_norm_ratio: the telemetry bound without error feedback (default 0.9).
+        max_residual_ratio: the bound with error feedback: residual norm / gradient norm.
+        hysteresis: switch only when the predicted step time falls by more than this fraction.
+        speeds: calibrated :class:`gcodec.advise.CodecSpeed` per codec config (JSON, sorted keys),
+            to skip the calibration (and for tests).
+    """
+
+    def __init__(
+        self,
+        ladder: Sequence[Mapping[str, Any] | str | None] = DEFAULT_LADDER,
+        *,
+        bandwidth: str | float | None = None,
+        latency_s: float = 50e-6,
+        interval: int = 20,
+        warmup_steps: int = 5,
+        start: int = 0,
+        min_norm_ratio: float = 0.9,
+        max_residual_ratio: float = 20.0,
+        hysteresis: float = 0.1,
+        speeds: Mapping[str, CodecSpeed] | None = None,
+    ) -> None:
+        if not ladder:
+            raise ConfigError("the ladder needs at least one rung")
+        self.ladder = [None if c is None else get_codec(c).get_config() for c in ladder]  # type: ignore[arg-type]
+        self._keys = [json.dumps(c, sort_keys=True) for c in self.ladder]
+        if not 0 <= start < len(self.ladder):
+            raise ConfigError(f"start={start} is not a rung of a {len(self.ladder)}-rung ladder")
+        if interval < 1 or warmup_steps < 0:
+            raise ConfigError("interval must be >= 1 and warmup_steps >= 0")
+        self.bandwidth_bps = None if bandwidth is None else parse_bandwidth(bandwidth)
+        self.latency_s, self.interval, self.warmup_steps, self.start = latency_s, interval, warmup_steps, start
+        self.min_norm_ratio, self.max_residual_ratio, self.hysteresis = min_norm_ratio, max_residual_ratio, hysteresis
+        self._speeds: dict[str, CodecSpeed] = dict(speeds or {})
+        self.level: dict[str, int] = {}
+        #: per key and rung: {"encode_s", "decode_s", "payload_bytes", "bad"} measured
+        self.measured: dict[str, list[dict[str, float]]] = {}
+        self._seen: dict[str, tuple[Any, int]] = {}
+        self._spb: float | None = None  # measured seconds per received byte
+        #: every decision: key, step, from and to rung, predicted seconds per rung (inf: out of bounds)
+        self.decisions: list[dict[str, Any]] = []
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Each key's rung and measured figures, the measured link and the calibrated speeds (saved
+        with ``PolicyState.state_dict()``; a restored job keeps its rungs instead of starting over)."""
+        return {
+            "level": dict(self.level),
+            "measured": {k: [dict(m) for m in v] for k, v in self.measured.items()},
+            "spb": self._spb,
+            "speeds": {k: list(dataclasses.astuple(v)) for k, v in self._speeds.items()},
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        levels = {str(k): int(v) for k, v in sd["level"].items()}
+        if any(not 0 <= v < len(self.ladder) for v in levels.values()):
+            raise ConfigError(f"saved rungs {levels} do not fit a {len(self.ladder)}-rung ladder")
+        self.level = levels
+        self.measured = {str(k): [dict(m) for m in v] for k, v in sd.get("measured", {}).items()}
+        self._spb = sd.get("spb")
+        self._speeds.update({str(k): CodecSpeed(*v) for k, v in sd.get("speeds", {}).items()})
+        self._seen.clear()
+
+    # ---- what the transports measured ---------------------------------------------------------
+    def _rung_of(self, codec: Any) -> int | None:
+        k = json.dumps(None if codec == DENSE else codec, sort_keys=True)
+        return self._keys.index(k) if k in self._keys else None
+
+    def observe(self, key: str, record: Mapping[str, Any], error_feedback: bool) -> None:
+        """Fold one step's transport record (``PolicyState.stats()[key]``) into the figures."""
+        rung = self._rung_of(record.get("codec"))
+        if rung is None or self._seen.get(key) == (record.get("codec"), record["step"]):
+            return
+        self._seen[key] = (record.get("codec"), record["step"])
+        m = self.measured.setdefault(key, [{} for _ in self.ladder])[rung]
+        for f, v in (
+            ("encode_s", record["encode_s"]),
+            ("decode_s", record["decode_s"]),
+            ("payload_bytes", record["payload_bytes"]),
+        ):
+            m[f] = v if f not in m else (1 - _EMA) * m[f] + _EMA * v
+        if record["wire_bytes"] > 0 and record["comm_s"] > 0:
+            spb = record["comm_s"] / record["wire_bytes"]
+            self._spb = spb if self._spb is None else (1 - _EMA) * self._spb + _EMA * spb
+        q = record.get("quality")
+        if q is not None and self.ladder[rung] is not None and math.isfinite(q["norm_ratio"]):
+            # a moving average: one noisy sample (about 5 % of top-k + EF steps dip under 0.9) must
+            # not close a rung that keeps the signal on average
+            r = q["norm_ratio"]
+            m["norm_ratio"] = r if "norm_ratio" not in m else (1 - _EMA) * m["norm_ratio"] + _EMA * r
+            bad = m["norm_ratio"] < self.min_norm_ratio
+            if error_feedback and q.get("residual_norm") is not None:
+                bad = bad or q["residual_norm"] > self.max_residual_ratio * max(q["norm"], 1e-30)
+            m["bad"] = 1.0 if bad else 0.0
+
+    def _speed(self, rung: int) -> CodecSpeed:
+        k = self._keys[rung]
+        s = self._speeds.get(k)
+        if s is None:
+            s = self._speeds[k] = measure_speed(self.ladder[rung], sizes=(1 << 12, 1 << 18), repeats=2)
+        return s
+
+    def figures(self, key: str, numel: int) -> np.ndarray:
+        """This rank's figures for ``key``: per rung encode s, decode s, payload bytes, out-of-bounds
+        flag, then seconds per byte of the link (the vector the ranks allreduce with max)."""
+        n = len(self.ladder)
+        v = np.zeros(4 * n + 1)
+        meas = self.measured.get(key, [{} for _ in self.ladder])
+        for r in range(n):
+            m = meas[r]
+            sp = self._speed(r)
+            v[r] = m.get("encode_s", sp.encode_seconds(numel))
+            v[n + r] = m.get("decode_s", sp.decode_seconds(numel))
+            v[2 * n + r] = m.get("payload_bytes", sp.payload_bytes(numel))
+            v[3 * n + r] = m.get("bad", 0.0)
+        if self.bandwidth_bps is not None:
+            v[4 * n] = 8.0 / self.bandwidth_bps
+        else:
+            v[4 * n] = self._spb if self._spb is not None else 8.0 / 1e9
+        return v
+
+    # ---- the decision -------------------------------------------------------------------------
+    def choose(self, figures: np.ndarray, shape: Sequence[int], workers: int, current: int) -> tuple[int, list[float]]:
+        """The rung for a tensor of ``shape`` on ``workers`` ranks from (agreed) ``figures``, and the
+        predicted step seconds of every rung (inf when out of bounds). Pure: same figures, same answer."""
+        n = len(self.ladder)
+        link = Link(8.0 / figures[4 * n], self.latency_s)
+        times: list[float] = []
+        out = False
+        for r in range(n):
+            out = out or figures[3 * n + r] > 0
+            if out:
+                times.append(math.inf)
+                continue
+            sp = CodecSpeed(figures[r], 0.0, figures[n + r], 0.0, figures[2 * n + r], 0.0)
+            if self.ladder[r] is not None and self.ladder[r]["id"] == "powersgd":  # type: ignore[index]
+                sp = self._speed(r)
+            times.append(predict(self.ladder[r], sp, [tuple(shape)], workers, link)["step_seconds"])
+        best = min(range(n), key=lambda r: (times[r], r))
+        if math.isfinite(times[current]) and times[best] >= (1 - self.hysteresis) * times[current]:
+            best = current
+        return best, times
+
+    def select(self, comm: Communicator, state: PolicyState, key: str, shape: tuple[int, ...], step: int) -> Protocol:
+        """The chooser protocol :class:`~gcodec.transports.PolicyState` runs before each exchange."""
+        cur = self.level.setdefault(key, self.start)
+        rec = state.last(key)
+        if rec is not None:
+            self.observe(key, rec, state.error_feedback)
+        if step < self.warmup_steps or (step - self.warmup_steps) % self.interval != 0:
+            return self.ladder[cur]
+        numel = int(np.prod(shape)) if shape else 1
+        figs = self.figures(key, numel)
+        if comm.size > 1:
+            yield comm.allreduce(figs, "max")  # same figures on every rank: same decision, same step
+        new, times = self.choose(figs, shape, comm.size, cur)
+        self.decisions.append({"key": key, "step": step, "from": cur, "to": new, "predicted_s": times})
+        self.level[key] = new
+        return self.ladder[new]

@@ -1,0 +1,398 @@
+"""Does compression pay on this job? The alpha-β cost model, this machine's measured codec speeds, and
+the bandwidth above which each codec stops paying (``gcodec advise``; docs/advise.md). With error
+feedback, each encode also decodes its payload (the residual), which ``error_feedback=True`` adds.
+
+With p ranks, n bytes of float32 gradient per rank, a payload of S bytes, latency alpha and
+bandwidth beta (bytes/s), one step's communication (Thakur, Rabenseifner and Gropp, 2005) is:
+
+* dense ring allreduce: ``2(p-1) alpha + 2(p-1)/p * n / beta``;
+* summable (fp16, bf16, Random-K): ``2(p-1) alpha + 2(p-1)/p * S / beta``;
+* gather: ``(p-1) (alpha + S / beta)``;
+* two-phase: ``2(p-1) alpha + 2(p-1)/p * S / beta``;
+* PowerSGD (two rounds, S = 4 (m+n) r): ``4(p-1) alpha + 2(p-1)/p * S / beta``;
+
+and the compute each codec adds: summable and PowerSGD ``T_enc + T_dec``; gather ``T_enc + p T_dec``
+(every payload is decoded); two-phase ``(1 + 1/p) T_enc + 2 T_dec`` (the owner re-encodes its 1/p
+chunk and every rank decodes the gathered chunks once more). A codec saves
+``t_dense - (t_comm + t_compute)`` per step, which falls as beta grows; the break-even bandwidth is
+where it reaches zero: ``beta* = (V_dense - V_codec) / (t_compute + L_codec - L_dense)`` with V the
+bytes and L the latency terms. Below beta* the codec pays; above it, it costs. None when it always
+pays (no compute, less latency) or never does (no fewer bytes).
+
+Encode and decode times are measured on this machine with a linear model ``t(n) = t0 + c·n`` fitted
+on two sizes, so that a model's many tensors are priced without encoding each of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .api import decode, encode
+from .codecs import Codec, get_codec
+from .codecs.state import CodecState
+from .errors import ConfigError
+from .transports.state import resolve_mode
+from .transports.threads import kernel_threads
+
+__all__ = [
+    "DEFAULT_CANDIDATES",
+    "CodecSpeed",
+    "Link",
+    "advise",
+    "break_even_bps",
+    "comm_seconds",
+    "compute_seconds",
+    "measure_speed",
+    "parse_bandwidth",
+    "predict",
+]
+
+#: What ``gcodec advise`` compares by default (None is the uncompressed fp32 ring allreduce).
+DEFAULT_CANDIDATES: tuple[dict[str, Any] | None, ...] = (
+    None,
+    {"id": "fp16"},
+    {"id": "bf16"},
+    {"id": "uniform", "bits": 8},
+    {"id": "uniform", "bits": 4},
+    {"id": "qsgd", "levels": 15},
+    {"id": "topk", "ratio": 0.01},
+    {"id": "powersgd", "rank": 4},
+)
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str | float) -> float:
+    """Bits per second from ``"1Gbit"``, ``"100 Mbit/s"``, ``"10gbps"``, ``"125MB/s"`` (bytes) or a number."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text <= 0:
+            raise ConfigError(f"bandwidth must be positive, not {text}")
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*([kmgt]?)(bit|bps|b)?(?:/s|ps)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ConfigError(f"cannot read bandwidth {text!r}: use e.g. 1Gbit, 100Mbit/s, 125MB/s or bits/s")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    unit = m.group(3) or "bit"
+    if unit == "B":  # bytes
+        value *= 8
+    if value <= 0:
+        raise ConfigError(f"bandwidth must be positive, not {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Link:
+    """A network link: bandwidth in bits/s, latency alpha in seconds per message."""
+
+    bandwidth_bps: float
+    latency_s: float = 50e-6
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_bps / 8
+
+
+@dataclass(frozen=True)
+class CodecSpeed:
+    """``t(n) = t0 + per_element · n`` for encode and decode, and the payload size per element."""
+
+    encode_t0: float
+    encode_per_element: float
+    decode_t0: float
+    decode_per_element: float
+    payload_t0: float
+    payload_per_element: float
+
+    def encode_seconds(self, n: int) -> float:
+        return max(0.0, self.encode_t0 + self.encode_per_element * n)
+
+    def decode_seconds(self, n: int) -> float:
+        return max(0.0, self.decode_t0 + self.decode_per_element * n)
+
+    def payload_bytes(self, n: int) -> float:
+        return max(0.0, self.payload_t0 + self.payload_per_element * n)
+
+
+_ZERO = CodecSpeed(0.0, 0.0, 0.0, 0.0, 0.0, 4.0)
+
+
+def _best(f: Any, repeats: int) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _time_codec(codec: Codec, x: np.ndarray, repeats: int) -> tuple[float, float, int]:
+    state = CodecState()
+    buf = encode(x, codec, key="advise", state=state)  # warm-up: compile, page in
+    out = np.empty_like(x)
+    decode(buf, out=out)
+    enc = _best(lambda: encode(x, codec, key="advise", state=state), repeats)
+    dec = _best(lambda: decode(buf, out=out), repeats)
+    return enc, dec, len(memoryview(buf).cast("B"))
+
+
+def _sample(codec: Codec, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if codec.codec_id == "powersgd":
+        side = max(2, int(math.sqrt(n)))
+        return rng.standard_normal((side, max(2, n // side)), dtype=np.float32)
+    return rng.standard_normal(n, dtype=np.float32)
+
+
+def measure_speed(
+    codec: Codec | str | Mapping[str, Any] | None,
+    *,
+    sizes: tuple[int, int] = (1 << 14, 1 << 22),
+    repeats: int = 3,
+    threads: int | None = None,
+) -> CodecSpeed:
+    """Fit ``t(n) = t0 + c·n`` for encode and decode on Gaussian float32 data of two sizes (best of
+    ``repeats``). ``None`` (dense) costs nothing and sends 4 bytes per element."""
+    if codec is None:
+        return _ZERO
+    c = get_codec(codec)  # type: ignore[arg-type]
+    pts = []
+    with kernel_threads(threads):
+        for n in sizes:
+            x = _sample(c, n)
+            pts.append((x.size, *_time_codec(c, x, repeats)))
+    (n0, e0, d0, b0), (n1, e1, d1, b1) = pts
+
+    def line(t0: float, t1: float) -> tuple[float, float]:
+        slope = (t1 - t0) / (n1 - n0)
+        if slope <= 0 or t0 - slope * n0 < 0:  # noise (a busy machine): proportional to size, through 0
+            return 0.0, t1 / n1
+        return t0 - slope * n0, slope
+
+    (et, es), (dt, ds) = line(e0, e1), line(d0, d1)
+    db = (b1 - b0) / (n1 - n0)
+    return CodecSpeed(et, es, dt, ds, b0 - db * n0, db)
+
+
+def collective_of(codec: Codec | Mapping[str, Any] | None, workers: int, mode: str = "auto") -> str:
+    """``"allreduce"`` (dense), or the transport mode the codec runs under on ``workers`` ranks."""
+    if codec is None:
+        return "allreduce"
+    return resolve_mode(get_codec(codec), mode, workers)  # type: ignore[arg-type]
+
+
+def _volume_latency(collective: str, workers: int, nbytes: float, link: Link) -> tuple[float, float]:
+    """(bytes received per rank, latency seconds) of one step."""
+    p = workers
+    if p <= 1:
+        return 0.0, 0.0
+    if collective == "gather":
+        return (p - 1) * nbytes, (p - 1) * link.latency_s
+    rounds = 2 if collective == "powersgd" else 1
+    return 2 * (p - 1) / p * nbytes, rounds * 2 * (p - 1) * link.latency_s
+
+
+def comm_seconds(collective: str, workers: int, nbytes: float, link: Link) -> float:
+    """Predicted communication seconds of one step (the table of the module docstring)."""
+    v, lat = _volume_latency(collective, workers, nbytes, link)
+    return lat + v / link.bytes_per_s
+
+
+def compute_seconds(collective: str, workers: int, enc: float, dec: float) -> float:
+    """Encode and decode seconds a collective adds per step (module docstring)."""
+    if collective == "allreduce":
+        return 0.0
+    if collective == "gather":
+        return enc + workers * dec
+    if collective == "two_phase":
+        return (1 + 1 / workers) * enc + 2 * dec
+    return enc + dec
+
+
+def break_even_bps(
+    collective: str, workers: int, nbytes: float, compute: float, dense_bytes: float, link: Link
+) -> float | None:
+    """The bandwidth (bits/s) above which the codec costs more than a dense allreduce, or None when it
+    always pays (no extra time at any bandwidth) or never does (no fewer bytes on the wire)."""
+    v, lat = _volume_latency(collective, workers, nbytes, link)
+    vd, latd = _volume_latency("allreduce", workers, dense_bytes, link)
+    extra = compute + lat - latd
+    if v >= vd:
+        return None  # never pays (and never saves bytes)
+    if extra <= 0:
+        return None  # always pays
+    return 8 * (vd - v) / extra
+
+
+def predict(
+    codec: Codec | Mapping[str, Any] | None,
+    speed: CodecSpeed,
+    tensors: Sequence[tuple[int, ...]],
+    workers: int,
+    link: Link,
+    *,
+    mode: str = "auto",
+    dense_tensors: Sequence[tuple[int, ...]] = (),
+    error_feedback: bool = False,
+) -> dict[str, Any]:
+    """The cost of one step for ``tensors`` (shapes; each encoded on its own) under ``codec``.
+
+    ``dense_tensors`` (biases, small tensors a policy keeps dense) travel in a dense allreduce in
+    every case and are added to both the codec's and the baseline's time. With ``error_feedback``,
+    each encode also decodes its payload to keep the residual (``T_enc + T_dec`` per encode).
+    """
+    cfg = None if codec is None else get_codec(codec).get_config()  # type: ignore[arg-type]
+    coll = collective_of(cfg, workers, mode)
+    numels = [int(np.prod(s)) for s in tensors]
+    raw = 4.0 * sum(numels)
+    if cfg is None:
+        payload = raw
+        enc = dec = 0.0
+    else:
+        payload = sum(speed.payload_bytes(n) for n in numels)
+        enc = sum(speed.encode_seconds(n) for n in numels)
+        dec = sum(speed.decode_seconds(n) for n in numels)
+        if coll == "powersgd":
+            payload = 0.0
+            r = int(cfg.get("rank", 4))
+            for s in tensors:
+                m = int(s[0])
+                k = int(np.prod(s[1:])) if len(s) > 1 else 1
+                payload += 4.0 * (m + k) * min(r, m, k)
+    dense_extra = 4.0 * sum(int(np.prod(s)) for s in dense_tensors)
+    base = comm_seconds("allreduce", workers, raw + dense_extra, link)
+    if cfg is None:
+        comm = base
+    else:  # the dense tensors go in their own allreduce, next to the codec's collective
+        comm = comm_seconds(coll, workers, payload, link)
+        if dense_extra:
+            comm += comm_seconds("allreduce", workers, dense_extra, link)
+    if error_feedback and cfg is not None and coll != "powersgd":
+        enc += dec  # the residual is (x + e) minus the decoded payload
+    compute = compute_seconds(coll, workers, enc, dec)
+    wire, _ = _volume_latency(coll, workers, payload, link)
+    wire_dense, _ = _volume_latency("allreduce", workers, dense_extra, link)
+    return {
+        "codec": cfg,
+        "name": "none (fp32 allreduce)" if cfg is None else _label(cfg),
+        "collective": coll,
+        "workers": workers,
+        "numel": sum(numels),
+        "payload_bytes": round(payload),
+        "wire_bytes": round(wire + wire_dense),
+        "ratio": payload / raw if raw else 1.0,
+        "encode_seconds": enc,
+        "decode_seconds": dec,
+        "compute_seconds": compute,
+        "comm_seconds": comm,
+        "step_seconds": comm + compute,
+        "baseline_seconds": base,
+        "saving_seconds": base - (comm + compute),
+        "break_even_bps": None if cfg is None else break_even_bps(coll, workers, payload, compute, raw, link),
+    }
+
+
+def _label(cfg: Mapping[str, Any]) -> str:
+    keep = {k: v for k, v in cfg.items() if k in ("bits", "levels", "ratio", "rank")}
+    return cfg["id"] + ("" if not keep else " " + " ".join(f"{k}={v}" for k, v in keep.items()))
+
+
+def model_shapes(params: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) from a parameter list: ``{name: shape}``, ``[[name, shape], ...]`` or
+    ``[{"name": ..., "shape": [...]}, ...]`` (what ``json.dump({n: list(p.shape) for n, p in
+    model.named_parameters()})`` writes)."""
+    items: Iterable[Any] = params.items() if isinstance(params, Mapping) else params
+    out = []
+    for i, it in enumerate(items):
+        if isinstance(it, Mapping):
+            name, shape = it.get("name", f"param{i}"), it.get("shape")
+        else:
+            name, shape = it
+        if isinstance(shape, int):
+            shape = [shape]
+        if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ConfigError(f"parameter {name!r}: shape must be a list of non-negative ints, not {shape!r}")
+        out.append((str(name), tuple(int(d) for d in shape)))
+    if not out:
+        raise ConfigError("the parameter list is empty")
+    return out
+
+
+def advise(
+    *,
+    numel: int | None = None,
+    model: Any = None,
+    bandwidth: str | float = "1Gbit",
+    workers: int = 2,
+    latency_s: float = 50e-6,
+    candidates: Sequence[Any] = DEFAULT_CANDIDATES,
+    mode: str = "auto",
+    min_numel: int = 1024,
+    threads: int | None = None,
+    repeats: int = 3,
+    speeds: Mapping[str, CodecSpeed] | None = None,
+    error_feedback: bool = False,
+) -> list[dict[str, Any]]:
+    """One prediction per candidate codec (see :func:`predict`), measuring each codec's speed here.
+
+    Give ``numel`` (one flat tensor, as the DDP hook sends a bucket) or ``model`` (a parameter list,
+    see :func:`model_shapes`: tensors under ``min_numel`` elements and 1-D tensors stay dense, as the
+    default policy keeps them). PowerSGD needs matrices, so it is priced for ``model`` only.
+    """
+    if (numel is None) == (model is None):
+        raise ConfigError("give numel or model, not both or neither")
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an int >= 1, not {workers!r}")
+    link = Link(parse_bandwidth(bandwidth), latency_s)
+    if numel is not None:
+        if int(numel) < 1:
+            raise ConfigError(f"numel must be >= 1, not {numel}")
+        tensors: list[tuple[int, ...]] = [(int(numel),)]
+        dense: list[tuple[int, ...]] = []
+    else:
+        shapes = model_shapes(model)
+        tensors = [s for _, s in shapes if len(s) >= 2 and int(np.prod(s)) >= min_numel]
+        dense = [s for _, s in shapes if not (len(s) >= 2 and int(np.prod(s)) >= min_numel)]
+    out = []
+    for cand in candidates:
+        cfg = None if cand is None else get_codec(cand).get_config()
+        if cfg is not None and cfg["id"] == "powersgd" and (model is None or not tensors):
+            continue
+        key = json.dumps(cfg, sort_keys=True)
+        speed = (speeds or {}).get(key) or measure_speed(cfg, threads=threads, repeats=repeats)
+        out.append(
+            predict(cfg, speed, tensors, workers, link, mode=mode, dense_tensors=dense, error_feedback=error_feedback)
+        )
+    return out
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], bandwidth_bps: float, workers: int) -> str:
+    """The human-readable table ``gcodec advise`` prints."""
+
+    def bw(v: float | None, pays: bool) -> str:
+        if v is None:
+            return "always" if pays else "never"
+        return f"{v / 1e9:.3g} Gbit/s" if v >= 1e9 else f"{v / 1e6:.3g} Mbit/s"
+
+    lines = [
+        f"{workers} workers, {bandwidth_bps / 1e9:.3g} Gbit/s; baseline: fp32 ring allreduce "
+        f"{rows[0]['baseline_seconds'] * 1e3:.1f} ms per step"
+        if rows
+        else "no candidates",
+        f"{'codec':<27} {'mode':<10} {'wire MB':>9} {'comm ms':>9} {'compute ms':>11} {'saving ms':>10}  break-even",
+    ]
+    for r in rows:
+        pays = r["saving_seconds"] > 0
+        lines.append(
+            f"{r['name']:<27} {r['collective']:<10} {r['wire_bytes'] / 1e6:>9.3f} {r['comm_seconds'] * 1e3:>9.2f} "
+            f"{r['compute_seconds'] * 1e3:>11.2f} {r['saving_seconds'] * 1e3:>10.2f}  "
+            + ("-" if r["codec"] is None else bw(r["break_even_bps"], pays))
+        )
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""The adaptive controller: synthetic timings move it up the ladder on a slow link and back down on
+a fast one; quality bounds close rungs; a 2-rank mpiexec run switches at the same step on every rank
+while the loss keeps falling."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gcodec.adaptive import DEFAULT_LADDER, AdaptiveController
+from gcodec.advise import CodecSpeed
+from gcodec.errors import ConfigError
+from gcodec.transports import Communicator, DoneWork, PolicyState, Work, run_blocking
+
+# Synthetic speeds per rung (seconds per element; bytes per element): fp16 cheap, top-k dearest.
+SPEEDS = {
+    json.dumps(c, sort_keys=True): CodecSpeed(0.0, enc, 0.0, dec, 0.0, b)
+    for c, enc, dec, b in zip(
+        DEFAULT_LADDER,
+        [0.0, 0.2e-9, 0.5e-9, 0.6e-9, 4e-9],
+        [0.0, 0.2e-9, 0.4e-9, 0.5e-9, 1e-9],
+        [4.0, 2.0, 1.07, 0.57, 0.08],
+    )
+}
+SHAPE = (25_000_000,)
+
+
+class FakeComm(Communicator):
+    """p ranks that all measured the same: allreduce max is the identity."""
+
+    rank = 0
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.reductions = 0
+
+    def allreduce(self, arr: np.ndarray, op: str = "sum") -> Work:
+        self.reductions += 1
+        return DoneWork(arr)
+
+    def allgather(self, arr: np.ndarray) -> Work:
+        raise AssertionError("not used")
+
+    def allgatherv(self, buf: np.ndarray, counts: Sequence[int]) -> Work:
+        raise AssertionError("not used")
+
+    def alltoallv(self, bufs: Sequence[np.ndarray], recv_counts: Sequence[int]) -> Work:
+        raise AssertionError("not used")
+
+
+def _ctl(bandwidth: str, **kw) -> AdaptiveController:
+    return AdaptiveController(bandwidth=bandwidth, speeds=SPEEDS, interval=10, warmup_steps=0, **kw)
+
+
+def _rung(ctl: AdaptiveController, workers: int = 4, current: int = 0) -> int:
+    return ctl.choose(ctl.figures("w", int(np.prod(SHAPE))), SHAPE, workers, current)[0]
+
+
+def test_slow_link_moves_to_a_strong_codec() -> None:
+    assert _rung(_ctl("100Mbit")) == 4  # top-k: 100 MB at 12.5 MB/s is seconds; top-k's 0.1 s encode is nothing
+    assert _rung(_ctl("1Gbit")) >= 2
+
+
+def test_fast_link_goes_back_to_fp16_or_none() -> None:
+    assert _rung(_ctl("100Gbit"), current=4) in (0, 1)
+    assert _rung(_ctl("10Tbit"), current=4) == 0
+
+
+def test_hysteresis_keeps_the_current_rung_for_small_gains() -> None:
+    ctl = _ctl("1Gbit", hysteresis=0.99)
+    assert _rung(ctl, current=1) == 1
+
+
+def test_a_rung_out_of_bounds_closes_it_and_every_stronger_one() -> None:
+    ctl = _ctl("100Mbit")
+    ctl.measured["w"] = [{} for _ in DEFAULT_LADDER]
+    ctl.measured["w"][3]["bad"] = 1.0
+    rung, times = ctl.choose(ctl.figures("w", int(np.prod(SHAPE))), SHAPE, 4, 0)
+    assert rung == 2 and times[3] == times[4] == float("inf")
+
+
+def test_low_norm_ratio_without_feedback_marks_the_rung_bad() -> None:
+    ctl = _ctl("100Mbit")
+    rec = {
+        "codec": ctl.ladder[4],
+        "step": 3,
+        "encode_s": 0.1,
+        "decode_s": 0.01,
+        "payload_bytes": 1000,
+        "wire_bytes": 1000,
+        "comm_s": 0.01,
+        "quality": {"norm_ratio": 0.3, "norm": 1.0, "residual_norm": None},
+    }
+    ctl.observe("w", rec, error_feedback=False)
+    assert ctl.measured["w"][4]["bad"] == 1.0
+    for step in range(4, 12):  # healthy samples pull the moving average back over 0.9
+        ctl.observe("w", dict(rec, step=step, quality={"norm_ratio": 1.0, "norm": 1.0, "residual_norm": 5.0}), True)
+    assert ctl.measured["w"][4]["bad"] == 0.0
+    ctl.observe("w", dict(rec, step=12, quality={"norm_ratio": 1.0, "norm": 1.0, "residual_norm": 50.0}), True)
+    assert ctl.measured["w"][4]["bad"] == 1.0  # with feedback, a residual backlog over 20 x the norm
+
+
+def test_decisions_through_select_follow_the_link_and_agree_with_an_allreduce() -> None:
+    ctl = _ctl("100Mbit")
+    ps = PolicyState(ctl)
+    comm = FakeComm(4)
+    got = []
+    for step in range(40):
+        if step == 20:
+            ctl.bandwidth_bps = 1e13
+        got.append(run_blocking(ctl.select(comm, ps, "w", SHAPE, step)))
+    assert got[0] == ctl.ladder[4] and got[19] == got[0]
+    assert got[20] is None and got[39] is None
+    assert comm.reductions == 4  # one per decision step (0, 10, 20, 30), none in between
+    assert [(d["step"], d["from"], d["to"]) for d in ctl.decisions if d["from"] != d["to"]] == [(0, 0, 4), (20, 4, 0)]
+
+
+def test_controller_state_round_trips() -> None:
+    ctl = _ctl("100Mbit")
+    ps = PolicyState(ctl)
+    run_blocking(ctl.select(FakeComm(4), ps, "w", SHAPE, 0))
+    back = _ctl("100Mbit")
+    back.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
+    assert back.level == {"w": 4} and back.state_dict() == ctl.state_dict()
+    with pytest.raises(ConfigError):
+        AdaptiveController(ladder=[None, "fp16"]).load_state_dict({"level": {"w": 4}})
+
+
+@pytest.mark.parametrize("kw", [{"ladder": []}, {"start": 9}, {"interval": 0}, {"bandwidth": "slow"}])
+def test_bad_settings_are_config_errors(kw) -> None:
+    with pytest.raises(ConfigError):
+        AdaptiveController(**kw)
+
+
+@pytest.mark.mpi
+def test_two_mpi_ranks_switch_at_the_same_step_and_the_loss_keeps_falling(tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    root = Path(__file__).resolve().parents[1]
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "GCODEC_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [str(mpiexec), "-n", "2", sys.executable, "-m", "tests.transport_ranks.adaptive_mpi", str(tmp_path)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in res:
+        assert r["ok"], r.get("error")
+    assert res[0]["switches"] == res[1]["switches"] and res[0]["decisions"] == res[1]["decisions"]
+    sw = res[0]["switches"]
+    assert len(sw) >= 2, sw
+    assert sw[0][2] is not None and sw[0][0] == 5  # up the ladder at the first decision (slow link)
+    assert sw[-1][0] == 65 and (sw[-1][2] == "dense" or sw[-1][2]["id"] == "fp16")  # and down after the change
+    losses = res[0]["losses"]
+    assert losses == res[1]["losses"]
+    assert losses[-1] < 1e-2 * losses[0]
+    windows = [np.mean(losses[i : i + 20]) for i in range(0, 120, 20)]
+    assert all(b < a for a, b in itertools.pairwise(windows)), windows

@@ -1,0 +1,91 @@
+"""One gloo rank with a Policy and telemetry on the DDP hook:
+``python -m tests.transport_ranks.policy_torch OUTDIR RANK WORLD PORT``; writes OUTDIR/rank<r>.json."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pickle
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gcodec.torch
+from gcodec.policy import Policy
+from gcodec.telemetry import Telemetry
+
+CHECKS: list[dict] = []
+
+
+def check(name: str, ok: bool, detail: str = "") -> None:
+    CHECKS.append({"name": name, "ok": bool(ok), "detail": detail})
+
+
+def run(rank: int) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 96), torch.nn.Tanh(), torch.nn.Linear(96, 96), torch.nn.Tanh(), torch.nn.Linear(96, 8)
+    )
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(128, 32, generator=g)
+    y = torch.tanh(x @ torch.randn(32, 8, generator=torch.Generator().manual_seed(5)))
+    policy = Policy(
+        [{"name": "0.weight", "codec": "fp16"}, {"name": "4.*", "codec": None}],
+        default={"id": "uniform", "bits": 8},
+        warmup_steps=3,
+        min_numel=64,
+    )
+    records: list[dict] = []
+    tel = Telemetry(every=2, callback=records.append, warn=False)
+    state = gcodec.torch.HookState(policy=policy, start_iter=0, module=model, telemetry=tel)
+    ddp = DDP(model, bucket_cap_mb=0.01)
+    ddp.register_comm_hook(state, gcodec.torch.comm_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.2)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    stats = state.stats()
+    codecs = {v["codec"]["id"] for v in stats.values()}
+    check("loss falls", losses[-1] < 0.5 * losses[0], f"{losses[0]} -> {losses[-1]}")
+    check("fp16 for 0.weight, uniform for 2.weight", codecs == {"fp16", "uniform"}, str(sorted(stats)))
+    check(
+        "biases and the head stay dense", not any("bias" in k or k.startswith("4.") for k in stats), str(sorted(stats))
+    )
+    uq = [v["quality"] for v in stats.values() if v["codec"]["id"] == "uniform"]
+    check("quality in stats", len(uq) == 1 and uq[0]["norm_ratio"] > 0.99 and uq[0]["cosine"] > 0.999, str(uq))
+    check(
+        "callback got samples", len(records) >= 2 * 10 and all(r["step"] % 2 == 0 for r in records), str(len(records))
+    )
+    check("no warning on a healthy run", tel.warnings == [], str(tel.warnings))
+    back = pickle.loads(pickle.dumps(state))
+    check("policy survives pickling", isinstance(back.policy, Policy) and back.policy == policy, repr(back.policy))
+
+
+def main() -> None:
+    outdir, rank, world, port = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=20),
+    )
+    try:
+        run(rank)
+    except Exception:
+        check("no unexpected exception", False, traceback.format_exc())
+    (outdir / f"rank{rank}.json").write_text(json.dumps(CHECKS))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
