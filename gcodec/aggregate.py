@@ -28,12 +28,12 @@ import numpy as np
 
 from . import kernels
 from .api import _checked, write_pending
-from .arrays import BFLOAT16, DTYPES
+from .arrays import BFLOAT16, DTYPES, dtype_name
 from .checksum import crc32c
 from .codecs import compose
 from .codecs.base import Aggregation, EncodeContext
 from .codecs.randomk import RandomK, value_codec
-from .codecs.sparse import decode_values, plan_values
+from .codecs.sparse import decode_values, key_bits, plan_values
 from .errors import ConfigError, FormatError, PayloadValueError
 from .format.container import PREAMBLE_SIZE, PendingTensor, read_payload
 from .limits import get_limits
@@ -145,17 +145,12 @@ def round_values(acc: np.ndarray, values: np.ndarray) -> None:
                 values[...] = acc
 
 
-# exponent bits of the 16-bit types: all ones means infinity or NaN
-_EXP16 = {np.dtype(np.float16): np.uint16(0x7C00), BFLOAT16: np.uint16(0x7F80)}
-
-
 def count_nonfinite(values: np.ndarray) -> int:
-    """How many of ``values`` (any of the four float types) are NaN or infinite (bit tests for the
-    16-bit types, which NumPy would otherwise convert one by one)."""
-    mask = _EXP16.get(values.dtype)
-    if mask is None:
-        return int(values.size - np.count_nonzero(np.isfinite(values)))
-    return int(np.count_nonzero((values.view(np.uint16) & mask) == mask))
+    """How many of ``values`` (any of the four float types, 1-D) are NaN or infinite: one pass of the
+    backend's bit-test kernel (NumPy's ``isfinite`` converts 16-bit values one by one, and its bit
+    masks build temporaries: 50 ms for 4 Mi float16 values on the 2-core VM)."""
+    bits, mask, infkey = key_bits(values.reshape(-1), dtype_name(values.dtype))
+    return int(kernels.of(values).sparse.count_nonfinite(bits, mask, infkey))
 
 
 def sum_payloads(payloads: Sequence[Any], *, checksum: bool = True, out: Any = None) -> memoryview:
