@@ -43,8 +43,10 @@ class Settings:
     start_iter: int = 10
     min_numel: int = 1024
     seed: int = 0
-    #: evaluate on the test set this many times per epoch (the accuracy curves' resolution)
+    #: evaluate on the test set this many times per epoch (the accuracy curves' resolution; 0: never)
     evals_per_epoch: int = 1
+    #: stop after this many steps (0: train every epoch); the link benchmark times a few steps
+    max_steps: int = 0
     #: DDP's bucket size (MB); torch's default is 25
     bucket_cap_mb: float = 25.0
     #: seconds a rank waits for its peers before giving up

@@ -189,8 +189,8 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
     gbatch = s.batch * p
     steps_per_epoch = len(ytr) // gbatch
     total_steps = steps_per_epoch * s.epochs
-    k = max(1, min(s.evals_per_epoch, steps_per_epoch))
-    evals = {round(j * steps_per_epoch / k) for j in range(1, k + 1)}  # steps within an epoch
+    k = min(s.evals_per_epoch, steps_per_epoch)
+    evals = {round(j * steps_per_epoch / k) for j in range(1, k + 1)} if k > 0 else set()  # steps in an epoch
     xte_t, yte_t = torch.from_numpy(xte), torch.from_numpy(yte)
     curve: list[dict[str, float]] = []
     step_times: list[float] = []
@@ -201,8 +201,12 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
     train_s = 0.0
     comm.barrier()
     for epoch in range(s.epochs):
+        if s.max_steps and step >= s.max_steps:
+            break
         order = np.random.default_rng(s.seed * 1000 + epoch).permutation(len(ytr))
         for i in range(steps_per_epoch):
+            if s.max_steps and step >= s.max_steps:
+                break
             idx = order[i * gbatch + r * s.batch : i * gbatch + (r + 1) * s.batch]
             x, y = torch.from_numpy(xtr[idx]), torch.from_numpy(ytr[idx])
             if s.cosine:
@@ -248,6 +252,7 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
     nparams = sum(q.numel() for q in params)
     bytes_per_step = tot["payload_bytes"] / compressed + _wire_bytes_dense(run, params, s)
     modes = sorted({v["mode"] for v in state.stats().values()}) if state is not None else []
+    # steady state: after the dense warm-up and two compressed steps (first-call costs)
     warm = step_times[min(len(step_times) - 1, s.start_iter + 2) :] or step_times
     return {
         **run,
@@ -264,11 +269,13 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
         "decode_ms_mean": 1e3 * tot["decode_s"] / compressed,
         "comm_ms": 1e3 * tot["comm_s"] / compressed,
         "step_ms": 1e3 * float(np.median(warm)),
+        # the dense warm-up steps (before start_iter), first step left out (DDP's bucket rebuild)
+        "warmup_step_ms": 1e3 * float(np.median(step_times[1 : s.start_iter] or step_times)),
         "train_s": train_s,
         "modes": modes,
-        "accuracy": curve[-1]["accuracy"],
-        "test_loss": curve[-1]["test_loss"],
-        "train_loss": curve[-1]["train_loss"],
+        "accuracy": curve[-1]["accuracy"] if curve else None,
+        "test_loss": curve[-1]["test_loss"] if curve else None,
+        "train_loss": curve[-1]["train_loss"] if curve else float(np.mean(losses)),
         "curve": curve,
     }
 

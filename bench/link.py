@@ -1,0 +1,318 @@
+"""Time to accuracy under an emulated link: real gloo ranks whose traffic crosses a token bucket.
+
+    sudo python bench/link.py                         # 100 Mbit/s, 1 Gbit/s, 10 Gbit/s, unlimited
+    sudo python bench/link.py --quick                 # small model, 2 links, 4 contenders
+    sudo python bench/link.py --rates 100mbit,unlimited --markdown docs/link.md --plot docs/link.png
+
+**The link.** A network namespace of our own (``ip netns add gcodec-link-<pid>``) whose loopback is
+set to MTU 1500 and brought up, with a token-bucket qdisc ``tc qdisc add dev lo root tbf rate R
+burst 256kb latency 100ms`` (the burst must exceed the MTU). The ranks start with ``ip netns exec``
+and talk over gloo/TCP to 127.0.0.1 inside that namespace only (``GLOO_SOCKET_IFNAME=lo``); the
+qdisc shapes both directions, since both cross the one loopback device. The namespace is deleted
+on exit, error or Ctrl-C. Needs root (``CAP_NET_ADMIN``) and iproute2; where a namespace cannot
+be created the benchmark says so and exits 0 without results.
+
+**The training** is the demo's with the design guide's model: an MLP 64-2048-2048-10 (4.35 M
+parameters) on the bundled digits, 2 gloo workers, plain SGD with a cosine learning rate.
+Contenders: plain DDP (uncompressed), torch's ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 2),
+and gcodec's hook with several codecs.
+
+**The method.** The trajectory of a run does not depend on the link (same weights, batches and
+arithmetic), only its wall time does. So:
+
+1. with no limit, every contender trains the full schedule once: its accuracy curve gives the steps
+   it needs to reach the *target*, the uncompressed run's final test accuracy (``--target`` to
+   override);
+2. at every rate, every contender trains ``--timed-steps`` steps after the warm-up, and its median
+   step time (forward, backward with the hook, optimizer step) is measured;
+3. time to accuracy at a rate = warm-up steps x that rate's uncompressed step time + the remaining
+   steps to the target x the contender's step time. A contender that never reaches the target in
+   the schedule shows "not reached".
+
+**gcodec advise.** The comparison with ``gcodec advise``'s predicted break-even bandwidths is a hook
+left for the telemetry work: :func:`advise_break_even` returns None until ``gcodec.advise`` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gcodec.demo.launch import run_job  # noqa: E402
+from gcodec.demo.runs import Settings, run_spec  # noqa: E402
+
+RATES = ["100mbit", "1gbit", "10gbit", "unlimited"]
+RATE_BITS = {"100mbit": 100e6, "1gbit": 1e9, "10gbit": 10e9, "unlimited": math.inf}
+
+CONTENDERS: list[dict[str, Any]] = [
+    run_spec("uncompressed (DDP allreduce)", None, False, hook="none"),
+    run_spec("torch fp16_compress_hook", None, False, hook="torch-fp16"),
+    {**run_spec("torch powerSGD_hook r2", None, True, hook="torch-powersgd"), "rank": 2},
+    run_spec("gcodec fp16", {"id": "fp16"}, False),
+    run_spec("gcodec uniform 8", {"id": "uniform", "bits": 8}, False),
+    run_spec("gcodec uniform 4", {"id": "uniform", "bits": 4}, False),
+    run_spec("gcodec sign + EF", {"id": "sign"}, True),
+    run_spec("gcodec top-k 1% + EF", {"id": "topk", "ratio": 0.01}, True),
+    run_spec("gcodec powersgd r2 + EF", {"id": "powersgd", "rank": 2}, True),
+    run_spec(
+        "gcodec top-k 1% + uniform 8 + EF", {"id": "topk", "ratio": 0.01, "values": {"id": "uniform", "bits": 8}}, True
+    ),
+]
+QUICK = [0, 1, 3, 8]  # indices into CONTENDERS for --quick
+
+
+class NoNamespace(RuntimeError):
+    """Network namespaces cannot be created here (not root, no iproute2, or a sandbox)."""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+@contextlib.contextmanager
+def namespace(rate: str) -> Iterator[list[str]]:
+    """A fresh namespace with lo at MTU 1500, up, shaped to ``rate`` ("unlimited": no qdisc).
+    Yields the command prefix that runs a process inside it; always deletes it."""
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        raise NoNamespace("iproute2 (ip, tc) is not installed: apt-get install iproute2")
+    name = f"gcodec-link-{os.getpid()}"
+    try:
+        _ip("netns", "add", name)
+    except subprocess.CalledProcessError as e:
+        raise NoNamespace(f"cannot create a network namespace ({e.stderr.strip()}); run as root") from e
+    try:
+        _ip("netns", "exec", name, "ip", "link", "set", "lo", "mtu", "1500", "up")
+        if rate != "unlimited":
+            subprocess.run(
+                [
+                    *("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate),
+                    *("burst", "256kb", "latency", "100ms"),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+        yield ["ip", "netns", "exec", name]
+    finally:
+        _ip("netns", "del", name, check=False)
+
+
+def advise_break_even(codec: dict[str, Any] | None, params: int, workers: int) -> float | None:
+    """HOOK (gcodec advise): the bandwidth (bit/s) below which ``gcodec advise`` predicts that
+    ``codec`` beats uncompressed allreduce, for comparison with the measured crossover.
+
+    Returns None until the telemetry/policy work lands ``gcodec.advise``; wire its prediction in here
+    (one call per codec), and the table and plot pick it up.
+    """
+    try:
+        import gcodec.advise as advise  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    fn = getattr(advise, "break_even_bandwidth", None)
+    if fn is None or codec is None:
+        return None
+    try:
+        return float(fn(codec, numel=params, workers=workers))
+    except Exception:
+        return None
+
+
+def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
+    for c in curve:
+        if c["accuracy"] >= target - 1e-9:
+            return int(c["step"])
+    return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    contenders = [CONTENDERS[i] for i in QUICK] if args.quick else CONTENDERS
+    hidden = [256, 256] if args.quick else [2048, 2048]
+    env = {"GLOO_SOCKET_IFNAME": "lo"}
+    base = Settings(hidden=hidden, epochs=args.epochs, evals_per_epoch=2, start_iter=args.warmup)
+    t0 = time.perf_counter()
+    print(f"accuracy runs (no limit): {len(contenders)} contenders, {args.epochs} epochs", file=sys.stderr)
+    with namespace("unlimited") as prefix:
+        acc = run_job(contenders, base, args.workers, prefix=prefix, env=env)["runs"]
+    ok = {r["label"]: r for r in acc if r.get("ok")}
+    base_run = ok.get(contenders[0]["label"])
+    target = args.target if args.target else (base_run["accuracy"] if base_run else 0.9)
+    timed: dict[str, dict[str, Any]] = {}
+    for rate in args.rates:
+        print(f"timing at {rate}: {args.timed_steps} steps per contender", file=sys.stderr, flush=True)
+        s = Settings(hidden=hidden, epochs=1, evals_per_epoch=0, start_iter=2, max_steps=2 + 2 + args.timed_steps)
+        with namespace(rate) as prefix:
+            timed[rate] = {r["label"]: r for r in run_job(contenders, s, args.workers, prefix=prefix, env=env)["runs"]}
+    rows = []
+    for c in contenders:
+        a = ok.get(c["label"])
+        n = steps_to(a["curve"], target) if a else None
+        row: dict[str, Any] = {
+            "label": c["label"],
+            "codec": c["codec"],
+            "hook": c["hook"],
+            "accuracy": a["accuracy"] if a else None,
+            "steps_to_target": n,
+            "bytes_per_step": a["bytes_per_step"] if a else None,
+            "bits_per_element": a["bits_per_element"] if a else None,
+            "advise_break_even_bps": advise_break_even(c["codec"], a["params"] if a else 0, args.workers),
+            "rates": {},
+        }
+        for rate in args.rates:
+            t = timed[rate].get(c["label"], {})
+            dense = timed[rate].get(contenders[0]["label"], {}).get("step_ms")
+            step_ms = t.get("step_ms") if t.get("ok") else None
+            tta = None
+            if n is not None and step_ms is not None and dense is not None:
+                w = min(n, base.start_iter)
+                tta = (w * dense + (n - w) * step_ms) / 1e3
+            row["rates"][rate] = {"step_ms": step_ms, "time_to_target_s": tta, "error": t.get("error")}
+        rows.append(row)
+    return {
+        "model": f"MLP 64-{'-'.join(map(str, hidden))}-10",
+        "params": next((r["params"] for r in acc if r.get("ok")), None),
+        "workers": args.workers,
+        "epochs": args.epochs,
+        "target": target,
+        "rates": args.rates,
+        "elapsed_s": time.perf_counter() - t0,
+        "rows": rows,
+    }
+
+
+def _fmt_s(v: float | None) -> str:
+    return "not reached" if v is None else f"{v:.1f} s"
+
+
+def markdown(res: dict[str, Any]) -> str:
+    rates = res["rates"]
+    head = ["contender", "bits/el", "final acc", "steps to target"]
+    head += [f"step ms @ {r}" for r in rates] + [f"time to target @ {r}" for r in rates]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for r in res["rows"]:
+        cells = [
+            r["label"],
+            "" if r["bits_per_element"] is None else f"{r['bits_per_element']:.2f}",
+            "" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f} %",
+            "not reached" if r["steps_to_target"] is None else str(r["steps_to_target"]),
+        ]
+        cells += ["" if r["rates"][q]["step_ms"] is None else f"{r['rates'][q]['step_ms']:.0f}" for q in rates]
+        cells += [_fmt_s(r["rates"][q]["time_to_target_s"]) for q in rates]
+        lines.append("| " + " | ".join(cells) + " |")
+    best = []
+    for q in rates:
+
+        def tta(r: dict[str, Any], q: str = q) -> float:
+            v = r["rates"][q]["time_to_target_s"]
+            return math.inf if v is None else v
+
+        g = min((r for r in res["rows"] if r["hook"] == "gcodec"), key=tta, default=None)
+        t = min((r for r in res["rows"] if r["hook"].startswith("torch-")), key=tta, default=None)
+        if g and t and math.isfinite(tta(g)) and math.isfinite(tta(t)):
+            best.append(
+                f"- {q}: best gcodec {g['label']} {tta(g):.1f} s, best torch hook {t['label']} {tta(t):.1f} s "
+                f"({tta(g) / tta(t):.2f}x)"
+            )
+    advise = [r for r in res["rows"] if r["advise_break_even_bps"] is not None]
+    note = (
+        "\n".join(
+            f"- {r['label']}: gcodec advise predicts break-even at {r['advise_break_even_bps'] / 1e9:.2f} Gbit/s"
+            for r in advise
+        )
+        if advise
+        else "- gcodec advise: not available yet (hook `advise_break_even` in bench/link.py)"
+    )
+    return (
+        f"{res['model']} ({res['params']:,} parameters), {res['workers']} gloo workers, target accuracy "
+        f"{100 * res['target']:.1f} % (the uncompressed run's final), {res['elapsed_s'] / 60:.1f} min\n\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + "\n".join(best)
+        + "\n"
+        + note
+        + "\n"
+    )
+
+
+def plot(res: dict[str, Any], path: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install 'gcodec[bench]')"
+    rates = res["rates"]
+    xs = [RATE_BITS[q] if math.isfinite(RATE_BITS[q]) else 100e9 for q in rates]
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    for r in res["rows"]:
+        ys = [r["rates"][q]["time_to_target_s"] for q in rates]
+        pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+        if pts:
+            style = "--" if r["hook"].startswith("torch") else ("-" if r["hook"] == "gcodec" else ":")
+            ax.plot(*zip(*pts), style, marker="o", label=r["label"], lw=2.2 if r["hook"] == "none" else 1.2)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [q if q != "unlimited" else "no limit" for q in rates])
+    ax.set_xlabel("link rate (token bucket on the namespace's loopback)")
+    ax.set_ylabel(f"time to {100 * res['target']:.1f} % test accuracy (s)")
+    ax.set_title(f"{res['model']}, {res['workers']} gloo workers")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rates", type=lambda s: s.split(","), default=RATES, help="comma-separated, e.g. 1gbit,unlimited")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=10, help="uncompressed steps before compression starts")
+    ap.add_argument("--timed-steps", type=int, default=6)
+    ap.add_argument("--target", type=float, default=None, help="accuracy to reach (default: uncompressed final)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="MLP 64-256-256-10, 4 contenders, 1gbit and unlimited")
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--markdown", metavar="FILE")
+    ap.add_argument("--plot", metavar="FILE")
+    args = ap.parse_args(argv)
+    for q in args.rates:
+        if q not in RATE_BITS:
+            ap.error(f"unknown rate {q!r}: use {', '.join(RATES)}")
+    if args.quick:
+        args.rates, args.epochs, args.timed_steps = ["1gbit", "unlimited"], 2, 3
+    try:
+        res = run(args)
+    except NoNamespace as e:
+        print(f"bench/link.py: skipped: {e}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"skipped": str(e)}))
+        return 0
+    md = markdown(res)
+    print(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    if args.plot:
+        why = plot(res, args.plot)
+        print(why or f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
