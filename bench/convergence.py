@@ -1,7 +1,7 @@
 """Convergence study: every codec at its usual setting, with and without error feedback, several seeds.
 
     python bench/convergence.py                       # 3 seeds, 12 epochs (~10 min on 2 busy cores)
-    python bench/convergence.py --quick               # 1 seed, 2 epochs, 3 codecs: a smoke run
+    python bench/convergence.py --quick               # 1 seed, 2 epochs, 2 codecs: a smoke run
     python bench/convergence.py --seeds 5 --epochs 20 --markdown docs/convergence.md --plot docs/convergence.png
 
 The training is the demo's (``gcodec demo``): the MLP 64-256-256-10 on the bundled UCI digits, 2 real
@@ -48,7 +48,7 @@ CODECS: list[tuple[str, dict[str, Any]]] = [
 
 def specs(quick: bool) -> list[dict[str, Any]]:
     out = [run_spec("uncompressed", None, False)]
-    for name, cfg in CODECS[:3] if quick else CODECS:
+    for name, cfg in CODECS[:2] if quick else CODECS:
         out.append(run_spec(name, cfg, False))
         out.append(run_spec(name + " + EF", cfg, True))
     return out
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="1 seed, 2 epochs, 3 codecs")
+    ap.add_argument("--quick", action="store_true", help="1 seed, 2 epochs, 2 codecs")
     ap.add_argument("--json", metavar="FILE", help="write every run of every seed")
     ap.add_argument("--markdown", metavar="FILE", help="write the table (Markdown)")
     ap.add_argument("--plot", metavar="FILE", help="write the training-loss curves (PNG)")
