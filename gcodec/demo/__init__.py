@@ -58,7 +58,7 @@ __all__ = [
 
 
 def demo_settings(quick: bool = False) -> Settings:
-    """The demo's settings; ``quick`` (the tests) trains 6 epochs instead of 8."""
+    """The demo's settings; ``quick`` (the tests) trains 6 epochs instead of 12."""
     return Settings(epochs=6) if quick else Settings()
 
 

@@ -29,7 +29,7 @@ class Settings:
 
     #: hidden layer widths of the MLP 64 -> hidden... -> 10 (ReLU)
     hidden: list[int] = field(default_factory=lambda: [256, 256])
-    epochs: int = 8
+    epochs: int = 12
     #: examples per worker per step (the global batch is batch * workers)
     batch: int = 32
     #: plain SGD by default: error feedback's guarantees (Karimireddy et al. 2019) are for SGD, and
