@@ -131,6 +131,7 @@ def plot(result: dict[str, Any], path: str) -> str | None:
         return "no plot: matplotlib is not installed (pip install 'gcodec[bench]')"
     labels = [r["label"] for r in result["jobs"][0]["runs"]]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), dpi=100, sharey=True)
+    colors = plt.get_cmap("tab20")
     for ax, ef in zip(axes, (False, True)):
         for label in labels:
             if label != "uncompressed" and label.endswith("+ EF") != ef:
@@ -142,13 +143,10 @@ def plot(result: dict[str, Any], path: str) -> str | None:
             n = min(len(c) for c in curves)
             x = [curves[0][i]["epoch"] for i in range(n)]
             y = [statistics.mean(c[i]["train_loss"] for c in curves) for i in range(n)]
-            ax.plot(
-                x,
-                y,
-                label=label,
-                lw=2.4 if label == "uncompressed" else 1.2,
-                color="k" if label == "uncompressed" else None,
-            )
+            if label == "uncompressed":
+                ax.plot(x, y, "k--", label=label, lw=2.0, zorder=10)
+            else:
+                ax.plot(x, y, label=label, lw=1.2, color=colors(len(ax.lines) % 20))
         ax.set_yscale("log")
         ax.set_xlabel("epoch")
         ax.set_title("with error feedback" if ef else "without error feedback")
@@ -170,9 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write every run of every seed")
     ap.add_argument("--markdown", metavar="FILE", help="write the table (Markdown)")
     ap.add_argument("--plot", metavar="FILE", help="write the training-loss curves (PNG)")
+    ap.add_argument("--from-json", metavar="FILE", help="re-make the table and plot from an earlier --json")
     args = ap.parse_args(argv)
     seeds, epochs = (1, 2) if args.quick else (args.seeds, args.epochs)
-    result = run(seeds, epochs, args.quick, args.workers)
+    if args.from_json:
+        result = json.loads(Path(args.from_json).read_text())
+    else:
+        result = run(seeds, epochs, args.quick, args.workers)
     rows = summarise(result)
     result["summary"] = rows
     md = markdown(result, rows)

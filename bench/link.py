@@ -284,7 +284,7 @@ def plot(res: dict[str, Any], path: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rates", type=lambda s: s.split(","), default=RATES, help="comma-separated, e.g. 1gbit,unlimited")
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=10, help="uncompressed steps before compression starts")
     ap.add_argument("--timed-steps", type=int, default=6)
     ap.add_argument("--target", type=float, default=None, help="accuracy to reach (default: uncompressed final)")

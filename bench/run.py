@@ -47,10 +47,11 @@ def commands(quick: bool, out: Path, docs: Path | None) -> dict[str, list[list[s
     """name -> the command lines it runs ({out}, {docs} resolved)."""
     py = sys.executable
     mpiexec = shutil.which("mpiexec") or str(Path(py).parent / "mpiexec")
-    conv_md = (
-        ["--markdown", str(docs / "convergence_table.md"), "--plot", str(docs / "convergence.png")] if docs else []
-    )
-    link_md = ["--markdown", str(docs / "link_table.md"), "--plot", str(docs / "link.png")] if docs else []
+    # the convergence and link tables and plots in docs/ come from full runs only
+    conv_md = ["--markdown", str(docs / "convergence_table.md"), "--plot", str(docs / "convergence.png")]
+    link_md = ["--markdown", str(docs / "link_table.md"), "--plot", str(docs / "link.png")]
+    if docs is None or quick:
+        conv_md = link_md = []
     rd_png = str(docs / "rate_distortion.png") if docs else str(out / "rate_distortion.png")
     if quick:
         return {
@@ -145,44 +146,44 @@ def main(argv: list[str] | None = None) -> int:
             {"name": name, "commands": cmds[name], "rc": rc, "seconds": dt, "stdout": str(out / f"{name}.txt")}
         )
     total = time.perf_counter() - t_all
-    (out / "summary.json").write_text(
-        json.dumps({"quick": args.quick, "machine": machine(), "seconds": total, "benchmarks": summary}, indent=1)
-    )
+    # summary.json accumulates: a benchmark run again replaces its entry, the others stay
+    path = out / "summary.json"
+    previous = json.loads(path.read_text()).get("benchmarks", []) if path.exists() else []
+    for s in summary:
+        s.update(machine=machine(), date=time.strftime("%Y-%m-%d"), quick=args.quick)
+    merged = {s["name"]: s for s in previous if Path(s.get("stdout", "")).exists()}
+    merged.update({s["name"]: s for s in summary})
+    order = [n for n in cmds if n in merged]
+    path.write_text(json.dumps({"seconds_last_run": total, "benchmarks": [merged[n] for n in order]}, indent=1))
     if docs is not None:
-        write_docs(docs, summary, args.quick)
+        write_docs(docs, [merged[n] for n in order])
     print(f"{len(summary)} benchmarks in {total:.1f} s; results in {out}")
     return 0 if all(s["rc"] == 0 for s in summary) else 1
 
 
-def write_docs(docs: Path, summary: list[dict[str, Any]], quick: bool) -> None:
+def write_docs(docs: Path, summary: list[dict[str, Any]]) -> None:
     """docs/benchmarks.md: every benchmark's output with the command that produced it."""
     lines = [
         "# Benchmark results",
         "",
-        f"Produced by `python bench/run.py{' --quick' if quick else ''}` on {machine()}, "
-        f"{time.strftime('%Y-%m-%d')}. Each section shows the command and its output as printed.",
+        "Written by `python bench/run.py` (see the [user guide](guide.md), section 6). Each section shows the",
+        "commands, the machine and date of its run, and the output as printed. The convergence and link",
+        "studies are explained in [Convergence](convergence.md) and [Link benchmark](link.md).",
         "",
     ]
+
+    def show(c: str) -> str:
+        if c == sys.executable:
+            return "python"
+        return os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c
+
     for s in summary:
-        cmds = "\n".join(
-            " ".join(
-                "python" if c == sys.executable else os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c
-                for c in cmd
-            )
-            for cmd in s["commands"]
-        )
-        lines += [
-            f"## {s['name']}",
-            "",
-            "```sh",
-            cmds,
-            "```",
-            "",
-            "```text",
-            Path(s["stdout"]).read_text().strip(),
-            "```",
-            "",
-        ]
+        cmds = "\n".join(" ".join(show(c) for c in cmd) for cmd in s["commands"])
+        note = f"{s.get('date', '')}, {s.get('machine', '')}, {s['seconds']:.0f} s"
+        note += " (--quick)" if s.get("quick") else ""
+        status = "" if s["rc"] == 0 else f" (exit status {s['rc']})"
+        lines += [f"## {s['name']}{status}", "", note, "", "```sh", cmds, "```", "", "```text"]
+        lines += [Path(s["stdout"]).read_text().strip(), "```", ""]
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "benchmarks.md").write_text("\n".join(lines))
 
