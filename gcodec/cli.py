@@ -434,6 +434,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
+    import importlib.util
+
+    missing = [m for m in ("torch", *(() if args.no_progress else ("tqdm",))) if importlib.util.find_spec(m) is None]
+    if args.mpi and importlib.util.find_spec("mpi4py") is None:
+        missing.append("mpi4py")
+    if missing:
+        raise UsageError(f"the demo needs {', '.join(missing)}: pip install 'gcodec[demo]'")
     try:
         result = run_demo(workers=args.workers, mpi=args.mpi, quick=args.quick, progress=not args.no_progress)
     except LaunchError as e:
