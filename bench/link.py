@@ -23,9 +23,9 @@ arithmetic), only its wall time does. So:
 1. through the last rate's link (no limit by default), every contender trains the full schedule
    once: its accuracy curve gives the steps it needs to reach the *target*, the uncompressed run's
    final test accuracy (``--target`` to override);
-2. at every other rate, every contender trains ``--timed-steps`` steps after a 2-step warm-up, and
-   its median step time (forward, backward with the hook, optimizer step) is measured; the runs of
-   step 1 go through the last rate's link (by default no limit) and give that rate's step times;
+2. at every rate, every contender trains ``--timed-steps`` steps after a 2-step warm-up, and its
+   median step time (forward, backward with the hook, optimizer step) is measured, all contenders
+   of a rate in one short job (with ``--quick``, the runs of step 1 give the one rate's timings);
 3. time to accuracy at a rate = warm-up steps x that rate's uncompressed step time + the remaining
    steps to the target x the contender's step time. A contender that never reaches the target in
    the schedule shows "not reached".
@@ -144,25 +144,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = {"GLOO_SOCKET_IFNAME": "lo"}
     base = Settings(hidden=hidden, epochs=args.epochs, evals_per_epoch=2, start_iter=args.warmup)
     t0 = time.perf_counter()
-    # The accuracy runs go through the last rate's link (by default "unlimited"): their trajectory
-    # does not depend on it, and their step times are that rate's timings.
     last = args.rates[-1]
-    print(f"accuracy runs at {last}: {len(contenders)} contenders, {args.epochs} epochs", file=sys.stderr)
-    with namespace(last) as prefix:
-        acc = run_job(contenders, base, args.workers, prefix=prefix, env=env)["runs"]
-    ok = {r["label"]: r for r in acc if r.get("ok")}
-    base_run = ok.get(contenders[0]["label"])
-    target = args.target if args.target else (base_run["accuracy"] if base_run else 0.9)
-    timed: dict[str, dict[str, Any]] = {last: {r["label"]: r for r in acc}}
-    for rate in args.rates[:-1]:
+    info: dict[str, dict[str, Any]] = {}  # per contender: accuracy, steps to target, bytes
+    timed: dict[str, dict[str, Any]] = {}
+    if args.accuracy_from:  # reuse the accuracy runs of an earlier --json (same contenders and schedule)
+        prev = json.loads(Path(args.accuracy_from).read_text())
+        target = float(prev["target"])
+        info = {r["label"]: r for r in prev["rows"] if r["accuracy"] is not None}
+        params = prev["params"]
+    else:
+        # The accuracy runs go through the last rate's link (by default "unlimited"): their
+        # trajectory does not depend on it. With --quick their step times are that rate's timings.
+        print(f"accuracy runs at {last}: {len(contenders)} contenders, {args.epochs} epochs", file=sys.stderr)
+        with namespace(last) as prefix:
+            acc = run_job(contenders, base, args.workers, prefix=prefix, env=env)["runs"]
+        ok = {r["label"]: r for r in acc if r.get("ok")}
+        base_run = ok.get(contenders[0]["label"])
+        target = args.target if args.target else (base_run["accuracy"] if base_run else 0.9)
+        params = next((r["params"] for r in acc if r.get("ok")), None)
+        for label, a in ok.items():
+            info[label] = {**a, "steps_to_target": steps_to(a["curve"], target)}
+        if args.quick:
+            timed[last] = {r["label"]: r for r in acc}
+    # Timing runs: a few steps per contender at every rate, all in one short job per rate, so that
+    # the contenders of one rate are measured minutes apart at most (the machine is shared).
+    for rate in args.rates:
+        if rate in timed:
+            continue
         print(f"timing at {rate}: {args.timed_steps} steps per contender", file=sys.stderr, flush=True)
         s = Settings(hidden=hidden, epochs=1, evals_per_epoch=0, start_iter=2, max_steps=2 + 2 + args.timed_steps)
         with namespace(rate) as prefix:
             timed[rate] = {r["label"]: r for r in run_job(contenders, s, args.workers, prefix=prefix, env=env)["runs"]}
     rows = []
     for c in contenders:
-        a = ok.get(c["label"])
-        n = steps_to(a["curve"], target) if a else None
+        a = info.get(c["label"])
+        n = a["steps_to_target"] if a else None
         row: dict[str, Any] = {
             "label": c["label"],
             "codec": c["codec"],
@@ -171,7 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "steps_to_target": n,
             "bytes_per_step": a["bytes_per_step"] if a else None,
             "bits_per_element": a["bits_per_element"] if a else None,
-            "advise_break_even_bps": advise_break_even(c["codec"], a["params"] if a else 0, args.workers),
+            "advise_break_even_bps": advise_break_even(c["codec"], params or 0, args.workers),
             "rates": {},
         }
         for rate in args.rates:
@@ -186,7 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(row)
     return {
         "model": f"MLP 64-{'-'.join(map(str, hidden))}-10",
-        "params": next((r["params"] for r in acc if r.get("ok")), None),
+        "params": params,
         "workers": args.workers,
         "epochs": args.epochs,
         "target": target,
@@ -286,10 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", type=lambda s: s.split(","), default=RATES, help="comma-separated, e.g. 1gbit,unlimited")
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=10, help="uncompressed steps before compression starts")
-    ap.add_argument("--timed-steps", type=int, default=6)
+    ap.add_argument("--timed-steps", type=int, default=10)
     ap.add_argument("--target", type=float, default=None, help="accuracy to reach (default: uncompressed final)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="MLP 64-256-256-10, 3 contenders, 2 epochs at 1gbit")
+    ap.add_argument("--accuracy-from", metavar="FILE", help="reuse the accuracy runs of an earlier --json")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", metavar="FILE")
     ap.add_argument("--plot", metavar="FILE")
