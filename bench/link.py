@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -111,24 +112,53 @@ def namespace(rate: str) -> Iterator[list[str]]:
         _ip("netns", "del", name, check=False)
 
 
-def advise_break_even(codec: dict[str, Any] | None, params: int, workers: int) -> float | None:
-    """HOOK (gcodec advise): the bandwidth (bit/s) below which ``gcodec advise`` predicts that
-    ``codec`` beats uncompressed allreduce, for comparison with the measured crossover.
+def advise_break_even(
+    codec: dict[str, Any] | None, hidden: list[int], workers: int, error_feedback: bool
+) -> float | None:
+    """HOOK (gcodec advise): the bandwidth (bit/s) above which ``gcodec advise`` predicts that
+    ``codec`` costs more than an uncompressed allreduce of the benchmark's model (``inf``: it always
+    pays; 0: it never does), for comparison with the measured crossover.
 
-    Returns None until the telemetry/policy work lands ``gcodec.advise``; wire its prediction in here
-    (one call per codec), and the table and plot pick it up.
+    Returns None where ``gcodec.advise`` is not installed (it comes with the telemetry/policy work)
+    or cannot price the codec (torch's own hooks, no codec). Uses ``gcodec.advise.advise(model=...)``
+    with the MLP's parameter shapes, this machine's measured codec speeds and the default latency.
     """
+    if codec is None:
+        return None
     try:
-        import gcodec.advise as advise  # type: ignore[import-not-found]
+        from gcodec import advise as adv  # type: ignore[attr-defined]
     except ImportError:
         return None
-    fn = getattr(advise, "break_even_bandwidth", None)
-    if fn is None or codec is None:
-        return None
+    dims = [64, *hidden, 10]
+    shapes = {}
+    for k, (a, b) in enumerate(itertools.pairwise(dims)):
+        shapes[f"{2 * k}.weight"], shapes[f"{2 * k}.bias"] = [b, a], [b]
     try:
-        return float(fn(codec, numel=params, workers=workers))
-    except Exception:
+        rows = adv.advise(
+            model=shapes, bandwidth=1e9, workers=workers, candidates=[codec], error_feedback=error_feedback, repeats=2
+        )
+    except Exception as e:  # an API change on the other side must not sink the benchmark
+        print(f"gcodec advise failed for {codec}: {type(e).__name__}: {e}", file=sys.stderr)
         return None
+    if not rows:
+        return None
+    be = rows[0].get("break_even_bps")
+    if be is None:
+        return math.inf if rows[0].get("saving_seconds", 0) > 0 else 0.0
+    return float(be)
+
+
+def measured_crossover(row: dict[str, Any], base: dict[str, Any], rates: list[str]) -> str:
+    """The rates between which the contender's time to target first exceeds the uncompressed run's."""
+    prev = None
+    for q in sorted(rates, key=lambda r: RATE_BITS[r]):
+        t, b = row["rates"][q]["time_to_target_s"], base["rates"][q]["time_to_target_s"]
+        if t is None or b is None:
+            return "n/a"
+        if t > b:
+            return f"< {q}" if prev is None else f"{prev}..{q}"
+        prev = q
+    return "pays at every rate"
 
 
 def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -187,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "steps_to_target": n,
             "bytes_per_step": a["bytes_per_step"] if a else None,
             "bits_per_element": a["bits_per_element"] if a else None,
-            "advise_break_even_bps": advise_break_even(c["codec"], params or 0, args.workers),
+            "advise_break_even_bps": advise_break_even(c["codec"], hidden, args.workers, c["error_feedback"]),
             "rates": {},
         }
         for rate in args.rates:
@@ -214,6 +244,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _fmt_s(v: float | None) -> str:
     return "not reached" if v is None else f"{v:.1f} s"
+
+
+def _fmt_bps(v: float) -> str:
+    if math.isinf(v):
+        return "pays at any bandwidth"
+    if v == 0:
+        return "never pays"
+    return f"break-even at {v / 1e9:.2f} Gbit/s"
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -245,15 +283,19 @@ def markdown(res: dict[str, Any]) -> str:
                 f"- {q}: best gcodec {g['label']} {tta(g):.1f} s, best torch hook {t['label']} {tta(t):.1f} s "
                 f"({tta(g) / tta(t):.2f}x)"
             )
-    advise = [r for r in res["rows"] if r["advise_break_even_bps"] is not None]
-    note = (
-        "\n".join(
-            f"- {r['label']}: gcodec advise predicts break-even at {r['advise_break_even_bps'] / 1e9:.2f} Gbit/s"
-            for r in advise
+    base = res["rows"][0]
+    cross = [
+        f"- {r['label']}: measured, stops paying {measured_crossover(r, base, rates)}"
+        + (
+            ""
+            if r["advise_break_even_bps"] is None
+            else f"; gcodec advise predicts {_fmt_bps(r['advise_break_even_bps'])}"
         )
-        if advise
-        else "- gcodec advise: not available yet (hook `advise_break_even` in bench/link.py)"
-    )
+        for r in res["rows"][1:]
+    ]
+    if not any(r["advise_break_even_bps"] is not None for r in res["rows"]):
+        cross.append("- gcodec advise: not available here (the hook is `advise_break_even` in bench/link.py)")
+    note = "\n".join(cross)
     return (
         f"{res['model']} ({res['params']:,} parameters), {res['workers']} gloo workers, target accuracy "
         f"{100 * res['target']:.1f} % (the uncompressed run's final), {res['elapsed_s'] / 60:.1f} min\n\n"
@@ -307,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="MLP 64-256-256-10, 3 contenders, 2 epochs at 1gbit")
     ap.add_argument("--accuracy-from", metavar="FILE", help="reuse the accuracy runs of an earlier --json")
+    ap.add_argument(
+        "--from-json", metavar="FILE", help="re-make the table and plot from an earlier --json (and ask gcodec advise)"
+    )
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", metavar="FILE")
     ap.add_argument("--plot", metavar="FILE")
@@ -317,7 +362,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rates, args.epochs, args.timed_steps = ["1gbit"], 2, 3
     try:
-        res = run(args)
+        if args.from_json:
+            res = json.loads(Path(args.from_json).read_text())
+            hidden = [int(h) for h in res["model"].split("-")[1:-1]]
+            for r in res["rows"]:
+                if r.get("advise_break_even_bps") is None:
+                    r["advise_break_even_bps"] = advise_break_even(
+                        r["codec"], hidden, res["workers"], r["label"].endswith("+ EF")
+                    )
+        else:
+            res = run(args)
     except NoNamespace as e:
         print(f"bench/link.py: skipped: {e}")
         if args.json:

@@ -60,4 +60,4 @@ def test_advise_hook_returns_none_until_gcodec_advise_exists():
     try:
         import gcodec.advise  # noqa: F401
     except ImportError:
-        assert link.advise_break_even({"id": "fp16"}, 1000, 2) is None
+        assert link.advise_break_even({"id": "fp16"}, [256], 2, False) is None
