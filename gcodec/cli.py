@@ -433,18 +433,18 @@ def cmd_codecs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+def cmd_tour(args: argparse.Namespace) -> int:
+    from .demo import run_tour
 
     if args.json:
-        result = run_demo(quick=args.quick)
+        result = run_tour(quick=args.quick)
         _print_json(result, sys.stdout)
     else:
 
         def emit(text: str) -> None:
             print(text, flush=True)
 
-        result = run_demo(quick=args.quick, emit=emit)
+        result = run_tour(quick=args.quick, emit=emit)
     failed = [c for c in result["codecs"] if not c["ok"]]
     return EXIT_INVALID if failed and len(failed) == len(result["codecs"]) else EXIT_OK
 
@@ -484,6 +484,44 @@ def cmd_advise(args: argparse.Namespace) -> int:
             json.dump(rows, f, indent=2)
             f.write("\n")
     return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.tour:
+        if not args.json:
+            return cmd_tour(args)
+        from .demo import run_tour
+
+        with open(args.json, "w", encoding="utf-8") as f:
+            _print_json(run_tour(quick=args.quick), f)
+        return EXIT_OK
+    from .demo import demo_table, run_demo, write_plot
+    from .demo.launch import LaunchError
+
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    import importlib.util
+
+    missing = [m for m in ("torch", *(() if args.no_progress else ("tqdm",))) if importlib.util.find_spec(m) is None]
+    if args.mpi and importlib.util.find_spec("mpi4py") is None:
+        missing.append("mpi4py")
+    if missing:
+        raise UsageError(f"the demo needs {', '.join(missing)}: pip install 'gcodec[demo]'")
+    try:
+        result = run_demo(workers=args.workers, mpi=args.mpi, quick=args.quick, progress=not args.no_progress)
+    except LaunchError as e:
+        print(f"gcodec demo: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    for line in demo_table(result):
+        print(line, flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            _print_json(result["runs"], f)
+        print(f"results: {args.json}")
+    if args.plot:
+        why = write_plot(result, args.plot)
+        print(why if why else f"accuracy curves: {args.plot}")
+    return EXIT_OK if all(r.get("ok") for r in result["runs"]) else EXIT_INVALID
 
 
 # --------------------------------------------------------------------------------------------
@@ -545,10 +583,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_codecs)
 
-    p = sub.add_parser("demo", help="tour every codec on real gradients: sizes, errors, speeds, training")
+    p = sub.add_parser(
+        "demo",
+        help="compressed data-parallel training with real worker processes, one run per codec",
+        description="Train an MLP on the bundled handwritten digits with real worker processes (torch DDP over "
+        "gloo, or MPI), once per codec, and compare bits, bytes, encode/decode time and test accuracy.",
+    )
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--mpi", action="store_true", help="run the workers under mpiexec with gcodec.mpi instead of gloo")
+    p.add_argument("--quick", action="store_true", help="fewer epochs (used by the tests)")
+    p.add_argument("--json", metavar="PATH", help="write the results: a list with one object per codec")
+    p.add_argument("--plot", metavar="PATH", help="write the test-accuracy curves as a PNG (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--tour", action="store_true", help="run the codec tour instead (as `gcodec tour`)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("tour", help="tour every codec on real gradients: sizes, errors, speeds, a bundle, training")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds; used by the tests)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_tour)
 
     p = sub.add_parser("advise", help="predict per codec whether compression pays on a link (docs/advise.md)")
     what = p.add_mutually_exclusive_group(required=True)

@@ -68,7 +68,7 @@ def test_unknown_option_is_a_usage_error(capsys):
 def test_help_exits_zero(capsys):
     rc, out, _ = run(capsys, "--help")
     assert rc == 0
-    for cmd in ("inspect", "validate", "encode", "decode", "codecs", "demo"):
+    for cmd in ("inspect", "validate", "encode", "decode", "codecs", "demo", "tour"):
         assert cmd in out
 
 

@@ -1,0 +1,393 @@
+"""Time to accuracy under an emulated link: real gloo ranks whose traffic crosses a token bucket.
+
+    sudo python bench/link.py                         # 100 Mbit/s, 1 Gbit/s, 10 Gbit/s, unlimited
+    sudo python bench/link.py --quick                 # small model, 2 links, 4 contenders
+    sudo python bench/link.py --rates 100mbit,unlimited --markdown docs/link.md --plot docs/link.png
+
+**The link.** A network namespace of our own (``ip netns add gcodec-link-<pid>``) whose loopback is
+set to MTU 1500 and brought up, with a token-bucket qdisc ``tc qdisc add dev lo root tbf rate R
+burst 256kb latency 100ms`` (the burst must exceed the MTU). The ranks start with ``ip netns exec``
+and talk over gloo/TCP to 127.0.0.1 inside that namespace only (``GLOO_SOCKET_IFNAME=lo``); the
+qdisc shapes both directions, since both cross the one loopback device. The namespace is deleted
+on exit, error or Ctrl-C. Needs root (``CAP_NET_ADMIN``) and iproute2; where a namespace cannot
+be created the benchmark says so and exits 0 without results.
+
+**The training** is the demo's with the design guide's model: an MLP 64-2048-2048-10 (4.35 M
+parameters) on the bundled digits, 2 gloo workers, plain SGD with a cosine learning rate.
+Contenders: plain DDP (uncompressed), torch's ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 2),
+and gcodec's hook with several codecs.
+
+**The method.** The trajectory of a run does not depend on the link (same weights, batches and
+arithmetic), only its wall time does. So:
+
+1. through the last rate's link (no limit by default), every contender trains the full schedule
+   once: its accuracy curve gives the steps it needs to reach the *target*, the uncompressed run's
+   final test accuracy (``--target`` to override);
+2. at every rate, every contender trains ``--timed-steps`` steps after a 2-step warm-up, and its
+   median step time (forward, backward with the hook, optimizer step) is measured, all contenders
+   of a rate in one short job (with ``--quick``, the runs of step 1 give the one rate's timings);
+3. time to accuracy at a rate = warm-up steps x that rate's uncompressed step time + the remaining
+   steps to the target x the contender's step time. A contender that never reaches the target in
+   the schedule shows "not reached".
+
+**gcodec advise.** The comparison with ``gcodec advise``'s predicted break-even bandwidths is a hook
+left for the telemetry work: :func:`advise_break_even` returns None until ``gcodec.advise`` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gcodec.demo.launch import run_job  # noqa: E402
+from gcodec.demo.runs import Settings, run_spec  # noqa: E402
+
+RATES = ["100mbit", "1gbit", "10gbit", "unlimited"]
+RATE_BITS = {"100mbit": 100e6, "1gbit": 1e9, "10gbit": 10e9, "unlimited": math.inf}
+
+CONTENDERS: list[dict[str, Any]] = [
+    run_spec("uncompressed (DDP allreduce)", None, False, hook="none"),
+    run_spec("torch fp16_compress_hook", None, False, hook="torch-fp16"),
+    {**run_spec("torch powerSGD_hook r2", None, True, hook="torch-powersgd"), "rank": 2},
+    run_spec("gcodec fp16", {"id": "fp16"}, False),
+    run_spec("gcodec uniform 8", {"id": "uniform", "bits": 8}, False),
+    run_spec("gcodec uniform 4", {"id": "uniform", "bits": 4}, False),
+    run_spec("gcodec sign + EF", {"id": "sign"}, True),
+    run_spec("gcodec top-k 1% + EF", {"id": "topk", "ratio": 0.01}, True),
+    run_spec("gcodec powersgd r2 + EF", {"id": "powersgd", "rank": 2}, True),
+    run_spec(
+        "gcodec top-k 1% + uniform 8 + EF", {"id": "topk", "ratio": 0.01, "values": {"id": "uniform", "bits": 8}}, True
+    ),
+]
+QUICK = [0, 1, 3]  # indices into CONTENDERS for --quick: plain DDP, torch fp16, gcodec fp16
+
+
+class NoNamespace(RuntimeError):
+    """Network namespaces cannot be created here (not root, no iproute2, or a sandbox)."""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+@contextlib.contextmanager
+def namespace(rate: str) -> Iterator[list[str]]:
+    """A fresh namespace with lo at MTU 1500, up, shaped to ``rate`` ("unlimited": no qdisc).
+    Yields the command prefix that runs a process inside it; always deletes it."""
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        raise NoNamespace("iproute2 (ip, tc) is not installed: apt-get install iproute2")
+    name = f"gcodec-link-{os.getpid()}"
+    try:
+        _ip("netns", "add", name)
+    except subprocess.CalledProcessError as e:
+        raise NoNamespace(f"cannot create a network namespace ({e.stderr.strip()}); run as root") from e
+    try:
+        _ip("netns", "exec", name, "ip", "link", "set", "lo", "mtu", "1500", "up")
+        if rate != "unlimited":
+            subprocess.run(
+                [
+                    *("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate),
+                    *("burst", "256kb", "latency", "100ms"),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+        yield ["ip", "netns", "exec", name]
+    finally:
+        _ip("netns", "del", name, check=False)
+
+
+def advise_break_even(
+    codec: dict[str, Any] | None, hidden: list[int], workers: int, error_feedback: bool
+) -> float | None:
+    """HOOK (gcodec advise): the bandwidth (bit/s) above which ``gcodec advise`` predicts that
+    ``codec`` costs more than an uncompressed allreduce of the benchmark's model (``inf``: it always
+    pays; 0: it never does), for comparison with the measured crossover.
+
+    Returns None where ``gcodec.advise`` is not installed (it comes with the telemetry/policy work)
+    or cannot price the codec (torch's own hooks, no codec). Uses ``gcodec.advise.advise(model=...)``
+    with the MLP's parameter shapes, this machine's measured codec speeds and the default latency.
+    """
+    if codec is None:
+        return None
+    try:
+        from gcodec import advise as adv  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    dims = [64, *hidden, 10]
+    shapes = {}
+    for k, (a, b) in enumerate(itertools.pairwise(dims)):
+        shapes[f"{2 * k}.weight"], shapes[f"{2 * k}.bias"] = [b, a], [b]
+    try:
+        rows = adv.advise(
+            model=shapes, bandwidth=1e9, workers=workers, candidates=[codec], error_feedback=error_feedback, repeats=2
+        )
+    except Exception as e:  # an API change on the other side must not sink the benchmark
+        print(f"gcodec advise failed for {codec}: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    if not rows:
+        return None
+    be = rows[0].get("break_even_bps")
+    if be is None:
+        return math.inf if rows[0].get("saving_seconds", 0) > 0 else 0.0
+    return float(be)
+
+
+def measured_crossover(row: dict[str, Any], base: dict[str, Any], rates: list[str]) -> str:
+    """The rates between which the contender's time to target first exceeds the uncompressed run's."""
+    prev = None
+    for q in sorted(rates, key=lambda r: RATE_BITS[r]):
+        t, b = row["rates"][q]["time_to_target_s"], base["rates"][q]["time_to_target_s"]
+        if t is None or b is None:
+            return "n/a"
+        if t > b:
+            return f"< {q}" if prev is None else f"{prev}..{q}"
+        prev = q
+    return "pays at every rate"
+
+
+def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
+    for c in curve:
+        if c["accuracy"] >= target - 1e-9:
+            return int(c["step"])
+    return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    contenders = [CONTENDERS[i] for i in QUICK] if args.quick else CONTENDERS
+    hidden = [256, 256] if args.quick else [2048, 2048]
+    env = {"GLOO_SOCKET_IFNAME": "lo"}
+    base = Settings(hidden=hidden, epochs=args.epochs, evals_per_epoch=2, start_iter=args.warmup)
+    t0 = time.perf_counter()
+    last = args.rates[-1]
+    info: dict[str, dict[str, Any]] = {}  # per contender: accuracy, steps to target, bytes
+    timed: dict[str, dict[str, Any]] = {}
+    if args.accuracy_from:  # reuse the accuracy runs of an earlier --json (same contenders and schedule)
+        prev = json.loads(Path(args.accuracy_from).read_text())
+        target = float(prev["target"])
+        info = {r["label"]: r for r in prev["rows"] if r["accuracy"] is not None}
+        params = prev["params"]
+    else:
+        # The accuracy runs go through the last rate's link (by default "unlimited"): their
+        # trajectory does not depend on it. With --quick their step times are that rate's timings.
+        print(f"accuracy runs at {last}: {len(contenders)} contenders, {args.epochs} epochs", file=sys.stderr)
+        with namespace(last) as prefix:
+            acc = run_job(contenders, base, args.workers, prefix=prefix, env=env)["runs"]
+        ok = {r["label"]: r for r in acc if r.get("ok")}
+        base_run = ok.get(contenders[0]["label"])
+        target = args.target if args.target else (base_run["accuracy"] if base_run else 0.9)
+        params = next((r["params"] for r in acc if r.get("ok")), None)
+        for label, a in ok.items():
+            info[label] = {**a, "steps_to_target": steps_to(a["curve"], target)}
+        if args.quick:
+            timed[last] = {r["label"]: r for r in acc}
+    # Timing runs: a few steps per contender at every rate, all in one short job per rate, so that
+    # the contenders of one rate are measured minutes apart at most (the machine is shared).
+    for rate in args.rates:
+        if rate in timed:
+            continue
+        print(f"timing at {rate}: {args.timed_steps} steps per contender", file=sys.stderr, flush=True)
+        s = Settings(hidden=hidden, epochs=1, evals_per_epoch=0, start_iter=2, max_steps=2 + 2 + args.timed_steps)
+        with namespace(rate) as prefix:
+            timed[rate] = {r["label"]: r for r in run_job(contenders, s, args.workers, prefix=prefix, env=env)["runs"]}
+    rows = []
+    for c in contenders:
+        a = info.get(c["label"])
+        n = a["steps_to_target"] if a else None
+        row: dict[str, Any] = {
+            "label": c["label"],
+            "codec": c["codec"],
+            "hook": c["hook"],
+            "accuracy": a["accuracy"] if a else None,
+            "steps_to_target": n,
+            "bytes_per_step": a["bytes_per_step"] if a else None,
+            "bits_per_element": a["bits_per_element"] if a else None,
+            "advise_break_even_bps": advise_break_even(c["codec"], hidden, args.workers, c["error_feedback"]),
+            "rates": {},
+        }
+        for rate in args.rates:
+            t = timed[rate].get(c["label"], {})
+            dense = timed[rate].get(contenders[0]["label"], {}).get("step_ms")
+            step_ms = t.get("step_ms") if t.get("ok") else None
+            tta = None
+            if n is not None and step_ms is not None and dense is not None:
+                w = min(n, base.start_iter)
+                tta = (w * dense + (n - w) * step_ms) / 1e3
+            row["rates"][rate] = {"step_ms": step_ms, "time_to_target_s": tta, "error": t.get("error")}
+        rows.append(row)
+    return {
+        "model": f"MLP 64-{'-'.join(map(str, hidden))}-10",
+        "params": params,
+        "workers": args.workers,
+        "epochs": args.epochs,
+        "target": target,
+        "rates": args.rates,
+        "elapsed_s": time.perf_counter() - t0,
+        "rows": rows,
+    }
+
+
+def _fmt_s(v: float | None) -> str:
+    return "not reached" if v is None else f"{v:.1f} s"
+
+
+def _fmt_bps(v: float) -> str:
+    if math.isinf(v):
+        return "pays at any bandwidth"
+    if v == 0:
+        return "never pays"
+    return f"break-even at {v / 1e9:.2f} Gbit/s"
+
+
+def markdown(res: dict[str, Any]) -> str:
+    rates = res["rates"]
+    head = ["contender", "bits/el", "final acc", "steps to target"]
+    head += [f"step ms @ {r}" for r in rates] + [f"time to target @ {r}" for r in rates]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for r in res["rows"]:
+        cells = [
+            r["label"],
+            "" if r["bits_per_element"] is None else f"{r['bits_per_element']:.2f}",
+            "" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f} %",
+            "not reached" if r["steps_to_target"] is None else str(r["steps_to_target"]),
+        ]
+        cells += ["" if r["rates"][q]["step_ms"] is None else f"{r['rates'][q]['step_ms']:.0f}" for q in rates]
+        cells += [_fmt_s(r["rates"][q]["time_to_target_s"]) for q in rates]
+        lines.append("| " + " | ".join(cells) + " |")
+    best = []
+    for q in rates:
+
+        def tta(r: dict[str, Any], q: str = q) -> float:
+            v = r["rates"][q]["time_to_target_s"]
+            return math.inf if v is None else v
+
+        g = min((r for r in res["rows"] if r["hook"] == "gcodec"), key=tta, default=None)
+        t = min((r for r in res["rows"] if r["hook"].startswith("torch-")), key=tta, default=None)
+        if g and t and math.isfinite(tta(g)) and math.isfinite(tta(t)):
+            best.append(
+                f"- {q}: best gcodec {g['label']} {tta(g):.1f} s, best torch hook {t['label']} {tta(t):.1f} s "
+                f"({tta(g) / tta(t):.2f}x)"
+            )
+    base = res["rows"][0]
+    cross = [
+        f"- {r['label']}: measured, stops paying {measured_crossover(r, base, rates)}"
+        + (
+            ""
+            if r["advise_break_even_bps"] is None
+            else f"; gcodec advise predicts {_fmt_bps(r['advise_break_even_bps'])}"
+        )
+        for r in res["rows"][1:]
+    ]
+    if not any(r["advise_break_even_bps"] is not None for r in res["rows"]):
+        cross.append("- gcodec advise: not available here (the hook is `advise_break_even` in bench/link.py)")
+    note = "\n".join(cross)
+    return (
+        f"{res['model']} ({res['params']:,} parameters), {res['workers']} gloo workers, target accuracy "
+        f"{100 * res['target']:.1f} % (the uncompressed run's final), {res['elapsed_s'] / 60:.1f} min\n\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + "\n".join(best)
+        + "\n"
+        + note
+        + "\n"
+    )
+
+
+def plot(res: dict[str, Any], path: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install 'gcodec[bench]')"
+    rates = res["rates"]
+    xs = [RATE_BITS[q] if math.isfinite(RATE_BITS[q]) else 100e9 for q in rates]
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    for r in res["rows"]:
+        ys = [r["rates"][q]["time_to_target_s"] for q in rates]
+        pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+        if pts:
+            style = "--" if r["hook"].startswith("torch") else ("-" if r["hook"] == "gcodec" else ":")
+            ax.plot(*zip(*pts), style, marker="o", label=r["label"], lw=2.2 if r["hook"] == "none" else 1.2)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [q if q != "unlimited" else "no limit" for q in rates])
+    ax.set_xlabel("link rate (token bucket on the namespace's loopback)")
+    ax.set_ylabel(f"time to {100 * res['target']:.1f} % test accuracy (s)")
+    ax.set_title(f"{res['model']}, {res['workers']} gloo workers")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rates", type=lambda s: s.split(","), default=RATES, help="comma-separated, e.g. 1gbit,unlimited")
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=10, help="uncompressed steps before compression starts")
+    ap.add_argument("--timed-steps", type=int, default=10)
+    ap.add_argument("--target", type=float, default=None, help="accuracy to reach (default: uncompressed final)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="MLP 64-256-256-10, 3 contenders, 2 epochs at 1gbit")
+    ap.add_argument("--accuracy-from", metavar="FILE", help="reuse the accuracy runs of an earlier --json")
+    ap.add_argument(
+        "--from-json", metavar="FILE", help="re-make the table and plot from an earlier --json (and ask gcodec advise)"
+    )
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--markdown", metavar="FILE")
+    ap.add_argument("--plot", metavar="FILE")
+    args = ap.parse_args(argv)
+    for q in args.rates:
+        if q not in RATE_BITS:
+            ap.error(f"unknown rate {q!r}: use {', '.join(RATES)}")
+    if args.quick:
+        args.rates, args.epochs, args.timed_steps = ["1gbit"], 2, 3
+    try:
+        if args.from_json:
+            res = json.loads(Path(args.from_json).read_text())
+            hidden = [int(h) for h in res["model"].split("-")[1:-1]]
+            for r in res["rows"]:
+                if r.get("advise_break_even_bps") is None:
+                    r["advise_break_even_bps"] = advise_break_even(
+                        r["codec"], hidden, res["workers"], r["label"].endswith("+ EF")
+                    )
+        else:
+            res = run(args)
+    except NoNamespace as e:
+        print(f"bench/link.py: skipped: {e}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"skipped": str(e)}))
+        return 0
+    md = markdown(res)
+    print(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    if args.plot:
+        why = plot(res, args.plot)
+        print(why or f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""What the demo trains: the codecs in order, and the training settings (no torch here)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: The demo's runs, in order: (label, codec config or None for uncompressed, error feedback).
+#: Biased codecs (sign, top-k, random-k, PowerSGD, the hybrid) run with error feedback, as they are
+#: meant to; the unbiased or near-lossless ones (fp16, uniform, QSGD, TernGrad) without.
+DEMO_RUNS: list[tuple[str, dict[str, Any] | None, bool]] = [
+    ("uncompressed", None, False),
+    ("fp16", {"id": "fp16"}, False),
+    ("uniform 8", {"id": "uniform", "bits": 8}, False),
+    ("uniform 4", {"id": "uniform", "bits": 4}, False),
+    ("qsgd", {"id": "qsgd"}, False),
+    ("terngrad", {"id": "terngrad"}, False),
+    ("sign + EF", {"id": "sign"}, True),
+    ("top-k 1% + EF", {"id": "topk", "ratio": 0.01}, True),
+    ("random-k 10% + EF", {"id": "randomk", "ratio": 0.1}, True),
+    ("powersgd r2 + EF", {"id": "powersgd", "rank": 2}, True),
+    ("top-k 1% + uniform 8 + EF", {"id": "topk", "ratio": 0.01, "values": {"id": "uniform", "bits": 8}}, True),
+]
+
+
+@dataclass
+class Settings:
+    """Training settings shared by every run of one job (every rank reads the same)."""
+
+    #: hidden layer widths of the MLP 64 -> hidden... -> 10 (ReLU)
+    hidden: list[int] = field(default_factory=lambda: [256, 256])
+    epochs: int = 12
+    #: examples per worker per step (the global batch is batch * workers)
+    batch: int = 32
+    #: plain SGD by default: error feedback's guarantees (Karimireddy et al. 2019) are for SGD, and
+    #: momentum applied after aggregation amplifies the delayed bursts of residual that EF releases
+    #: (measured: random-k 10 % + EF ended 39 points lower with momentum 0.9; docs/convergence.md)
+    lr: float = 0.3
+    momentum: float = 0.0
+    #: learning rate decays from ``lr`` to 0 along a half cosine over the whole run
+    cosine: bool = True
+    #: HookState's start_iter and min_numel: the first steps and the small tensors stay dense
+    start_iter: int = 10
+    min_numel: int = 1024
+    seed: int = 0
+    #: evaluate on the test set this many times per epoch (the accuracy curves' resolution; 0: never)
+    evals_per_epoch: int = 1
+    #: stop after this many steps (0: train every epoch); the link benchmark times a few steps
+    max_steps: int = 0
+    #: DDP's bucket size (MB); torch's default is 25
+    bucket_cap_mb: float = 25.0
+    #: seconds a rank waits for its peers before giving up
+    timeout_s: float = 120.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_spec(label: str, codec: dict[str, Any] | None, error_feedback: bool, hook: str = "gcodec") -> dict[str, Any]:
+    """One run as the worker reads it. ``hook``: ``gcodec``, or torch's ``torch-fp16`` /
+    ``torch-powersgd`` (for comparisons), or ``none`` (plain DDP allreduce)."""
+    if codec is None and hook == "gcodec":
+        hook = "none"
+    return {"label": label, "codec": codec, "error_feedback": error_feedback, "hook": hook}
+
+
+def demo_specs() -> list[dict[str, Any]]:
+    return [run_spec(*r) for r in DEMO_RUNS]
