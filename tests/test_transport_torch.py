@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,10 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 150
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.procs import free_port  # noqa: E402  (one helper for the multi-process tests)
 
 
 def run_ranks(scenario: str, outdir: Path, timeout: float = TIMEOUT) -> list[int]:
