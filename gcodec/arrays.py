@@ -25,6 +25,7 @@ __all__ = [
     "dtype_name",
     "host_array",
     "intake",
+    "tensors_from_arrays",
     "torch_view",
 ]
 
@@ -64,11 +65,7 @@ def _torch_to_numpy(x: Any) -> np.ndarray:
         )
     if getattr(x, "is_quantized", False) or x.dtype not in _TORCH_FLOATS(torch):
         raise ConfigError(f"unsupported torch dtype {x.dtype}; gcodec encodes float32, float16, bfloat16 and float64")
-    t = x.detach()
-    t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(BFLOAT16)
-    return t.numpy()
+    return torch_view(x.detach().contiguous())
 
 
 def _TORCH_FLOATS(torch: Any) -> tuple[Any, ...]:
@@ -182,6 +179,20 @@ def intake(x: Any) -> Intake:
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return Intake(arr, "cpu", arr.dtype, tuple(int(d) for d in arr.shape))
+
+
+def tensors_from_arrays(obj: Any) -> Any:
+    """Every NumPy array in a nested dict/list as a CPU torch tensor (copied), the rest as it is: a
+    checkpoint that ``torch.load(..., weights_only=True)`` accepts."""
+    import torch
+
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj, copy=True))
+    if isinstance(obj, dict):
+        return {k: tensors_from_arrays(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [tensors_from_arrays(v) for v in obj]
+    return obj
 
 
 def host_array(x: Any) -> np.ndarray:

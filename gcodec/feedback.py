@@ -19,7 +19,7 @@ import numpy as np
 
 from . import kernels
 from .api import decode, encode, pending_from_plan, write_pending
-from .arrays import backend_of, host_array, intake
+from .arrays import backend_of, host_array, intake, tensors_from_arrays
 from .codecs.base import Codec, EncodeContext
 from .codecs.registry import get_codec
 from .codecs.state import CodecState, owned_array
@@ -238,7 +238,7 @@ class ErrorFeedback:
             "codec_state": self.codec_state.state_dict(),  # streams and warm starts per key
         }
         if self._torch_in if tensors is None else tensors:
-            state = _arrays_to_tensors(state)
+            state = tensors_from_arrays(state)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -264,16 +264,3 @@ class ErrorFeedback:
         self._residuals = new
         self._scratch.clear()
         self._disabled = set(disabled)
-
-
-def _arrays_to_tensors(obj: Any) -> Any:
-    """Every NumPy array in a nested dict/list as a torch tensor (float residuals and warm starts)."""
-    import torch
-
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(obj))
-    if isinstance(obj, dict):
-        return {k: _arrays_to_tensors(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_arrays_to_tensors(v) for v in obj]
-    return obj

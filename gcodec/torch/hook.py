@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..arrays import tensors_from_arrays
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError
 from ..policy import Policy as CodecPolicy
@@ -195,7 +196,7 @@ class HookState:
             "iter": self.iter,
             "groups": {k: [[n, c] for n, c in v] for k, v in self._groups.items()},
             "owners": dict(self._owner),
-            "states": {k: _to_tensors(st.state_dict()) for k, st in self._states.items()},
+            "states": {k: tensors_from_arrays(st.state_dict()) for k, st in self._states.items()},
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -292,16 +293,6 @@ class HookState:
         else:
             sd["residuals"][key] = new
         ef.load_state_dict(sd)
-
-
-def _to_tensors(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(np.array(obj, copy=True))
-    if isinstance(obj, dict):
-        return {k: _to_tensors(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_to_tensors(v) for v in obj]
-    return obj
 
 
 def _to_arrays(obj: Any) -> Any:
