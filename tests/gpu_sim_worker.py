@@ -156,6 +156,21 @@ def run_crc(blobs: list) -> list:
     return out
 
 
+def run_sum2(pairs: list) -> list:
+    """The device's fused pair sums (bits in, bits out) of the summable transport, as hex."""
+    from numba import cuda
+
+    from gcodec.kernels.cuda import cast
+
+    out = []
+    for kind, ha, hb in pairs:
+        a, b = (np.frombuffer(bytes.fromhex(h), np.uint16) for h in (ha, hb))
+        d = cuda.device_array(a.size, np.uint16)
+        getattr(cast, f"sum2_{kind}")(cuda.to_device(a), b, d)  # one operand in host memory
+        out.append(d.copy_to_host().tobytes().hex())
+    return out
+
+
 def main() -> None:
     import gcodec
 
@@ -178,6 +193,7 @@ def main() -> None:
         "philox": run_philox(req.get("philox", [])),
         "randomk_indices": run_randomk_indices(req.get("randomk_indices", [])),
         "crc": run_crc(req.get("crc", [])),
+        "sum2": run_sum2(req.get("sum2", [])),
     }
     from gcodec.kernels.cuda import launch
 

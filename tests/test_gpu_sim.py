@@ -147,6 +147,17 @@ RANDOMK_INDICES = [
 CRC_BLOBS = [b"", b"123456789", bytes(range(256)) * 3, bytes(1000)]
 
 
+def _sum2_pairs() -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Every 16-bit pattern against a shuffled copy, for binary16 and bfloat16 (signed zeros,
+    subnormals, infinities, NaNs and sums that overflow included)."""
+    a = np.arange(1 << 16, dtype=np.uint16)
+    b = np.random.default_rng(7).permutation(a)
+    return [("f16", a, b), ("bf16", a, b)]
+
+
+SUM2_PAIRS = _sum2_pairs()
+
+
 def _cpu_payload(cfg: dict[str, Any], n: int, seed: int, step: int | None, kind: str, cid: str = "") -> bytes:
     codec = gcodec.get_codec(cfg)
     return bytes(gcodec.encode(make_array(n, seed, kind).reshape(SHAPES.get(cid, (n,))), codec, step=step))
@@ -185,6 +196,7 @@ def sim() -> dict[str, Any]:
         "philox": PHILOX,
         "randomk_indices": RANDOMK_INDICES,
         "crc": [b.hex() for b in CRC_BLOBS],
+        "sum2": [(kind, a.tobytes().hex(), b.tobytes().hex()) for kind, a, b in SUM2_PAIRS],
     }
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     root = Path(__file__).resolve().parents[1]
@@ -317,6 +329,20 @@ def test_randomk_indices_equal_cpu(sim: dict[str, Any]) -> None:
 def test_device_crc32c_equals_host(sim: dict[str, Any]) -> None:
     assert sim["crc"] == [crc32c(b) for b in CRC_BLOBS]
     assert sim["crc"][1] == 0xE3069283  # the CRC-32C check value of "123456789"
+
+
+def test_device_pair_sums_equal_cpu(sim: dict[str, Any]) -> None:
+    from gcodec.kernels.cpu import cast
+
+    assert len(sim["sum2"]) == len(SUM2_PAIRS)
+    for (kind, a, b), got in zip(SUM2_PAIRS, sim["sum2"], strict=True):
+        want = np.empty_like(a)
+        getattr(cast, f"sum2_{kind}")(a, b, want)
+        dev = np.frombuffer(bytes.fromhex(got), np.uint16)
+        # NaN sums (the transport refuses them) may carry either operand's sign: compare the rest
+        nan = (want & 0x7FFF) > (0x7C00 if kind == "f16" else 0x7F80)
+        assert (((dev & 0x7FFF) > (0x7C00 if kind == "f16" else 0x7F80)) == nan).all(), kind
+        assert dev[~nan].tolist() == want[~nan].tolist(), kind
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="CuPy is not installed")

@@ -27,7 +27,7 @@ TIMEOUT = 150
 from tests.procs import free_port  # noqa: E402  (one helper for the multi-process tests)
 
 
-def run_ranks(scenario: str, outdir: Path, timeout: float = TIMEOUT) -> list[int]:
+def run_ranks(scenario: str, outdir: Path, timeout: float = TIMEOUT, world: int = 2) -> list[int]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = [
@@ -39,7 +39,7 @@ def run_ranks(scenario: str, outdir: Path, timeout: float = TIMEOUT) -> list[int
                 scenario,
                 str(outdir),
                 str(r),
-                "2",
+                str(world),
                 str(port),
             ],
             cwd=ROOT,
@@ -47,7 +47,7 @@ def run_ranks(scenario: str, outdir: Path, timeout: float = TIMEOUT) -> list[int
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        for r in range(2)
+        for r in range(world)
     ]
     deadline = time.monotonic() + timeout
     codes = []
@@ -132,6 +132,13 @@ def test_bucket_rebuild_gives_new_groups_not_errors(trained: dict) -> None:
 def test_all_reduce_modes_and_dtypes(tmp_path: Path) -> None:
     assert run_ranks("all_reduce", tmp_path) == [0, 0]
     assert len(checks_of(tmp_path, [0, 1])) == 2 * 5
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dense_tensors_ride_with_the_compressed_group_exactly(tmp_path: Path, world: int) -> None:
+    # 2 ranks: the one all-gather form of the summable sum; 3: reduce-scatter + all-gather
+    assert run_ranks("riders", tmp_path, world=world) == [0] * world
+    assert len(checks_of(tmp_path, list(range(world)))) == world * 2 * 2 * 3 * 2
 
 
 def test_hook_state_checkpoint_resumes_bit_identically(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
-"""torch.distributed as a gcodec communicator, and the driver that chains protocols on futures."""
+"""torch.distributed as a gcodec communicator, and the queue that runs protocols behind futures."""
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -27,9 +28,6 @@ class TorchWork(Work):
         self._value: Any = None
         self._have = False
 
-    def future(self) -> torch.futures.Future:
-        return self._work.get_future()
-
     def test(self) -> bool:
         return bool(self._work.is_completed())
 
@@ -46,11 +44,6 @@ class TorchWork(Work):
 class _Done(Work):
     def __init__(self, value: Any) -> None:
         self._value = value
-
-    def future(self) -> torch.futures.Future:
-        f: torch.futures.Future = torch.futures.Future()
-        f.set_result(None)
-        return f
 
     def test(self) -> bool:
         return True
@@ -118,48 +111,63 @@ class TorchCommunicator(Communicator):
 
 
 class FutureQueue:
-    """Run protocols one at a time in submission order, each chained on its collectives' futures.
+    """Run protocols one at a time in submission order on a thread of the queue's own.
 
     ``submit`` never blocks: it returns a ``torch.futures.Future`` that completes with the
-    protocol's result (or its error). The next protocol starts when the previous one has finished,
-    so the collectives of overlapping calls (DDP calls the hook for bucket i + 1 while bucket i is
-    still in flight) start in the same order on every rank.
+    protocol's result (or its error). One worker thread runs the protocols in submission order,
+    waiting on each collective with ``wait()``, so the collectives of overlapping calls (DDP calls
+    the hook for bucket i + 1 while bucket i is still in flight) start in the same order on every
+    rank, and the encoding of a bucket overlaps the backward pass of the next.
+
+    Why not chain the steps on the collectives' futures (``add_done_callback``): the callbacks then
+    run on gloo's own threads and complete the hook's future from there. Completing a future from
+    Python releases the GIL and takes it back; if the training thread, woken by that completion,
+    reaches ``destroy_process_group`` first, it holds the GIL while joining gloo's threads and the
+    process hangs at exit (seen on 2 of 6 benchmark runs). gloo's threads now never run Python.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tail: torch.futures.Future | None = None
+        self._jobs: queue.SimpleQueue[tuple[Protocol, torch.futures.Future]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
 
     def submit(self, proto: Protocol) -> torch.futures.Future:
         result: torch.futures.Future = torch.futures.Future()
         with self._lock:
-            prev, self._tail = self._tail, result
-        if prev is None:
-            self._step(proto, result, True)
-        else:
-            prev.add_done_callback(lambda _f: self._step(proto, result, True))
+            if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
+                self._thread = threading.Thread(target=self._serve, name="gcodec-torch-queue", daemon=True)
+                self._thread.start()
+            self._jobs.put((proto, result))
         return result
 
-    def _step(self, proto: Protocol, result: torch.futures.Future, first: bool) -> None:
-        try:
-            work = next(proto) if first else proto.send(None)
-        except StopIteration as stop:
-            result.set_result(stop.value)
-            return
-        except BaseException as e:
-            result.set_exception(e)
-            return
-        fut = work.future()  # type: ignore[attr-defined]
-        fut.add_done_callback(lambda f: self._resume(proto, result, f))
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            value, error = self._run(job[0])
+            result = job[1]
+            # Drop the protocol and its works before completing the future: the training thread,
+            # woken by the completion, may destroy the process group next, and the last reference
+            # to a c10d work must not be released on this thread after that.
+            del job
+            if error is None:
+                result.set_result(value)
+            else:
+                result.set_exception(error)
+            del result, value, error
 
-    def _resume(self, proto: Protocol, result: torch.futures.Future, f: torch.futures.Future) -> None:
+    @staticmethod
+    def _run(proto: Protocol) -> tuple[Any, BaseException | None]:
+        """Run ``proto`` to its end: (its value, None), or (None, the error it raised)."""
         try:
-            f.wait()  # re-raises the collective's error (a dead peer, a timeout)
+            work = next(proto)
+            while True:
+                work.wait()  # re-raises the collective's error (a dead peer, a timeout)
+                work = proto.send(None)
+        except StopIteration as stop:
+            return stop.value, None
         except BaseException as e:
             proto.close()
-            result.set_exception(e)
-            return
-        self._step(proto, result, False)
+            return None, e
 
 
 _queues: dict[int, FutureQueue] = {}

@@ -330,21 +330,21 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             groups.setdefault(k, []).append(i)
             codecs[k] = c
 
-    # Dense tensors: one uncompressed allreduce of their concatenation (in float32).
-    if dense:
-        flat = np.concatenate([to_numpy(grads[i]).reshape(-1).astype(np.float32) for i in dense])
+    # Dense tensors: their concatenation (in float32) is summed uncompressed, riding in the
+    # collectives of the bucket's first summable or PowerSGD group when it has one (one collective
+    # fewer per bucket), else in an allreduce of its own.
+    flat = np.concatenate([to_numpy(grads[i]).reshape(-1).astype(np.float32) for i in dense]) if dense else None
+    modes = {k: resolve_mode(codecs[k], state.mode, p) for k in groups}
+    carrier = next((k for k in groups if modes[k] in ("summable", "powersgd")), None) if dense else None
+    if flat is not None and carrier is None:
         yield comm.allreduce(flat, "sum")
-        flat *= np.float32(1.0 / p)
-        pos = 0
-        for i in dense:
-            a = to_numpy(grads[i]).reshape(-1)
-            a[...] = flat[pos : pos + a.shape[0]]
-            pos += a.shape[0]
+        _write_dense(grads, dense, flat, p)
 
     for k, idx in groups.items():
         codec = codecs[k]
         ts = state.state_for(codec)
-        mode = resolve_mode(codec, state.mode, p)
+        mode = modes[k]
+        riders = flat if k == carrier else None
         if mode == "powersgd":
             items = [LowRankItem(names[i], to_numpy(grads[i]), to_numpy(grads[i])) for i in idx]
             for item in items:
@@ -355,19 +355,22 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
                 sample_quality(ts, item.key, it, item.x)
             gkey = f"powersgd:{names[idx[0]]}..{names[idx[-1]]}"
             st = StepStats(gkey, it, mode, sum(i.x.nbytes for i in items))
-            yield from timed(st, lowrank_protocol(comm, ts, items, "mean", it, st))
+            yield from timed(st, lowrank_protocol(comm, ts, items, "mean", it, st, riders))
             ts.record(st)
             continue
         gnames = [names[i] for i in idx]
         gkey = state._group_key(codec, gnames, [grads[i].numel() for i in idx], p)
-        whole = len(idx) == len(grads) and not dense
-        x = to_numpy(buf) if whole else np.concatenate([to_numpy(grads[i]).reshape(-1) for i in idx])
+        span = _span(buf, grads, idx)
+        whole = span is not None  # the group lies back to back in the bucket: work on it in place
+        x = span if span is not None else np.concatenate([to_numpy(grads[i]).reshape(-1) for i in idx])
         yield from agree_on(comm, ts, gkey, shape=[int(x.size)], dtype=str(x.dtype), mode=mode, op="mean")
         step = ts.next_step(gkey)
         sample_quality(ts, gkey, step, x)
         st = StepStats(gkey, step, mode, x.nbytes)
         out = x if whole else np.empty_like(x)
-        yield from timed(st, _FLAT[mode](comm, ts, x.reshape(-1), out.reshape(-1), gkey, "mean", step, st))
+        extra = {} if riders is None else {"dense": riders}  # only a summable group carries riders
+        proto = _FLAT[mode](comm, ts, x.reshape(-1), out.reshape(-1), gkey, "mean", step, st, **extra)
+        yield from timed(st, proto)
         ts.record(st)
         if not whole:
             pos = 0
@@ -375,7 +378,34 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
                 a = to_numpy(grads[i]).reshape(-1)
                 a[...] = out[pos : pos + a.shape[0]]
                 pos += a.shape[0]
+    if flat is not None and carrier is not None:
+        _write_dense(grads, dense, flat, p)
     return buf
+
+
+def _span(buf: torch.Tensor, grads: list[torch.Tensor], idx: list[int]) -> np.ndarray | None:
+    """The gradients ``idx`` as one slice of the bucket's buffer when they lie back to back in it (as
+    DDP lays out a bucket, minus the dense tensors at its ends), else None."""
+    base, isz = buf.data_ptr(), buf.element_size()
+    start = pos = grads[idx[0]].data_ptr() - base
+    for i in idx:
+        g = grads[i]
+        if g.data_ptr() - base != pos or g.dtype != buf.dtype or not g.is_contiguous():
+            return None
+        pos += g.numel() * isz
+    if start < 0 or pos > buf.numel() * isz or start % isz:
+        return None
+    return to_numpy(buf).reshape(-1)[start // isz : pos // isz]
+
+
+def _write_dense(grads: list[torch.Tensor], dense: list[int], flat: np.ndarray, p: int) -> None:
+    """The dense tensors' mean, from the sum ``flat``, written back into their gradients."""
+    flat *= np.float32(1.0 / p)
+    pos = 0
+    for i in dense:
+        a = to_numpy(grads[i]).reshape(-1)
+        a[...] = flat[pos : pos + a.shape[0]]
+        pos += a.shape[0]
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -7,8 +7,8 @@ It never blocks and never knows the engine. A driver decides how to wait:
 * :func:`run_blocking` waits on each work in turn (``gcodec.mpi.allreduce``);
 * :class:`Serial` runs protocols one after another and advances them only as far as completed
   work allows (``gcodec.mpi.iallreduce``'s ``test()``/``wait()``);
-* ``gcodec.torch`` chains each work's ``torch.futures.Future`` (the DDP hook returns a future and
-  never blocks inside it).
+* ``gcodec.torch`` runs protocols on a queue thread of its own that waits on each work and
+  completes a ``torch.futures.Future`` (the DDP hook returns that future and never blocks).
 
 The interface is deliberately small: an in-place sum/max of a numeric array, an all-gather of
 equal-sized arrays (for sizes), and variable-size all-gather and all-to-all of byte buffers. Every

@@ -9,8 +9,9 @@ For the tensors PowerSGD compresses (matrices whose m n / ((m + n) r) exceeds th
 3. M_hat = P Q^T / p (the mean; times p for a sum), and the residual becomes M - M_hat, as in
    torch's ``powerSGD_hook``. The summed Q is kept per key as the next step's warm start.
 
-Tensors it does not compress (vectors, small or thin matrices) are summed dense in float32 in one
-more allreduce. P and Q are identical on every rank after each sum, so non-finite input on any rank
+Tensors it does not compress (vectors, small or thin matrices) are summed dense in float32 in
+round 1's allreduce, ahead of the P factors (float64 ones in an allreduce of their own), so a batch
+costs two collectives, not three. P and Q are identical on every rank after each sum, so non-finite input on any rank
 shows up on every rank and is refused by all of them.
 """
 
@@ -49,6 +50,16 @@ def _check_finite(arr: np.ndarray, what: str) -> None:
         raise PayloadValueError(f"{what}: {bad} summed factor value(s) are NaN or infinite (non-finite input?)")
 
 
+def _finish_dense(items: list[LowRankItem], buf: np.ndarray, op: str, scale: float, what: str) -> None:
+    _check_finite(buf, what)
+    if op == "mean":
+        buf *= buf.dtype.type(scale)
+    pos = 0
+    for i in items:
+        i.out.reshape(-1)[...] = buf[pos : pos + i.x.size]
+        pos += i.x.size
+
+
 def lowrank_protocol(
     comm: Communicator,
     state: TransportState,
@@ -56,7 +67,11 @@ def lowrank_protocol(
     op: str,
     step: int,
     st: StepStats,
+    riders: np.ndarray | None = None,
 ) -> Protocol:
+    """PowerSGD allreduce of ``items``. ``riders``: optional flat float32 values of uncompressed
+    tensors that travel in round 1's allreduce and are replaced by their plain sum over the ranks
+    (the caller scales; they are not checked, as an uncompressed allreduce would not be)."""
     p = comm.size
     codec = state.codec
     scale = 1.0 / p
@@ -64,21 +79,23 @@ def lowrank_protocol(
     comp = [i for i in items if codec.compresses(i.x.shape)]  # type: ignore[attr-defined]
     dense = [i for i in items if not codec.compresses(i.x.shape)]  # type: ignore[attr-defined]
 
-    # Round 0: the tensors PowerSGD leaves alone, summed dense in one allreduce.
+    # The tensors PowerSGD leaves alone are summed dense, in float32 ahead of P in round 1's
+    # allreduce (float64 ones in an allreduce of their own), after the caller's riders.
+    head: list[np.ndarray] = [] if riders is None else [riders]
+    own: np.ndarray | None = None
     if dense:
         dd = work_dtype(max((i.x.dtype for i in dense), key=lambda d: d.itemsize))
-        buf = _flat_concat([i.x for i in dense], dd)
-        st.add("payload_bytes", buf.nbytes)
-        yield comm.allreduce(buf, "sum")
-        st.add("wire_bytes", 2 * (p - 1) * buf.nbytes // p)
-        _check_finite(buf, what)
-        if op == "mean":
-            buf *= buf.dtype.type(scale)
-        pos = 0
-        for i in dense:
-            i.out.reshape(-1)[...] = buf[pos : pos + i.x.size]
-            pos += i.x.size
+        own = _flat_concat([i.x for i in dense], dd)
+        st.add("payload_bytes", own.nbytes)
+        st.add("wire_bytes", 2 * (p - 1) * own.nbytes // p)
+        if dd == np.float32 and comp:
+            head.append(own)
+        else:
+            yield comm.allreduce(own, "sum")
+            _finish_dense(dense, own, op, scale, what)
     if not comp:
+        if riders is not None and riders.size:
+            yield comm.allreduce(riders, "sum")
         return
 
     # Round 1: P = M Q for every tensor (M with its residual), summed in one allreduce.
@@ -93,15 +110,23 @@ def lowrank_protocol(
                     m += e
             rounds.append(codec.begin(m, key=i.key, step=step, state=state.codec_state))  # type: ignore[attr-defined]
             mats.append(m)
-        pbuf = _flat_concat([r.p for r in rounds], np.dtype(np.float32))
-    st.add("payload_bytes", pbuf.nbytes)
+        pbuf = _flat_concat([*head, *(r.p for r in rounds)], np.dtype(np.float32))
+    nhead = sum(h.size for h in head)
+    st.add("payload_bytes", pbuf.nbytes - 4 * nhead)
     yield comm.allreduce(pbuf, "sum")
-    st.add("wire_bytes", 2 * (p - 1) * pbuf.nbytes // p)
-    _check_finite(pbuf, what)
+    st.add("wire_bytes", 2 * (p - 1) * (pbuf.nbytes - 4 * nhead) // p)
+    pos = 0
+    if riders is not None:
+        riders[...] = pbuf[: riders.size]
+        pos = riders.size
+    if own is not None and own.dtype == np.float32:
+        own[...] = pbuf[pos : pos + own.size]
+        pos += own.size
+        _finish_dense(dense, own, op, scale, what)
+    _check_finite(pbuf[pos:], what)
 
     # Round 2: orthogonalise each summed P, Q = M^T P, summed in one allreduce.
     with kernel_threads(state.threads), st.timing("encode_s"):
-        pos = 0
         for r in rounds:
             r.p[...] = pbuf[pos : pos + r.p.size].reshape(r.p.shape)
             pos += r.p.size

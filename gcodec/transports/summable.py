@@ -13,6 +13,15 @@ to the engine's allreduce:
    and rounds the sum once to the values' type;
 3. the reduced chunks are all-gathered into every rank's payload, which is decoded once.
 
+With two ranks the two collectives become one: each rank all-gathers the whole values and sums
+both copies itself. At p = 2 that moves the same bytes ((p-1) n = 2 (p-1)/p n) and gives the same
+sums (every element added in rank order, rounded once), with one round trip instead of two.
+
+*Riders*: the caller may hand over a flat float32/float64 array of uncompressed values (the
+tensors a DDP bucket keeps dense) that travels in the same collectives, ahead of the values in
+each message, and comes back summed in rank order. A bucket then costs one or two collectives,
+not one more for its biases.
+
 The payload itself never leaves its rank (only values travel), so it is written without a payload
 CRC; the summed values are checked instead (NaN or infinity on any rank is refused on every rank).
 
@@ -27,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..aggregate import add_values, count_nonfinite, reseal, round_values, summable_values
+from ..aggregate import add_values, count_nonfinite, reseal, round_values, sum_pair, summable_values
 from ..errors import GcodecError, PayloadValueError
 from .collectives import as_bytes
 from .comm import Communicator, Protocol
@@ -45,12 +54,17 @@ def chunk_bounds(n: int, p: int) -> list[int]:
     return [n * j // p for j in range(p + 1)]
 
 
-def reduce_chunks(chunks: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    """Sum ``chunks`` (arrays of ``dtype``) in list order in float32 (float64 for float64) and round once."""
+def reduce_chunks(chunks: list[np.ndarray], dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """Sum ``chunks`` (arrays of ``dtype``) in list order in float32 (float64 for float64) and round
+    once, into ``out`` (a new array when None)."""
+    if out is None:
+        out = np.empty(chunks[0].shape, dtype)
+    if len(chunks) == 2:  # one fused pass, the same arithmetic (0 + a is exact)
+        sum_pair(chunks[0], chunks[1], out)
+        return out
     acc = np.zeros(chunks[0].shape, np.float64 if dtype == np.float64 else np.float32)
     for c in chunks:
         add_values(c, acc)
-    out = np.empty(acc.shape, dtype)
     round_values(acc, out)
     return out
 
@@ -64,8 +78,12 @@ def summable_protocol(
     op: str,
     step: int,
     st: StepStats,
+    dense: np.ndarray | None = None,
 ) -> Protocol:
-    p, me = comm.size, comm.rank
+    """Summable allreduce of ``x`` into ``out``. ``dense``: optional flat float32/float64 values of
+    *uncompressed* tensors that ride in the same collectives and are replaced by their plain sum
+    over the ranks (not the mean: the caller scales), summed in rank order like the values."""
+    p = comm.size
     codec = state.codec
     wd = work_dtype(x.dtype)
     what = f"summable allreduce of {key!r}"
@@ -91,30 +109,15 @@ def summable_protocol(
             vals = summable_values(payload, verify_checksum=False)
             vals[...] = np.nan
     st.add("payload_bytes", len(payload))
-    # Every rank has the same number of values (the handshake agreed on codec and shape), so the
-    # chunk sizes are known everywhere and the collectives need no size exchange.
-    bounds = chunk_bounds(vals.shape[0], p)
-    raw = as_bytes(vals)
-    isz = vals.dtype.itemsize
-    sends = [raw[bounds[j] * isz : bounds[j + 1] * isz] for j in range(p)]
-    mine_n = (bounds[me + 1] - bounds[me]) * isz
-
-    # Step 2: reduce-scatter of the values.
-    w = comm.alltoallv(sends, [mine_n] * p)
-    yield w
-    recv = w.result()
-    st.add("wire_bytes", nbytes_from_others(recv, me))
+    # Every rank has the same number of values (the handshake agreed on codec and shape) and of
+    # riders (the caller's layout is the same on every rank), so the chunk sizes are known
+    # everywhere and the collectives need no size exchange.
+    riders = np.empty(0, np.float32) if dense is None else dense
+    if p == 2:
+        yield from _sum_by_allgather(comm, vals, riders, st, state)
+    else:
+        yield from _sum_by_reduce_scatter(comm, vals, riders, st, state, what)
     with kernel_threads(state.threads), st.timing("decode_s"):
-        mine = reduce_chunks([r.view(vals.dtype) for r in recv], vals.dtype)
-
-    # Step 3: all-gather of the reduced chunks into this rank's payload; then decode it once.
-    w = comm.allgatherv(as_bytes(mine), [(bounds[j + 1] - bounds[j]) * isz for j in range(p)])
-    yield w
-    parts = w.result()
-    st.add("wire_bytes", nbytes_from_others(parts, me))
-    with kernel_threads(state.threads), st.timing("decode_s"):
-        for j in range(p):
-            vals[bounds[j] : bounds[j + 1]] = parts[j].view(vals.dtype)
         # The summed values are the same on every rank: all refuse them alike when any is not finite.
         bad = count_nonfinite(vals)
         if err is not None:
@@ -127,3 +130,70 @@ def summable_protocol(
         reseal(payload)  # a no-op without a payload CRC; kept so a checksummed payload stays valid
         codec.decode(payload, out=out)
     return out
+
+
+def _reduce_into(parts: list[np.ndarray], dst: np.ndarray) -> None:
+    """``dst`` = the sum of ``parts`` (byte buffers of ``dst``'s type) in rank order, rounded once."""
+    if dst.shape[0]:
+        reduce_chunks([q.view(dst.dtype) for q in parts], dst.dtype, out=dst)
+
+
+def _sum_by_allgather(
+    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState
+) -> Protocol:
+    """p = 2: one all-gather of the whole values (and riders); each rank sums both copies.
+
+    Same bytes as reduce-scatter + all-gather at p = 2 ((p-1) n = 2 (p-1)/p n), one collective
+    instead of two, and the same sums: every element is added in rank order and rounded once.
+    """
+    vb, rb = as_bytes(vals), as_bytes(riders)
+    # Riders first: their 4- or 8-byte items keep the 2-byte values aligned after them.
+    send = vb if rb.shape[0] == 0 else np.concatenate([rb, vb])
+    w = comm.allgatherv(send, [send.shape[0]] * comm.size)
+    yield w
+    parts = w.result()
+    r = rb.shape[0]
+    st.add("wire_bytes", nbytes_from_others(parts, comm.rank) - (comm.size - 1) * r)  # the values' bytes
+    with kernel_threads(state.threads), st.timing("decode_s"):
+        _reduce_into([q[:r] for q in parts], riders)
+        _reduce_into([q[r:] for q in parts], vals)
+
+
+def _sum_by_reduce_scatter(
+    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState, what: str
+) -> Protocol:
+    """p > 2: all-to-all of chunk j (riders' then values') to rank j, which sums the p copies in rank
+    order; all-gather of the summed chunks. 2 (p-1)/p of the bytes per rank, as a ring allreduce."""
+    p, me = comm.size, comm.rank
+    vb, rb = as_bytes(vals), as_bytes(riders)
+    vi, ri = vals.dtype.itemsize, riders.dtype.itemsize
+    vbnd, rbnd = chunk_bounds(vals.shape[0], p), chunk_bounds(riders.shape[0], p)
+
+    def cut(j: int) -> tuple[slice, slice]:
+        return slice(rbnd[j] * ri, rbnd[j + 1] * ri), slice(vbnd[j] * vi, vbnd[j + 1] * vi)
+
+    sizes = [(rbnd[j + 1] - rbnd[j]) * ri + (vbnd[j + 1] - vbnd[j]) * vi for j in range(p)]
+    if rb.shape[0] == 0:
+        sends = [vb[cut(j)[1]] for j in range(p)]  # contiguous views: no copy
+    else:
+        sends = [np.concatenate([rb[cut(j)[0]], vb[cut(j)[1]]]) for j in range(p)]
+    w = comm.alltoallv(sends, [sizes[me]] * p)
+    yield w
+    recv = w.result()
+    nr = (rbnd[me + 1] - rbnd[me]) * ri
+    st.add("wire_bytes", nbytes_from_others(recv, me) - (p - 1) * nr)  # the values' bytes only
+    mine_r = np.empty(rbnd[me + 1] - rbnd[me], riders.dtype)
+    mine_v = np.empty(vbnd[me + 1] - vbnd[me], vals.dtype)
+    with kernel_threads(state.threads), st.timing("decode_s"):
+        _reduce_into([q[:nr] for q in recv], mine_r)
+        _reduce_into([q[nr:] for q in recv], mine_v)
+    mine = as_bytes(mine_v) if nr == 0 else np.concatenate([as_bytes(mine_r), as_bytes(mine_v)])
+    w = comm.allgatherv(mine, sizes)
+    yield w
+    parts = w.result()
+    st.add("wire_bytes", sum((vbnd[j + 1] - vbnd[j]) * vi for j in range(p) if j != me))
+    for j in range(p):
+        rs, vs = cut(j)
+        n = rs.stop - rs.start
+        rb[rs] = parts[j][:n]
+        vb[vs] = parts[j][n:]

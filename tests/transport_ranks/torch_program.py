@@ -176,6 +176,69 @@ def scenario_checkpoint(outdir: Path) -> None:
         check(f"checkpoint {cfg['id']}: the restored residuals matter", not torch.equal(want, got3))
 
 
+def _local_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[np.ndarray]:
+    """Every rank's plain (un-averaged) gradients of ``model``, all-gathered: [rank][param]."""
+    model.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    mine = torch.cat([q.grad.reshape(-1) for q in model.parameters()])
+    every = [torch.zeros_like(mine) for _ in range(WORLD)]
+    dist.all_gather(every, mine)
+    return [e.numpy() for e in every]
+
+
+def scenario_riders(outdir: Path) -> None:
+    """Dense tensors ride in the collectives of the bucket's fp16 or PowerSGD group; the averaged
+    gradients must be exactly what the arithmetic says, for a group that lies back to back in the
+    bucket (biases only at its end) and for one interleaved with dense biases. (PowerSGD's riders go
+    through the engine's float32 allreduce: exact for 2 ranks, within p - 1 roundings beyond.)"""
+    for interleaved in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 96, bias=interleaved), torch.nn.Tanh(), torch.nn.Linear(96, 8))
+        g = torch.Generator().manual_seed(100 + RANK)
+        x, y = torch.randn(64, 32, generator=g), torch.randn(64, 8, generator=g)
+        ref = pickle.loads(pickle.dumps(model))
+        every = _local_grads(ref, x, y)
+        shapes = [tuple(q.shape) for q in model.parameters()]
+        sizes = [int(np.prod(s)) for s in shapes]
+        dense = [n < 200 for n in sizes]  # biases (96, 8) stay dense with min_numel=200
+        where = f"{'interleaved' if interleaved else 'back to back'}"
+        for cfg in ("fp16", {"id": "powersgd", "rank": 2}):
+            m = pickle.loads(pickle.dumps(model))
+            ddp = DDP(m, bucket_cap_mb=25)
+            st = gcodec.torch.HookState(codec=cfg, start_iter=0, min_numel=200, error_feedback=False, module=m)
+            ddp.register_comm_hook(st, gcodec.torch.comm_hook)
+            for it in range(3):  # the first step and two after DDP's bucket rebuild
+                ddp.zero_grad()
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                got = torch.cat([q.grad.reshape(-1) for q in m.parameters()]).numpy()
+                pos, dense_ok, comp_ok, detail = 0, True, True, ""
+                for n, d in zip(sizes, dense):
+                    parts = [e[pos : pos + n] for e in every]
+                    mean = np.float32(0)
+                    for q in parts:  # float32, in rank order, then the mean: the dense path's arithmetic
+                        mean = mean + q
+                    mean = mean * np.float32(1.0 / WORLD)
+                    if d and (cfg == "fp16" or WORLD == 2):  # gcodec's own sum, or the engine's of 2 terms
+                        dense_ok &= bool(np.array_equal(got[pos : pos + n], mean))
+                    elif d:  # the engine's allreduce of p > 2 adds in its own order: p - 1 roundings
+                        bound = (WORLD + 1) * np.finfo(np.float32).eps * sum(np.abs(q) for q in parts) / WORLD
+                        dense_ok &= bool((np.abs(got[pos : pos + n] - mean) <= bound).all())
+                    elif cfg == "fp16":
+                        acc = np.zeros(n, np.float32)
+                        for q in parts:  # each rank's x / p rounded to binary16, summed in float32, rounded once
+                            acc += (q * np.float32(1.0 / WORLD)).astype(np.float16).astype(np.float32)
+                        want = acc.astype(np.float16).astype(np.float32)
+                        comp_ok &= bool(np.array_equal(got[pos : pos + n], want))
+                    else:  # PowerSGD: a projection of the mean, so never farther from it than the mean's norm
+                        err = float(np.linalg.norm(got[pos : pos + n] - mean) / np.linalg.norm(mean))
+                        comp_ok &= 0 < err <= 1.0 + 1e-5 and bool(np.isfinite(got[pos : pos + n]).all())
+                        detail = f"relative error {err:.3f}"
+                    pos += n
+                name = cfg if isinstance(cfg, str) else cfg["id"]
+                check(f"riders {name} {where} step {it}: dense tensors are the exact float32 mean", dense_ok)
+                check(f"riders {name} {where} step {it}: compressed tensors as the codec's arithmetic", comp_ok, detail)
+
+
 def scenario_mismatch(outdir: Path) -> None:
     model, x, y = model_and_data()
     ddp = DDP(model)

@@ -13,7 +13,16 @@ from numba import cuda
 
 from .launch import device, grid
 
-__all__ = ["decode_bf16", "decode_f16", "encode_bf16", "encode_f16", "f16_bits_to_f32", "f32_to_f16_bits"]
+__all__ = [
+    "decode_bf16",
+    "decode_f16",
+    "encode_bf16",
+    "encode_f16",
+    "f16_bits_to_f32",
+    "f32_to_f16_bits",
+    "sum2_bf16",
+    "sum2_f16",
+]
 
 
 @cuda.jit(device=True)
@@ -88,6 +97,20 @@ def _dec_bf16(h, out, accumulate):  # pragma: no cover - device
             out[i] = v
 
 
+@cuda.jit
+def _sum2_f16(a, b, out):  # pragma: no cover - device
+    for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+        s = np.float32(np.float32(0) + f16_bits_to_f32(a[i]))  # from +0, as an accumulator sums
+        out[i] = f32_to_f16_bits(np.float32(s + f16_bits_to_f32(b[i])))
+
+
+@cuda.jit
+def _sum2_bf16(a, b, out):  # pragma: no cover - device
+    for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+        s = np.float32(np.float32(0) + bf16_bits_to_f32(a[i]))  # from +0, as an accumulator sums
+        out[i] = f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i])))
+
+
 def encode_f16(x, out):  # type: ignore[no-untyped-def]
     """out[i] = binary16 bits of float32(x[i]) (x float32 or float64, on the device)."""
     if x.shape[0]:
@@ -108,3 +131,15 @@ def decode_f16(h, out, accumulate):  # type: ignore[no-untyped-def]
 def decode_bf16(h, out, accumulate):  # type: ignore[no-untyped-def]
     if h.shape[0]:
         _dec_bf16[grid(h.shape[0])](device(h), out, bool(accumulate))
+
+
+def sum2_f16(a, b, out):  # type: ignore[no-untyped-def]
+    """out[i] = binary16 bits of (0 + float32(a[i])) + float32(b[i]), rounded once (a, b may be host
+    memory); the CPU backend's ``sum2_f16``."""
+    if a.shape[0]:
+        _sum2_f16[grid(a.shape[0])](device(a), device(b), device(out))
+
+
+def sum2_bf16(a, b, out):  # type: ignore[no-untyped-def]
+    if a.shape[0]:
+        _sum2_bf16[grid(a.shape[0])](device(a), device(b), device(out))
