@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -139,6 +140,27 @@ class FutureQueue:
         else:
             prev.add_done_callback(lambda _f: self._step(proto, result, True))
         return result
+
+    def run(self, proto: Protocol) -> Any:
+        """Run ``proto`` to completion on the calling thread, after the protocols submitted before
+        it; return its result (or raise its error). For callers that wait anyway (FSDP2 calls its
+        reduce-scatter synchronously): no hand-over to the engine's callback thread and back."""
+        done: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            prev, self._tail = self._tail, done
+        try:
+            if prev is not None and not prev.done():
+                with contextlib.suppress(BaseException):  # its error went to its own caller
+                    prev.wait()
+            try:
+                work = next(proto)
+                while True:
+                    work.wait()  # re-raises the collective's error (a dead peer, a timeout)
+                    work = proto.send(None)
+            except StopIteration as stop:
+                return stop.value
+        finally:
+            done.set_result(None)
 
     def _step(self, proto: Protocol, result: torch.futures.Future, first: bool) -> None:
         try:

@@ -456,11 +456,9 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             "ef": st.error_feedback,
         }
         proto = self._protocol(comm, x, out, groups, scale, fingerprint(**fields))
-        fut = queue_for(group).submit(proto)
-        work = _Work(fut)
         if async_op:
-            return work
-        work.wait()
+            return _Work(queue_for(group).submit(proto))
+        queue_for(group).run(proto)  # on this thread: FSDP2 waits for it anyway
         return None
 
     def _groups(self, layout: _Layout, it: int) -> list[RSGroup]:

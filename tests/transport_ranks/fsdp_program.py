@@ -86,7 +86,9 @@ def reference_check() -> None:
         ({"id": "uniform", "bits": 4}, dist.ReduceOp.AVG, torch.float32),
         ({"id": "topk", "ratio": 0.01}, dist.ReduceOp.SUM, torch.float32),
         ({"id": "topk", "ratio": 0.05}, dist.ReduceOp.PREMUL_SUM(0.25), torch.bfloat16),
-        ("fp16", dist.ReduceOp.AVG, torch.float32),
+        ("fp16", dist.ReduceOp.AVG, torch.float32),  # fp16 and bf16: the values path (no size exchange)
+        ("bf16", dist.ReduceOp.SUM, torch.bfloat16),
+        ("fp16", dist.ReduceOp.PREMUL_SUM(0.25), torch.bfloat16),
     ]:
         comm = ReduceScatter(codec, name="ref")
         efs = [gcodec.ErrorFeedback(codec) for _ in range(p)]
@@ -136,6 +138,23 @@ def errors_check() -> None:
         check("corrupt payload raises", True, repr(e))
     finally:
         rs_mod.encode_into = real
+
+    # fp16's values path: a failed encode on one rank travels in the final agreement, not the sizes
+    def failing(*a: Any, **k: Any) -> Any:
+        raise gcodec.PayloadValueError("injected encode failure")
+
+    real_cast = rs_mod._cast_values
+    if RANK == 1:
+        rs_mod._cast_values = failing  # type: ignore[assignment]
+    try:
+        ReduceScatter("fp16", name="bad16")(torch.empty(1024), torch.randn(1024 * WORLD), None, dist.ReduceOp.AVG)
+        check("failed fp16 encode raises on every rank", False, "no error")
+    except gcodec.PayloadValueError as e:
+        check("failed fp16 encode raises on every rank", True, repr(e))
+    except gcodec.GcodecError as e:
+        check("failed fp16 encode raises on every rank", False, f"other class: {e!r}")
+    finally:
+        rs_mod._cast_values = real_cast
     out = torch.empty(1024)
     # the group still works (a fresh comm: the failed call's residuals would blur the check)
     ReduceScatter({"id": "uniform", "bits": 8}, name="clean")(out, torch.ones(1024 * WORLD), None, dist.ReduceOp.AVG)
