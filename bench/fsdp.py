@@ -16,6 +16,7 @@ Contenders: FSDP2 fp32, FSDP2 with ``MixedPrecisionPolicy(reduce_dtype=torch.bfl
 All run in the same processes, interleaved step by step, so machine noise hits all alike.
 
     sudo python bench/fsdp.py --link [--rates 100mbit,1gbit,unlimited] [--json F] [--markdown F]
+    sudo python bench/fsdp.py --gloo-bytes    # what gloo's reduce-scatter really moves
 
 **Time to accuracy on an emulated link** (``--link``): the demo's digits task with the link
 benchmark's MLP 64-2048-2048-10 (4.35 M parameters), each Linear layer its own FSDP2 module, 2
@@ -169,6 +170,63 @@ def link_markdown(res: dict[str, Any]) -> str:
     )
 
 
+def _gloo_bytes_rank(rank: int, port: int, out: str) -> None:
+    """One rank of --gloo-bytes: bytes through the namespace's loopback per collective."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    n = 4_000_000
+    x, y = torch.randn(n), torch.empty(n // 2)
+
+    def lo() -> int:
+        return int(Path("/sys/class/net/lo/statistics/tx_bytes").read_text())
+
+    res = {}
+    for name, f in [
+        ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(y, x)),
+        ("all_to_all_single", lambda: dist.all_to_all_single(torch.empty(n), x)),
+        ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(x, y)),
+        ("all_reduce", lambda: dist.all_reduce(x)),
+    ]:
+        dist.barrier()
+        b0 = lo()
+        f()
+        dist.barrier()
+        res[name] = lo() - b0
+    if rank == 0:
+        Path(out).write_text(json.dumps({"input_bytes": 4 * n, "lo_bytes": res}))
+    dist.destroy_process_group()
+
+
+def gloo_bytes_main() -> int:
+    """--gloo-bytes: what gloo's collectives really move, counted on a private loopback (root):
+    2 ranks, 16 MB of float32 input each."""
+    import subprocess
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import link
+
+    out = os.path.join(tempfile.mkdtemp(prefix="fsdp-bytes-"), "bytes.json")
+    try:
+        with link.namespace("unlimited") as prefix:
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+            cmd = [*prefix, sys.executable, __file__, "--gloo-bytes", "--port", "29533", "--out", out]
+            procs = [subprocess.Popen([*cmd, "--rank", str(r)], env=env) for r in range(2)]
+            if any(p.wait() for p in procs):
+                sys.exit("a rank failed")
+    except link.NoNamespace as e:
+        print(f"bench/fsdp.py --gloo-bytes: skipped: {e}")
+        return 0
+    data = json.loads(Path(out).read_text())
+    n = data["input_bytes"]
+    print(f"2 gloo ranks, {n / 1e6:.0f} MB input each; bytes through the loopback (both ranks, headers included):")
+    for name, b in data["lo_bytes"].items():
+        print(f"  {name:24} {b / 1e6:8.1f} MB  = {b / n:.2f} x one rank's input")
+    return 0
+
+
 def link_main(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench import link
@@ -215,12 +273,18 @@ def main() -> None:
     ap.add_argument(
         "--no-reshard", action="store_true", help="--link: reshard_after_forward=False (one all-gather a step)"
     )
+    ap.add_argument("--gloo-bytes", action="store_true", help="count the loopback bytes of gloo's collectives (root)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", metavar="FILE")
     ap.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.gloo_bytes:
+        if args.rank >= 0:
+            _gloo_bytes_rank(args.rank, args.port, args.out)
+            return
+        sys.exit(gloo_bytes_main())
     if args.link:
         sys.exit(link_main(args))
     if args.rank >= 0:
