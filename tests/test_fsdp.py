@@ -86,6 +86,7 @@ def test_every_rank_passes_its_checks(job: tuple[int, Path, dict]) -> None:
         "failed fp16 encode raises on every rank",
         "clean call after the error",
         "mismatched codec raises from backward",
+        "dcp keeps every rank's residuals",
     } <= names
 
 
@@ -129,6 +130,7 @@ def test_checkpoint_on_4_ranks_resumes_on_2_with_the_residuals(job: tuple[int, P
     assert run_ranks("resume", out, 2) == [0, 0]
     names = {c["name"] for c in checks_of(out, 2)}
     assert "resumed residuals reach the gradients exactly" in names
+    assert "dcp checkpoint reshards like reshard_state_dicts" in names
 
 
 def test_docs_example_runs_under_torchrun(tmp_path: Path) -> None:

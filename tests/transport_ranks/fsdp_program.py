@@ -185,6 +185,7 @@ def scenario_train(outdir: Path) -> None:
             runs[name]["stats"] = state.stats()
             if name == "topk":
                 torch.save(state.state_dict(), outdir / f"gcodec_rank{RANK}.pt")
+                dcp_check(state, outdir)
                 if RANK == 0:
                     torch.save(params, outdir / "params.pt")
     errors_check()
@@ -192,11 +193,39 @@ def scenario_train(outdir: Path) -> None:
         (outdir / "runs.json").write_text(json.dumps(runs))
 
 
+def _full(sd: dict) -> dict[str, np.ndarray]:
+    """Each parameter's flat residual, whatever ranges the state dict holds."""
+    from gcodec.torch.fsdp import _assemble
+
+    shapes = {k: tuple(v) for k, v in sd["shapes"].items()}
+    return _assemble(sd["residuals"], shapes)
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def dcp_check(state: Any, outdir: Path) -> None:
+    """torch.distributed.checkpoint: every rank's residuals saved under keys of its own, and
+    loaded back on the same world size exactly."""
+    import torch.distributed.checkpoint as dcp
+
+    path = str(outdir / "dcp")
+    dcp.save({"step": torch.tensor(40), **state.dcp_state_dict()}, checkpoint_id=path)
+    fresh = gcodec.torch.FSDPState({"id": "topk", "ratio": 0.01})
+    fresh.load_dcp(path)
+    mine = _full(state.state_dict())
+    check("dcp keeps every rank's residuals", bool(mine) and _same(mine, _full(fresh.state_dict())))
+
+
 def scenario_resume(outdir: Path) -> None:
     """Resume the 4-rank top-k job on WORLD ranks with its residuals, re-partitioned."""
     old = sorted(outdir.glob("gcodec_rank*.pt"))
     sds = [torch.load(f, weights_only=True) for f in old]
     new = gcodec.torch.reshard_state_dicts(sds, WORLD)
+    via_dcp = gcodec.torch.FSDPState({"id": "topk", "ratio": 0.01})
+    via_dcp.load_dcp(str(outdir / "dcp"))  # saved on 4 ranks, loaded on WORLD
+    check("dcp checkpoint reshards like reshard_state_dicts", _same(_full(via_dcp.state_dict()), _full(new[RANK])))
     params = torch.load(outdir / "params.pt", weights_only=True)
 
     def resumed(with_state: bool) -> tuple[torch.nn.Module, Any, torch.Tensor, torch.Tensor]:
