@@ -168,9 +168,16 @@ def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
     return None
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    contenders = [CONTENDERS[i] for i in QUICK] if args.quick else CONTENDERS
-    hidden = [256, 256] if args.quick else [2048, 2048]
+def run(
+    args: argparse.Namespace, contenders: list[dict[str, Any]] | None = None, hidden: list[int] | None = None
+) -> dict[str, Any]:
+    """The accuracy runs and the timing runs of ``contenders`` (default: this file's; the first one
+    is the uncompressed reference: its final accuracy is the target, its step time the warm-up's).
+    ``args``: rates, epochs, warmup, timed_steps, target, workers, quick, accuracy_from."""
+    if contenders is None:
+        contenders = [CONTENDERS[i] for i in QUICK] if args.quick else CONTENDERS
+    if hidden is None:
+        hidden = [256, 256] if args.quick else [2048, 2048]
     env = {"GLOO_SOCKET_IFNAME": "lo"}
     base = Settings(hidden=hidden, epochs=args.epochs, evals_per_epoch=2, start_iter=args.warmup)
     t0 = time.perf_counter()

@@ -146,6 +146,53 @@ class ErrorFeedback:
         self._residuals[key] = corrected
         return buf
 
+    def encode_values(self, x: np.ndarray, key: str, out: np.ndarray) -> None:
+        """For the cast codecs (fp16, bf16): write the 16-bit bits of ``x + residual[key]`` into
+        ``out`` (uint16, ``x.size`` elements) and keep the new residual, without a payload.
+
+        The same arithmetic as :meth:`encode` (bit for bit, residual included): for transports that
+        send the values alone (the FSDP reduce-scatter's values path). CPU arrays only. If the new
+        residual is not finite, raises :class:`~gcodec.PayloadValueError` and keeps the old one.
+        """
+        cid = self.codec.codec_id
+        if cid not in ("fp16", "bf16"):
+            raise ConfigError(f"encode_values needs the fp16 or bf16 codec, not {cid!r}")
+        arr = np.asarray(x)
+        K = kernels.of(arr)
+        enc = K.cast.encode_f16 if cid == "fp16" else K.cast.encode_bf16
+        dec = K.cast.decode_f16 if cid == "fp16" else K.cast.decode_bf16
+        if key in self._disabled:
+            flat = arr.reshape(-1)
+            with K.threads_for(arr.size):
+                enc(flat if flat.dtype in (np.float32, np.float64) else flat.astype(np.float32), out)
+            return
+        wd = self._work_dtype(arr)
+        e = self._residuals.get(key)
+        if e is not None and e.shape != arr.shape:
+            raise ConfigError(f"error feedback key {key!r}: shape {arr.shape} differs from its residual's {e.shape}")
+        if e is not None and e.dtype != wd:
+            e = e.astype(wd)
+        scratch = self._scratch.get(key)
+        if scratch is None or scratch.shape != arr.shape or scratch.dtype != wd:
+            scratch = np.empty(arr.shape, dtype=wd)
+        if e is not None and arr.dtype == wd:
+            corrected = np.add(arr, e)
+        else:
+            corrected = arr.astype(wd, copy=True)
+            if e is not None:
+                corrected += e
+        self._scratch[key] = scratch
+        with K.threads_for(arr.size):
+            enc(corrected.reshape(-1), out)
+            dec(out, scratch.reshape(-1), False)
+            bad = K.feedback.residual_inplace(corrected.reshape(-1), scratch.reshape(-1))
+        if bad:
+            raise PayloadValueError(
+                f"error feedback key {key!r}: {bad} residual value(s) would be NaN or infinite "
+                "(non-finite input, or a codec that overflowed); the residual was left unchanged"
+            )
+        self._residuals[key] = corrected
+
     def _encode_device(
         self, x: Any, key: str, *, step: int | None, checksum: bool, meta: Mapping[str, str] | None, out: Any
     ) -> Any:

@@ -187,3 +187,23 @@ def test_feedback_makes_sign_track_the_mean():
     assert np.abs(acc / t - x).max() <= np.abs(ef.residual("k")).max() / t + 1e-5
     plain = gcodec.decode(gcodec.get_codec("sign", group_size=0).encode(x))
     assert np.abs(plain - x).max() > 0.5
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_encode_values_is_encode_without_the_payload(codec: str, dtype: type) -> None:
+    # the FSDP reduce-scatter's values path: same 16-bit values and residuals as encode, bit for bit
+    rng = np.random.default_rng(5)
+    a, b = gcodec.ErrorFeedback(codec), gcodec.ErrorFeedback(codec)
+    for step in range(3):
+        x = (rng.standard_normal(1000) * 10 ** rng.uniform(-3, 3, 1000)).astype(dtype)
+        pay = a.encode(x, "k", step=step)
+        out = np.empty(1000, np.uint16)
+        b.encode_values(x, "k", out)
+        assert np.array_equal(gcodec.aggregate.summable_values(pay).view(np.uint16), out)
+        assert np.array_equal(a.residual("k"), b.residual("k"))
+    with pytest.raises(gcodec.PayloadValueError):
+        b.encode_values(np.full(1000, np.inf, dtype), "k", out)
+    assert np.array_equal(a.residual("k"), b.residual("k"))  # left unchanged
+    with pytest.raises(gcodec.ConfigError):
+        gcodec.ErrorFeedback("uniform").encode_values(x, "k", out)

@@ -80,8 +80,14 @@ def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 def test_every_rank_passes_its_checks(job: tuple[int, Path, dict]) -> None:
     world, out, _ = job
     names = {c["name"] for c in checks_of(out, world)}
-    assert sum(n.startswith("reference arithmetic") for n in names) == 4
-    assert {"corrupt payload raises", "clean call after the error", "mismatched codec raises from backward"} <= names
+    assert sum(n.startswith("reference arithmetic") for n in names) == 6
+    assert {
+        "corrupt payload raises",
+        "failed fp16 encode raises on every rank",
+        "clean call after the error",
+        "mismatched codec raises from backward",
+        "dcp keeps every rank's residuals",
+    } <= names
 
 
 def test_fp16_keeps_parameters_close_to_uncompressed(job: tuple[int, Path, dict]) -> None:
@@ -124,6 +130,7 @@ def test_checkpoint_on_4_ranks_resumes_on_2_with_the_residuals(job: tuple[int, P
     assert run_ranks("resume", out, 2) == [0, 0]
     names = {c["name"] for c in checks_of(out, 2)}
     assert "resumed residuals reach the gradients exactly" in names
+    assert "dcp checkpoint reshards like reshard_state_dicts" in names
 
 
 def test_docs_example_runs_under_torchrun(tmp_path: Path) -> None:
@@ -145,3 +152,13 @@ def test_docs_example_runs_under_torchrun(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "final loss" in proc.stdout and "(reduce_scatter)" in proc.stdout
+
+
+def test_fp16_takes_the_values_path_with_the_same_bytes_on_the_wire(job: tuple[int, Path, dict]) -> None:
+    # fp16's payload sizes are known everywhere: values only, no size exchange, no header or CRC
+    world, _, runs = job
+    comp = {k: v for k, v in runs["fp16"]["stats"].items() if v["codec"] is not None}
+    assert comp and all(v["mode"] == "summable" for v in comp.values())
+    for v in comp.values():
+        assert v["payload_bytes"] == v["raw_bytes"] // 2  # float32 input, 2 bytes a value
+        assert v["wire_bytes"] == v["payload_bytes"] * (world - 1) // world

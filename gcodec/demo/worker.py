@@ -7,9 +7,11 @@ trains every run in order on its shard of each global batch, and rank 0 writes t
 job's ``out`` path and prints one ``@progress`` line per step to standard output.
 
 With gloo, the gradients travel through DDP and :func:`gcodec.torch.comm_hook` (or, for comparison,
-torch's own ``fp16_compress_hook`` / ``powerSGD_hook``, or no hook); with MPI, each gradient goes
-through :func:`gcodec.mpi.allreduce` after ``backward()`` with the same rules as the hook (the first
-``start_iter`` steps and tensors under ``min_numel`` elements dense).
+torch's own ``fp16_compress_hook`` / ``powerSGD_hook``, or no hook), or through FSDP2's
+reduce-scatter (``fully_shard`` per Linear layer; hook ``fsdp``: FSDP2's own, with the run's
+``reduce_dtype``; ``fsdp-gcodec``: :func:`gcodec.torch.compress_fsdp` with the run's codec); with
+MPI, each gradient goes through :func:`gcodec.mpi.allreduce` after ``backward()`` with the same
+rules as the hook (the first ``start_iter`` steps and tensors under ``min_numel`` elements dense).
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def _wire_bytes_dense(run: dict[str, Any], params: Sequence[torch.Tensor], s: Se
     hook = run["hook"]
     if hook == "none":
         return sum(4 * p.numel() for p in params)
+    if hook == "fsdp":  # the whole reduce-scatter input, in reduce_dtype
+        return sum((2 if run.get("reduce_dtype") == "bf16" else 4) * p.numel() for p in params)
+    if hook == "fsdp-gcodec":  # its statistics count the dense groups too
+        return 0
     if hook == "torch-fp16":
         return sum(2 * p.numel() for p in params)
     if hook == "torch-powersgd":
@@ -108,8 +114,41 @@ class _Comm:
             dist.destroy_process_group()
 
 
+def _wrap_fsdp(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm) -> tuple[Any, Any, Any]:
+    """FSDP2 on gloo: every Linear layer its own FSDP module, then the root (FSDP2's defaults, with
+    the run's ``reduce_dtype`` and ``reshard_after_forward``); ``fsdp-gcodec`` sets gcodec's
+    reduce-scatter on every module."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    import gcodec.torch
+
+    if comm.backend == "mpi":
+        raise ValueError("FSDP2 runs need the gloo backend")
+    dtypes = {None: None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    mp = MixedPrecisionPolicy(reduce_dtype=dtypes[run.get("reduce_dtype")])
+    mesh = init_device_mesh("cpu", (comm.size,))
+    reshard = bool(run.get("reshard_after_forward", True))  # False: one all-gather a step (ZeRO-2)
+    for m in model.children():
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    state = None
+    if run["hook"] == "fsdp-gcodec":
+        state = gcodec.torch.compress_fsdp(
+            model,
+            run["codec"],
+            start_iter=s.start_iter,
+            min_numel=s.min_numel,
+            error_feedback=run["error_feedback"],
+        )
+    return model, state, None
+
+
 def _wrap(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm) -> tuple[Any, Any, Any]:
     """(module to call, gcodec state or None, reducer for the MPI path or None)."""
+    if run["hook"] in ("fsdp", "fsdp-gcodec"):
+        return _wrap_fsdp(model, run, s, comm)
     if comm.backend == "mpi":
         import gcodec.mpi
 
@@ -251,6 +290,8 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
     compressed = max(1, step - s.start_iter) if state is not None else max(1, step)
     nparams = sum(q.numel() for q in params)
     bytes_per_step = tot["payload_bytes"] / compressed + _wire_bytes_dense(run, params, s)
+    if run["hook"] == "fsdp-gcodec" and state is not None:  # the last step's: its totals hold the warm-up's
+        bytes_per_step = float(sum(v["payload_bytes"] for v in state.stats().values()))
     modes = sorted({v["mode"] for v in state.stats().values()}) if state is not None else []
     # steady state: after the dense warm-up and two compressed steps (first-call costs)
     warm = step_times[min(len(step_times) - 1, s.start_iter + 2) :] or step_times

@@ -140,6 +140,11 @@ class FutureQueue:
             self._jobs.put((proto, result))
         return result
 
+    def run(self, proto: Protocol) -> Any:
+        """Run ``proto`` after the protocols submitted before it and return its result (or raise its
+        error), for callers that wait anyway (FSDP2 calls its reduce-scatter synchronously)."""
+        return self.submit(proto).wait()
+
     def _serve(self) -> None:
         while True:
             job = self._jobs.get()

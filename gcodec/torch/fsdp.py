@@ -54,6 +54,8 @@ Policy = Callable[[str, torch.Tensor], "Codec | str | dict[str, Any] | None"]
 
 _RANGE = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
 FORMAT = "gcodec.fsdp/1"
+#: Key prefix of :meth:`FSDPState.dcp_state_dict` (``"gcodec.fsdp.rank3/fc1.weight[0:2048]"``).
+DCP_PREFIX = "gcodec.fsdp.rank"
 
 
 def _codec_key(codec: Codec) -> str:
@@ -282,6 +284,64 @@ class FSDPState:
         self._groups.clear()
         self._agreed.clear()
 
+    # ---- torch.distributed.checkpoint ---------------------------------------------------------
+    def dcp_state_dict(self, group: Any = None) -> dict[str, torch.Tensor]:
+        """This rank's :meth:`state_dict` for ``torch.distributed.checkpoint``, under keys of its own.
+
+        DCP keeps one copy of a key that every rank saves (it takes equal keys for replicated
+        state), but every rank's residuals differ: here each key starts with
+        ``"gcodec.fsdp.rank<r>/"`` (the residuals ``".../fqn[a:b]"`` and ``".../meta"``, the rest of
+        the state as JSON bytes in a uint8 tensor), so DCP writes them all. Merge it into the dict
+        you save, e.g. ``dcp.save({**app_state, **state.dcp_state_dict()}, checkpoint_id=path)``,
+        and restore with :meth:`load_dcp`.
+        """
+        r = dist.get_rank(group)
+        sd = self.state_dict()
+        meta = {k: sd[k] for k in ("format", "codec", "error_feedback", "iters", "shapes")}
+        text = json.dumps(meta, sort_keys=True).encode()
+        out: dict[str, torch.Tensor] = {f"{DCP_PREFIX}{r}/meta": torch.frombuffer(bytearray(text), dtype=torch.uint8)}
+        for k, v in sd["residuals"].items():
+            out[f"{DCP_PREFIX}{r}/{k}"] = v
+        return out
+
+    def load_dcp(self, checkpoint_id: Any = None, *, storage_reader: Any = None, group: Any = None) -> None:
+        """Restore the state saved with :meth:`dcp_state_dict` in a DCP checkpoint, on this job's
+        world size: the same number of ranks gets each rank's own residuals back; another number
+        gets :func:`reshard_state_dicts` of all of them. Other keys of the checkpoint are ignored.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        def reader() -> Any:
+            return storage_reader if storage_reader is not None else dcp.FileSystemReader(checkpoint_id)
+
+        md = reader().read_metadata().state_dict_metadata
+        saved: dict[int, dict[str, Any]] = {}
+        for k, v in md.items():
+            if k.startswith(DCP_PREFIX) and isinstance(v, TensorStorageMetadata):
+                rank_s, key = k[len(DCP_PREFIX) :].split("/", 1)
+                saved.setdefault(int(rank_s), {})[key] = (k, v)
+        if not saved:
+            raise ConfigError(f"no gcodec FSDP state in the checkpoint {checkpoint_id!r}")
+        world, me = dist.get_world_size(group), dist.get_rank(group)
+        ranks = sorted(saved) if len(saved) != world else [me]  # same world size: only our own
+        template = {
+            name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+            for r in ranks
+            for name, meta in saved[r].values()
+        }
+        dcp.load(template, storage_reader=reader(), process_group=group)
+        sds = []
+        for r in ranks:
+            sd: dict[str, Any] = {"residuals": {}}
+            for key, (name, _) in saved[r].items():
+                if key == "meta":
+                    sd.update(json.loads(bytes(template[name].numpy()).decode()))
+                else:
+                    sd["residuals"][key] = template[name]
+            sds.append(sd)
+        self.load_state_dict(sds[0] if len(saved) == world else reshard_state_dicts(sds, world)[me])
+
 
 def _assemble(residuals: Mapping[str, Any], shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
     """Full flat residual per FQN from ``"fqn[a:b]"`` pieces (zeros where none was saved)."""
@@ -456,11 +516,9 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             "ef": st.error_feedback,
         }
         proto = self._protocol(comm, x, out, groups, scale, fingerprint(**fields))
-        fut = queue_for(group).submit(proto)
-        work = _Work(fut)
         if async_op:
-            return work
-        work.wait()
+            return _Work(queue_for(group).submit(proto))
+        queue_for(group).run(proto)  # FSDP2 waits for it anyway
         return None
 
     def _groups(self, layout: _Layout, it: int) -> list[RSGroup]:

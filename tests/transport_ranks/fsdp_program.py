@@ -86,7 +86,9 @@ def reference_check() -> None:
         ({"id": "uniform", "bits": 4}, dist.ReduceOp.AVG, torch.float32),
         ({"id": "topk", "ratio": 0.01}, dist.ReduceOp.SUM, torch.float32),
         ({"id": "topk", "ratio": 0.05}, dist.ReduceOp.PREMUL_SUM(0.25), torch.bfloat16),
-        ("fp16", dist.ReduceOp.AVG, torch.float32),
+        ("fp16", dist.ReduceOp.AVG, torch.float32),  # fp16 and bf16: the values path (no size exchange)
+        ("bf16", dist.ReduceOp.SUM, torch.bfloat16),
+        ("fp16", dist.ReduceOp.PREMUL_SUM(0.25), torch.bfloat16),
     ]:
         comm = ReduceScatter(codec, name="ref")
         efs = [gcodec.ErrorFeedback(codec) for _ in range(p)]
@@ -136,6 +138,23 @@ def errors_check() -> None:
         check("corrupt payload raises", True, repr(e))
     finally:
         rs_mod.encode_into = real
+
+    # fp16's values path: a failed encode on one rank travels in the final agreement, not the sizes
+    def failing(*a: Any, **k: Any) -> Any:
+        raise gcodec.PayloadValueError("injected encode failure")
+
+    real_cast = rs_mod._cast_values
+    if RANK == 1:
+        rs_mod._cast_values = failing  # type: ignore[assignment]
+    try:
+        ReduceScatter("fp16", name="bad16")(torch.empty(1024), torch.randn(1024 * WORLD), None, dist.ReduceOp.AVG)
+        check("failed fp16 encode raises on every rank", False, "no error")
+    except gcodec.PayloadValueError as e:
+        check("failed fp16 encode raises on every rank", True, repr(e))
+    except gcodec.GcodecError as e:
+        check("failed fp16 encode raises on every rank", False, f"other class: {e!r}")
+    finally:
+        rs_mod._cast_values = real_cast
     out = torch.empty(1024)
     # the group still works (a fresh comm: the failed call's residuals would blur the check)
     ReduceScatter({"id": "uniform", "bits": 8}, name="clean")(out, torch.ones(1024 * WORLD), None, dist.ReduceOp.AVG)
@@ -166,6 +185,7 @@ def scenario_train(outdir: Path) -> None:
             runs[name]["stats"] = state.stats()
             if name == "topk":
                 torch.save(state.state_dict(), outdir / f"gcodec_rank{RANK}.pt")
+                dcp_check(state, outdir)
                 if RANK == 0:
                     torch.save(params, outdir / "params.pt")
     errors_check()
@@ -173,11 +193,39 @@ def scenario_train(outdir: Path) -> None:
         (outdir / "runs.json").write_text(json.dumps(runs))
 
 
+def _full(sd: dict) -> dict[str, np.ndarray]:
+    """Each parameter's flat residual, whatever ranges the state dict holds."""
+    from gcodec.torch.fsdp import _assemble
+
+    shapes = {k: tuple(v) for k, v in sd["shapes"].items()}
+    return _assemble(sd["residuals"], shapes)
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def dcp_check(state: Any, outdir: Path) -> None:
+    """torch.distributed.checkpoint: every rank's residuals saved under keys of its own, and
+    loaded back on the same world size exactly."""
+    import torch.distributed.checkpoint as dcp
+
+    path = str(outdir / "dcp")
+    dcp.save({"step": torch.tensor(40), **state.dcp_state_dict()}, checkpoint_id=path)
+    fresh = gcodec.torch.FSDPState({"id": "topk", "ratio": 0.01})
+    fresh.load_dcp(path)
+    mine = _full(state.state_dict())
+    check("dcp keeps every rank's residuals", bool(mine) and _same(mine, _full(fresh.state_dict())))
+
+
 def scenario_resume(outdir: Path) -> None:
     """Resume the 4-rank top-k job on WORLD ranks with its residuals, re-partitioned."""
     old = sorted(outdir.glob("gcodec_rank*.pt"))
     sds = [torch.load(f, weights_only=True) for f in old]
     new = gcodec.torch.reshard_state_dicts(sds, WORLD)
+    via_dcp = gcodec.torch.FSDPState({"id": "topk", "ratio": 0.01})
+    via_dcp.load_dcp(str(outdir / "dcp"))  # saved on 4 ranks, loaded on WORLD
+    check("dcp checkpoint reshards like reshard_state_dicts", _same(_full(via_dcp.state_dict()), _full(new[RANK])))
     params = torch.load(outdir / "params.pt", weights_only=True)
 
     def resumed(with_state: bool) -> tuple[torch.nn.Module, Any, torch.Tensor, torch.Tensor]:
