@@ -59,6 +59,11 @@ from gcodec.demo.runs import Settings, run_spec  # noqa: E402
 RATES = ["100mbit", "1gbit", "10gbit", "unlimited"]
 RATE_BITS = {"100mbit": 100e6, "1gbit": 1e9, "10gbit": 10e9, "unlimited": math.inf}
 
+#: The contender that stands for "no codec" in gcodec's choice.
+ALL_DENSE = "gcodec hook, every tensor dense"
+#: The bandwidth ``gcodec advise`` is given for the unlimited loopback (``--unlimited-bps``).
+UNLIMITED_BPS = 40e9
+
 CONTENDERS: list[dict[str, Any]] = [
     run_spec("uncompressed (DDP allreduce)", None, False, hook="none"),
     run_spec("torch fp16_compress_hook", None, False, hook="torch-fp16"),
@@ -72,6 +77,9 @@ CONTENDERS: list[dict[str, Any]] = [
     run_spec(
         "gcodec top-k 1% + uniform 8 + EF", {"id": "topk", "ratio": 0.01, "values": {"id": "uniform", "bits": 8}}, True
     ),
+    # what a job keeps running when gcodec advise says no codec pays: the hook stays registered and
+    # its policy sends every tensor dense
+    {**run_spec(ALL_DENSE, {"id": "fp16"}, False), "policy": {"*": None}},
 ]
 QUICK = [0, 1, 3]  # indices into CONTENDERS for --quick: plain DDP, torch fp16, gcodec fp16
 
@@ -112,30 +120,45 @@ def namespace(rate: str) -> Iterator[list[str]]:
         _ip("netns", "del", name, check=False)
 
 
-def advise_break_even(
-    codec: dict[str, Any] | None, hidden: list[int], workers: int, error_feedback: bool
-) -> float | None:
-    """HOOK (gcodec advise): the bandwidth (bit/s) above which ``gcodec advise`` predicts that
-    ``codec`` costs more than an uncompressed allreduce of the benchmark's model (``inf``: it always
-    pays; 0: it never does), for comparison with the measured crossover.
-
-    Returns None where ``gcodec.advise`` is not installed (it comes with the telemetry/policy work)
-    or cannot price the codec (torch's own hooks, no codec). Uses ``gcodec.advise.advise(model=...)``
-    with the MLP's parameter shapes, this machine's measured codec speeds and the default latency.
-    """
-    if codec is None:
-        return None
-    try:
-        from gcodec import advise as adv  # type: ignore[attr-defined]
-    except ImportError:
-        return None
+def _shapes(hidden: list[int]) -> dict[str, list[int]]:
+    """The benchmark MLP's parameter shapes, named as torch names them."""
     dims = [64, *hidden, 10]
     shapes = {}
     for k, (a, b) in enumerate(itertools.pairwise(dims)):
         shapes[f"{2 * k}.weight"], shapes[f"{2 * k}.bias"] = [b, a], [b]
+    return shapes
+
+
+def _advise_module() -> Any:
+    try:
+        from gcodec import advise as adv
+    except ImportError:
+        return None
+    return adv
+
+
+def advise_break_even(
+    codec: dict[str, Any] | None, hidden: list[int], workers: int, error_feedback: bool
+) -> float | None:
+    """The bandwidth (bit/s) above which ``gcodec advise`` predicts that ``codec`` costs more than an
+    uncompressed allreduce of the benchmark's model (``inf``: it always pays; 0: it never does),
+    for comparison with the measured crossover.
+
+    Returns None where ``gcodec.advise`` is not installed or cannot price the codec (torch's own
+    hooks, no codec). Uses ``gcodec.advise.advise(model=...)`` with the MLP's parameter shapes, this
+    machine's measured codec speeds and the default latency.
+    """
+    adv = _advise_module()
+    if codec is None or adv is None:
+        return None
     try:
         rows = adv.advise(
-            model=shapes, bandwidth=1e9, workers=workers, candidates=[codec], error_feedback=error_feedback, repeats=2
+            model=_shapes(hidden),
+            bandwidth=1e9,
+            workers=workers,
+            candidates=[codec],
+            error_feedback=error_feedback,
+            repeats=2,
         )
     except Exception as e:  # an API change on the other side must not sink the benchmark
         print(f"gcodec advise failed for {codec}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -146,6 +169,44 @@ def advise_break_even(
     if be is None:
         return math.inf if rows[0].get("saving_seconds", 0) > 0 else 0.0
     return float(be)
+
+
+def advise_choices(
+    contenders: list[dict[str, Any]], hidden: list[int], workers: int, rates: list[str], unlimited_bps: float
+) -> dict[str, str | None]:
+    """Per rate, the gcodec contender ``gcodec advise`` picks at that bandwidth (the largest predicted
+    saving per step over an uncompressed allreduce), or None when it predicts that none pays.
+
+    This is what a user who follows ``gcodec advise`` runs; the benchmark then reads that
+    contender's measured time (the all-dense hook's for None). The unlimited loopback is priced at
+    ``unlimited_bps``.
+    """
+    adv = _advise_module()
+    cands = [c for c in contenders if c["hook"] == "gcodec" and c["codec"] is not None and not c.get("policy")]
+    if adv is None or not cands:
+        return {}
+    from gcodec import get_codec
+
+    speeds = {}
+    for c in cands:
+        speeds[json.dumps(get_codec(c["codec"]).get_config(), sort_keys=True)] = adv.measure_speed(c["codec"])
+    out: dict[str, str | None] = {}
+    for rate in rates:
+        bps = RATE_BITS[rate] if math.isfinite(RATE_BITS[rate]) else unlimited_bps
+        best, saving = None, 0.0
+        for c in cands:
+            row = adv.advise(
+                model=_shapes(hidden),
+                bandwidth=bps,
+                workers=workers,
+                candidates=[c["codec"]],
+                error_feedback=c["error_feedback"],
+                speeds=speeds,
+            )[0]
+            if row["saving_seconds"] > saving:
+                best, saving = c["label"], float(row["saving_seconds"])
+        out[rate] = best
+    return out
 
 
 def measured_crossover(row: dict[str, Any], base: dict[str, Any], rates: list[str]) -> str:
@@ -246,6 +307,10 @@ def run(
         "rates": args.rates,
         "elapsed_s": time.perf_counter() - t0,
         "rows": rows,
+        "advise_choice": advise_choices(
+            contenders, hidden, args.workers, args.rates, getattr(args, "unlimited_bps", UNLIMITED_BPS)
+        ),
+        "unlimited_bps": getattr(args, "unlimited_bps", UNLIMITED_BPS),
     }
 
 
@@ -259,6 +324,32 @@ def _fmt_bps(v: float) -> str:
     if v == 0:
         return "never pays"
     return f"break-even at {v / 1e9:.2f} Gbit/s"
+
+
+def choice_lines(res: dict[str, Any]) -> list[str]:
+    """gcodec's choice per rate: the contender ``gcodec advise`` picks there, its measured time to
+    accuracy, and that time against the uncompressed run's."""
+    choice = res.get("advise_choice") or {}
+    if not choice:
+        return []
+    by_label = {r["label"]: r for r in res["rows"]}
+    base = res["rows"][0]
+    gbit = res.get("unlimited_bps", UNLIMITED_BPS) / 1e9
+    out = [
+        "",
+        "gcodec's choice (the contender `gcodec advise` picks at each rate, the unlimited loopback priced "
+        f"at {gbit:.0f} Gbit/s; none: the hook with every tensor dense):",
+    ]
+    for q in res["rates"]:
+        if q not in choice:
+            continue
+        label = choice[q] or ALL_DENSE
+        row = by_label.get(label)
+        t = row["rates"][q]["time_to_target_s"] if row else None
+        b = base["rates"][q]["time_to_target_s"]
+        ratio = f"{t / b:.2f}x uncompressed" if t is not None and b else "n/a"
+        out.append(f"- {q}: advise picks {choice[q] or 'none'}; time to target {_fmt_s(t)} ({ratio})")
+    return out
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -302,7 +393,7 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     if not any(r["advise_break_even_bps"] is not None for r in res["rows"]):
         cross.append("- gcodec advise: not available here (the hook is `advise_break_even` in bench/link.py)")
-    note = "\n".join(cross)
+    note = "\n".join(cross + choice_lines(res))
     return (
         f"{res['model']} ({res['params']:,} parameters), {res['workers']} gloo workers, target accuracy "
         f"{100 * res['target']:.1f} % (the uncompressed run's final), {res['elapsed_s'] / 60:.1f} min\n\n"
@@ -356,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="MLP 64-256-256-10, 3 contenders, 2 epochs at 1gbit")
     ap.add_argument("--accuracy-from", metavar="FILE", help="reuse the accuracy runs of an earlier --json")
+    ap.add_argument(
+        "--unlimited-bps",
+        type=float,
+        default=UNLIMITED_BPS,
+        help="the bandwidth gcodec advise is given for the unlimited loopback (bit/s)",
+    )
     ap.add_argument(
         "--from-json", metavar="FILE", help="re-make the table and plot from an earlier --json (and ask gcodec advise)"
     )

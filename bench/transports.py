@@ -1,6 +1,7 @@
 """Transport benchmarks: DDP hook step time against torch's hooks, and bytes per rank by mode.
 
     python bench/transports.py ddp   [--params 4] [--steps 30]    # 2 gloo ranks on loopback
+    python bench/transports.py ddp --model link                   # bench/link.py's MLP (biases dense)
     mpiexec -n 4 python bench/transports.py bytes [--numel 1048576]
 
 ``ddp`` trains an MLP of about ``--params`` million parameters with 2 gloo ranks on 127.0.0.1 and
@@ -36,16 +37,28 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     width = int((args.params * 1e6 / 3) ** 0.5)
-    contenders = {}
-    for name in ("none", "torch fp16", "gcodec fp16", "torch powerSGD r2", "gcodec powersgd r2"):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(
+
+    def make_model() -> torch.nn.Module:
+        if args.model == "link":  # bench/link.py's MLP: biases, a 10-wide head, DDP's default buckets
+            return torch.nn.Sequential(
+                torch.nn.Linear(64, 2048),
+                torch.nn.ReLU(),
+                torch.nn.Linear(2048, 2048),
+                torch.nn.ReLU(),
+                torch.nn.Linear(2048, 10),
+            )
+        return torch.nn.Sequential(
             torch.nn.Linear(width, width),
             torch.nn.ReLU(),
             torch.nn.Linear(width, width),
             torch.nn.ReLU(),
             torch.nn.Linear(width, width),
         )
+
+    contenders = {}
+    for name in ("none", "torch fp16", "gcodec fp16", "torch powerSGD r2", "gcodec powersgd r2"):
+        torch.manual_seed(0)
+        model = make_model()
         ddp = DDP(model, bucket_cap_mb=1024)  # one bucket: torch's PowerSGD hook needs it on gloo
         if name == "torch fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -61,7 +74,8 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
                 gcodec.torch.HookState({"id": "powersgd", "rank": 2}, start_iter=2), gcodec.torch.comm_hook
             )
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-        x = torch.randn(64, width, generator=torch.Generator().manual_seed(rank))
+        shape = (32, 64) if args.model == "link" else (64, width)
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank))
         contenders[name] = (ddp, opt, x)
 
     def step(name: str) -> float:
@@ -143,6 +157,12 @@ def main() -> None:
     ap.add_argument("what", choices=["ddp", "bytes"])
     ap.add_argument("--params", type=float, default=4.0, help="million parameters of the DDP model")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument(
+        "--model",
+        choices=["square", "link"],
+        default="square",
+        help="square: three --params Linear layers; link: bench/link.py's MLP 64-2048-2048-10 (small dense tensors)",
+    )
     ap.add_argument("--numel", type=int, default=1 << 20)
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

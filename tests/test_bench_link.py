@@ -61,3 +61,20 @@ def test_advise_hook_returns_none_until_gcodec_advise_exists():
         import gcodec.advise  # noqa: F401
     except ImportError:
         assert link.advise_break_even({"id": "fp16"}, [256], 2, False) is None
+
+
+def test_gcodec_choice_reads_the_picked_contenders_time_and_none_means_all_dense():
+    def row(label, tta):
+        return {"label": label, "rates": {"1gbit": {"time_to_target_s": tta}, "unlimited": {"time_to_target_s": tta}}}
+
+    res = {
+        "rates": ["1gbit", "unlimited"],
+        "rows": [row("uncompressed", 10.0), row("gcodec uniform 4", 6.0), row(link.ALL_DENSE, 10.4)],
+        "advise_choice": {"1gbit": "gcodec uniform 4", "unlimited": None},
+        "unlimited_bps": 40e9,
+    }
+    lines = link.choice_lines(res)
+    assert "- 1gbit: advise picks gcodec uniform 4; time to target 6.0 s (0.60x uncompressed)" in lines
+    assert "- unlimited: advise picks none; time to target 10.4 s (1.04x uncompressed)" in lines
+    assert any("40 Gbit/s" in x for x in lines)
+    assert link.choice_lines({**res, "advise_choice": {}}) == []

@@ -60,7 +60,8 @@ def run_spec(label: str, codec: dict[str, Any] | None, error_feedback: bool, hoo
     """One run as the worker reads it. ``hook``: ``gcodec``, or torch's ``torch-fp16`` /
     ``torch-powersgd`` (for comparisons), or ``none`` (plain DDP allreduce); or FSDP2 instead of
     DDP: ``fsdp`` (FSDP2's own reduce-scatter; add ``"reduce_dtype": "bf16"`` to the spec) or
-    ``fsdp-gcodec`` (:func:`gcodec.torch.compress_fsdp` with ``codec``)."""
+    ``fsdp-gcodec`` (:func:`gcodec.torch.compress_fsdp` with ``codec``). A gcodec run may add a
+    ``"policy"`` (HookState's pattern dict, e.g. ``{"*": None}``: every tensor dense)."""
     if codec is None and hook == "gcodec":
         hook = "none"
     return {"label": label, "codec": codec, "error_feedback": error_feedback, "hook": hook}

@@ -78,6 +78,8 @@ def _wire_bytes_dense(run: dict[str, Any], params: Sequence[torch.Tensor], s: Se
             else:
                 total += 4 * p.numel()
         return total
+    if run.get("policy") is not None:  # a pattern policy (all dense in the link benchmark's use)
+        return sum(4 * p.numel() for p in params)
     codec = get_codec(run["codec"])
     return sum(4 * p.numel() for p in params if _dense(codec, p, s.min_numel))
 
@@ -187,6 +189,7 @@ def _wrap(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm)
             start_iter=s.start_iter,
             min_numel=s.min_numel,
             error_feedback=run["error_feedback"],
+            policy=run.get("policy"),
             module=model,
         )
         ddp.register_comm_hook(hook_state, gcodec.torch.comm_hook)

@@ -330,6 +330,11 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             groups.setdefault(k, []).append(i)
             codecs[k] = c
 
+    if not groups:  # everything dense this step (a policy's choice): the warm-up's plain average
+        yield comm.allreduce_tensor(buf)
+        buf.div_(p)
+        return buf
+
     # Dense tensors: their concatenation (in float32) is summed uncompressed, riding in the
     # collectives of the bucket's first summable or PowerSGD group when it has one (one collective
     # fewer per bucket), else in an allreduce of its own.
