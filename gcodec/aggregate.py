@@ -146,22 +146,23 @@ def round_values(acc: np.ndarray, values: np.ndarray) -> None:
                 values[...] = acc
 
 
-def sum_pair(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+def sum_pair(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
     """``out = (0 + a) + b`` for values of one type, added in float32 (float64 for float64) and
     rounded once to the type: bit for bit what :func:`add_values` twice into a zeroed accumulator
-    and then :func:`round_values` give (-0 + -0 is +0 there too), in one pass. ``out`` may be ``a``."""
+    and then :func:`round_values` give (-0 + -0 is +0 there too), in one pass. ``out`` may be ``a``.
+    Returns how many results are NaN or infinite (what :func:`count_nonfinite` of ``out`` says)."""
     if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype):
         raise ConfigError(f"sum_pair: {a.dtype}{a.shape} + {b.dtype}{b.shape} into {out.dtype}{out.shape}")
     K = kernels.of(out)
     with K.threads_for(out.size):
         if out.dtype == np.float16:
-            K.cast.sum2_f16(a.view(np.uint16), b.view(np.uint16), out.view(np.uint16))
-        elif out.dtype == BFLOAT16:
-            K.cast.sum2_bf16(a.view(np.uint16), b.view(np.uint16), out.view(np.uint16))
-        else:  # float32 + float32 in float32 (float64 in float64): one rounding, as the accumulator's
-            with np.errstate(over="ignore", invalid="ignore"):
-                np.add(a, out.dtype.type(0), out=out)
-                np.add(out, b, out=out)
+            return int(K.cast.sum2_f16(a.view(np.uint16), b.view(np.uint16), out.view(np.uint16)))
+        if out.dtype == BFLOAT16:
+            return int(K.cast.sum2_bf16(a.view(np.uint16), b.view(np.uint16), out.view(np.uint16)))
+        with np.errstate(over="ignore", invalid="ignore"):  # one rounding, as the accumulator's
+            np.add(a, out.dtype.type(0), out=out)
+            np.add(out, b, out=out)
+    return count_nonfinite(out.reshape(-1))
 
 
 def count_nonfinite(values: np.ndarray) -> int:

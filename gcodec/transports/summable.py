@@ -59,14 +59,20 @@ def reduce_chunks(chunks: list[np.ndarray], dtype: np.dtype, out: np.ndarray | N
     once, into ``out`` (a new array when None)."""
     if out is None:
         out = np.empty(chunks[0].shape, dtype)
-    if len(chunks) == 2:  # one fused pass, the same arithmetic (0 + a is exact)
-        sum_pair(chunks[0], chunks[1], out)
-        return out
-    acc = np.zeros(chunks[0].shape, np.float64 if dtype == np.float64 else np.float32)
+    _reduce(chunks, out)
+    return out
+
+
+def _reduce(chunks: list[np.ndarray], out: np.ndarray) -> int | None:
+    """:func:`reduce_chunks` into ``out``; for two chunks (one fused pass, the same arithmetic) the
+    number of non-finite sums, else None (not counted)."""
+    if len(chunks) == 2:
+        return sum_pair(chunks[0], chunks[1], out)
+    acc = np.zeros(chunks[0].shape, np.float64 if out.dtype == np.float64 else np.float32)
     for c in chunks:
         add_values(c, acc)
     round_values(acc, out)
-    return out
+    return None
 
 
 def summable_protocol(
@@ -113,13 +119,15 @@ def summable_protocol(
     # riders (the caller's layout is the same on every rank), so the chunk sizes are known
     # everywhere and the collectives need no size exchange.
     riders = np.empty(0, np.float32) if dense is None else dense
+    bad: int | None
     if p == 2:
-        yield from _sum_by_allgather(comm, vals, riders, st, state)
+        bad = yield from _sum_by_allgather(comm, vals, riders, st, state, key)
     else:
-        yield from _sum_by_reduce_scatter(comm, vals, riders, st, state, what)
+        bad = yield from _sum_by_reduce_scatter(comm, vals, riders, st, state, what)
     with kernel_threads(state.threads), st.timing("decode_s"):
         # The summed values are the same on every rank: all refuse them alike when any is not finite.
-        bad = count_nonfinite(vals)
+        if bad is None:
+            bad = count_nonfinite(vals)
         if err is not None:
             raise err
         if bad:
@@ -132,14 +140,16 @@ def summable_protocol(
     return out
 
 
-def _reduce_into(parts: list[np.ndarray], dst: np.ndarray) -> None:
-    """``dst`` = the sum of ``parts`` (byte buffers of ``dst``'s type) in rank order, rounded once."""
-    if dst.shape[0]:
-        reduce_chunks([q.view(dst.dtype) for q in parts], dst.dtype, out=dst)
+def _reduce_into(parts: list[np.ndarray], dst: np.ndarray) -> int | None:
+    """``dst`` = the sum of ``parts`` (byte buffers of ``dst``'s type) in rank order, rounded once;
+    the number of non-finite sums when the pass counted them, else None."""
+    if not dst.shape[0]:
+        return 0
+    return _reduce([q.view(dst.dtype) for q in parts], dst)
 
 
 def _sum_by_allgather(
-    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState
+    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState, key: str
 ) -> Protocol:
     """p = 2: one all-gather of the whole values (and riders); each rank sums both copies.
 
@@ -147,8 +157,13 @@ def _sum_by_allgather(
     instead of two, and the same sums: every element is added in rank order and rounded once.
     """
     vb, rb = as_bytes(vals), as_bytes(riders)
-    # Riders first: their 4- or 8-byte items keep the 2-byte values aligned after them.
-    send = vb if rb.shape[0] == 0 else np.concatenate([rb, vb])
+    # Riders first: their 4- or 8-byte items keep the 2-byte values aligned after them. The joint
+    # buffer is kept across steps (a fresh one page-faults on every step).
+    send = vb
+    if rb.shape[0]:
+        send = state.scratch(key + "\0send", (rb.shape[0] + vb.shape[0],), np.dtype(np.uint8))
+        send[: rb.shape[0]] = rb
+        send[rb.shape[0] :] = vb
     w = comm.allgatherv(send, [send.shape[0]] * comm.size)
     yield w
     parts = w.result()
@@ -156,7 +171,7 @@ def _sum_by_allgather(
     st.add("wire_bytes", nbytes_from_others(parts, comm.rank) - (comm.size - 1) * r)  # the values' bytes
     with kernel_threads(state.threads), st.timing("decode_s"):
         _reduce_into([q[:r] for q in parts], riders)
-        _reduce_into([q[r:] for q in parts], vals)
+        return _reduce_into([q[r:] for q in parts], vals)
 
 
 def _sum_by_reduce_scatter(
@@ -197,3 +212,4 @@ def _sum_by_reduce_scatter(
         n = rs.stop - rs.start
         rb[rs] = parts[j][:n]
         vb[vs] = parts[j][n:]
+    return None  # the gathered sums are counted by the caller

@@ -131,21 +131,27 @@ def _add_bf16_range(h, out, lo, hi):  # pragma: no cover - jitted
 @njit(cache=True, nogil=True)
 def _sum2_f16_range(a, b, out, lo, hi):  # pragma: no cover - jitted
     base = np.uint64(lo)
+    bad = np.uint32(0)
     for j in range(hi - lo):
         i = base + np.uint64(j)
         s = np.float32(np.float32(0) + f16_bits_to_f32(a[i]))  # from +0, as an accumulator sums
-        out[i] = f32_to_f16_bits(np.float32(s + f16_bits_to_f32(b[i])))
-    return 0
+        h = f32_to_f16_bits(np.float32(s + f16_bits_to_f32(b[i])))
+        out[i] = h
+        bad += np.uint32(np.uint32(h & np.uint32(0x7C00)) == np.uint32(0x7C00))  # infinity or NaN
+    return bad
 
 
 @njit(cache=True, nogil=True)
 def _sum2_bf16_range(a, b, out, lo, hi):  # pragma: no cover - jitted
     base = np.uint64(lo)
+    bad = np.uint32(0)
     for j in range(hi - lo):
         i = base + np.uint64(j)
         s = np.float32(np.float32(0) + bf16_bits_to_f32(a[i]))  # from +0, as an accumulator sums
-        out[i] = f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i])))
-    return 0
+        h = f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i])))
+        out[i] = h
+        bad += np.uint32(np.uint32(h & np.uint32(0x7F80)) == np.uint32(0x7F80))  # infinity or NaN
+    return bad
 
 
 def encode_f16(x: np.ndarray, out: np.ndarray) -> None:
@@ -168,13 +174,14 @@ def decode_bf16(h: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
     run_chunks(_add_bf16_range if accumulate else _decode_bf16_range, h.shape[0], CHUNK, h, out)
 
 
-def sum2_f16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+def sum2_f16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
     """out[i] = binary16 bits of the float32 sum (0 + float32(a[i])) + float32(b[i]), rounded once
     to nearest even (a, b, out binary16 bits; out may be a or b). The leading +0 is kept on
-    purpose: it is how an accumulator that starts at zero sums, and it makes -0 + -0 give +0."""
-    run_chunks(_sum2_f16_range, a.shape[0], CHUNK, a, b, out)
+    purpose: it is how an accumulator that starts at zero sums, and it makes -0 + -0 give +0.
+    Returns how many results are infinite or NaN."""
+    return run_chunks(_sum2_f16_range, a.shape[0], CHUNK, a, b, out)
 
 
-def sum2_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+def sum2_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
     """As :func:`sum2_f16` for bfloat16 bits."""
-    run_chunks(_sum2_bf16_range, a.shape[0], CHUNK, a, b, out)
+    return run_chunks(_sum2_bf16_range, a.shape[0], CHUNK, a, b, out)

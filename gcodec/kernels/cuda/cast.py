@@ -133,13 +133,21 @@ def decode_bf16(h, out, accumulate):  # type: ignore[no-untyped-def]
         _dec_bf16[grid(h.shape[0])](device(h), out, bool(accumulate))
 
 
+def _nonfinite(out, infkey):  # type: ignore[no-untyped-def]
+    from .sparse import count_nonfinite
+
+    return count_nonfinite(device(out), np.uint16(0x7FFF), np.uint16(infkey)) if out.shape[0] else 0
+
+
 def sum2_f16(a, b, out):  # type: ignore[no-untyped-def]
     """out[i] = binary16 bits of (0 + float32(a[i])) + float32(b[i]), rounded once (a, b may be host
-    memory); the CPU backend's ``sum2_f16``."""
+    memory); the CPU backend's ``sum2_f16``. Returns how many results are infinite or NaN."""
     if a.shape[0]:
         _sum2_f16[grid(a.shape[0])](device(a), device(b), device(out))
+    return _nonfinite(out, 0x7C00)
 
 
 def sum2_bf16(a, b, out):  # type: ignore[no-untyped-def]
     if a.shape[0]:
         _sum2_bf16[grid(a.shape[0])](device(a), device(b), device(out))
+    return _nonfinite(out, 0x7F80)
