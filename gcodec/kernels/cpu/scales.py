@@ -36,9 +36,9 @@ def lane_sum(x, lo, hi, kind):  # pragma: no cover - jitted
     return sum_v(x, lo, hi - lo)
 
 
-@njit(cache=True)
-def _scale(rule, mbits, s1, s2, count, qmax, clip, f16):  # pragma: no cover - jitted
-    """(float32 scale, its float16 bits when ``f16``, bad) from a group's statistics."""
+@njit(cache=True, inline="always")
+def _rule_scale(rule, mbits, s1, s2, count, qmax, clip):  # pragma: no cover - jitted
+    """(float32 scale, bad) from a group's statistics, by the rule (``bad``: not finite)."""
     bad = False
     if rule == RULE_L2:
         bad = not (abs(s2) <= 1.7976931348623157e308)
@@ -59,8 +59,15 @@ def _scale(rule, mbits, s1, s2, count, qmax, clip, f16):  # pragma: no cover - j
                 var = var if var > 0.0 else 0.0
                 t = np.float32(clip * np.sqrt(var))
                 s = t if t < s else s
+    return s, bad
+
+
+@njit(cache=True, inline="always")
+def _f16_scale(s, bad):  # pragma: no cover - jitted
+    """A float16 scale: (s rounded up to float16, as float32; its bits; bad, now also when that
+    overflows). Bits 0 when already ``bad``."""
     h = np.uint16(0)
-    if f16 and not bad:
+    if not bad:
         h = f32_to_f16_bits(s)
         if f16_bits_to_f32(h) < s:
             h = np.uint16(h + np.uint16(1))
@@ -68,22 +75,28 @@ def _scale(rule, mbits, s1, s2, count, qmax, clip, f16):  # pragma: no cover - j
             bad = True
             h = _F16_INF
         s = f16_bits_to_f32(h)
+    return s, h, bad
+
+
+@njit(cache=True)
+def _scale(rule, mbits, s1, s2, count, qmax, clip, f16):  # pragma: no cover - jitted
+    """(float32 scale, its float16 bits when ``f16``, bad) from a group's statistics; the scale is
+    0 when bad."""
+    s, bad = _rule_scale(rule, mbits, s1, s2, count, qmax, clip)
+    h = np.uint16(0)
+    if f16:
+        s, h, bad = _f16_scale(s, bad)
     if bad:
         s = np.float32(0.0)
     return s, h, bad
 
 
-# Inlined by Numba into the sub-block loop only: per group of 64 the call costs ~10 % of the uniform
-# encode (float16 scales most), elsewhere a plain call is cheaper to compile.
-_scale_inline = njit(cache=True, inline="always")(_scale.py_func)
-
-
 @njit(cache=True, inline="always")
-def _group_stats(x, lo, hi, rule, clip):  # pragma: no cover - jitted
+def _group_stats(x, lo, hi, rule, clipped):  # pragma: no cover - jitted
     """(absmax bits, sum v, sum v^2) of one range of at most RBLOCK elements, as the rule needs.
 
-    terngrad's clip needs all three: max |clip(v)| = min(max |v|, c * sigma), so one pass gives the
-    scale.
+    terngrad's clip (``clipped``: RULE_MAX with c > 0) needs all three: max |clip(v)| =
+    min(max |v|, c * sigma), so one pass gives the scale.
     """
     mb = np.uint32(0)
     s1 = 0.0
@@ -92,7 +105,7 @@ def _group_stats(x, lo, hi, rule, clip):  # pragma: no cover - jitted
         s2 = sum_sq(x, lo, hi - lo)
     elif rule == RULE_MEANABS:
         s1 = sum_abs(x, lo, hi - lo)
-    elif rule == RULE_MAX and clip > 0.0:
+    elif clipped:
         mb, s1, s2 = max_sums(x, lo, hi - lo)
     else:
         mb = max_bits(x, lo, hi - lo)
@@ -108,7 +121,7 @@ def _block_stats(x, G, nbpg, rule, clip, bm, b1, b2, k0, k1):  # pragma: no cove
         lo = gi * G + (b - gi * nbpg) * RBLOCK
         hi = min(lo + RBLOCK, min(gi * G + G, n))
         if lo < hi:
-            m, s1, s2 = _group_stats(x, lo, hi, rule, clip)
+            m, s1, s2 = _group_stats(x, lo, hi, rule, rule == RULE_MAX and clip > 0.0)
             bm[b] = m
             b1[b] = s1
             b2[b] = s2
