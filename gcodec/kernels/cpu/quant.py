@@ -45,7 +45,7 @@ from numba import njit
 
 from ...layout.quant import RULE_MAX, QuantLayout
 from ...rng import split64
-from .bitpack import _field, _pack, _unpack_bytes, _unpack_octets
+from .bitpack import _field, _pack_bytes, _pack_octets, _unpack_bytes, _unpack_octets
 from .cast import f16_bits_to_f32
 from .philox import fill_blocks, key_schedule, u16_to_open01
 from .scales import _f16_scale, _group_stats, _rule_scale, large_group_scales
@@ -184,7 +184,10 @@ def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, FUSED, G64):  # type: ignor
             m = b1 - b0
             for j in range(m, m + 8):
                 cb[j] = 0
-            _pack(cb, m, W, codes, b0)
+            if W == 4 or W == 2:  # only this width's packing is compiled
+                _pack_bytes(cb, m, W, codes, np.uint64(b0 // 8 * W))
+            else:
+                _pack_octets(cb, m, W, codes, np.uint64(b0 // 8 * W))
         return bad
 
     def _encode_range(x, codes, sc32, sc16, G, L, qmax, clip, seeds, c0, c1):  # pragma: no cover - jitted
@@ -325,7 +328,7 @@ def _make_decode_chunk(W, F16, ACC, G64):  # type: ignore[no-untyped-def]
                 else:
                     bad += _decode_groups_packed(codes, sc32, sc16, out, 64, b0, b1, W, qmax, ACC, F16)
             else:
-                if W == 4 or W == 2:  # as bitpack._unpack, without compiling the other widths
+                if W == 4 or W == 2:  # only this width's unpacking is compiled
                     _unpack_bytes(codes, np.uint64(b0 // 8 * W), b1 - b0, W, qb)
                 elif W != 8:
                     _unpack_octets(codes, np.uint64(b0 // 8 * W), b1 - b0, W, qb)

@@ -6,6 +6,9 @@ and sign.md; sums are the fixed-order lane sums of qsgd.md §3, over blocks of `
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -112,44 +115,56 @@ def _group_stats(x, lo, hi, rule, clipped):  # pragma: no cover - jitted
     return mb, s1, s2
 
 
-@njit(cache=True, nogil=True)
-def _block_stats(x, G, nbpg, rule, clip, bm, b1, b2, k0, k1):  # pragma: no cover - jitted
-    """Statistics of blocks [k0, k1) (block k: block k % nbpg of group k // nbpg)."""
-    n = x.shape[0]
-    for b in range(k0, k1):
-        gi = b // nbpg
-        lo = gi * G + (b - gi * nbpg) * RBLOCK
-        hi = min(lo + RBLOCK, min(gi * G + G, n))
-        if lo < hi:
-            m, s1, s2 = _group_stats(x, lo, hi, rule, rule == RULE_MAX and clip > 0.0)
-            bm[b] = m
-            b1[b] = s1
-            b2[b] = s2
-    return 0
+def _make_group_scales(RULE, CLIPPED, F16):  # type: ignore[no-untyped-def]
+    """The two kernels of :func:`large_group_scales` for one rule (``CLIPPED``: terngrad's clip is
+    on; ``F16``: float16 scales), the setting as closure constants: Numba compiles only this rule's
+    statistics and scale (see ``quant._make_encode_range``)."""
+
+    def _block_stats(x, G, nbpg, bm, b1, b2, k0, k1):  # pragma: no cover - jitted
+        """Statistics of blocks [k0, k1) (block k: block k % nbpg of group k // nbpg)."""
+        setting = (RULE, CLIPPED, F16)  # noqa: F841 - the cache key (closure)
+        n = x.shape[0]
+        for b in range(k0, k1):
+            gi = b // nbpg
+            lo = gi * G + (b - gi * nbpg) * RBLOCK
+            hi = min(lo + RBLOCK, min(gi * G + G, n))
+            if lo < hi:
+                m, s1, s2 = _group_stats(x, lo, hi, RULE, CLIPPED)
+                bm[b] = m
+                b1[b] = s1
+                b2[b] = s2
+        return 0
+
+    def _combine_scales(sc32, sc16, n, G, nbpg, qmax, clip, bm, b1, b2):  # pragma: no cover - jitted
+        """Per group, its blocks' statistics left to right (max; float64 sums as the spec orders
+        them), then its scale. Returns the number of non-finite groups."""
+        setting = (RULE, CLIPPED, F16)  # noqa: F841 - the cache key (closure)
+        nbad = 0
+        for gi in range(sc32.shape[0]):
+            m = bm[gi * nbpg]
+            s1 = b1[gi * nbpg]
+            s2 = b2[gi * nbpg]
+            for k in range(1, nbpg):
+                b = gi * nbpg + k
+                m = bm[b] if bm[b] > m else m
+                s1 = s1 + b1[b]
+                s2 = s2 + b2[b]
+            count = min(gi * G + G, n) - gi * G
+            s, bad = _rule_scale(RULE, m, s1, s2, count, qmax, clip)
+            if F16:
+                s, h, bad = _f16_scale(s, bad)
+                sc16[gi] = h
+            if bad:
+                s = np.float32(0.0)
+            sc32[gi] = s
+            nbad += bad
+        return nbad
+
+    return njit(cache=True, nogil=True)(_block_stats), njit(cache=True)(_combine_scales)
 
 
-@njit(cache=True)
-def _combine_scales(sc32, sc16, n, G, nbpg, rule, qmax, clip, bm, b1, b2):  # pragma: no cover - jitted
-    """Per group, its blocks' statistics left to right (max; float64 sums as the spec orders them),
-    then its scale. Returns the number of non-finite groups."""
-    f16 = sc16.shape[0] > 0
-    nbad = 0
-    for gi in range(sc32.shape[0]):
-        m = bm[gi * nbpg]
-        s1 = b1[gi * nbpg]
-        s2 = b2[gi * nbpg]
-        for k in range(1, nbpg):
-            b = gi * nbpg + k
-            m = bm[b] if bm[b] > m else m
-            s1 = s1 + b1[b]
-            s2 = s2 + b2[b]
-        count = min(gi * G + G, n) - gi * G
-        s, h, bad = _scale(rule, m, s1, s2, count, qmax, clip, f16)
-        sc32[gi] = s
-        if f16:
-            sc16[gi] = h
-        nbad += bad
-    return nbad
+_KERNELS: dict[tuple[int, bool, bool], Any] = {}
+_LOCK = threading.Lock()
 
 
 def large_group_scales(x, sc32, sc16, G, rule, qmax, clip):  # type: ignore[no-untyped-def]
@@ -158,10 +173,18 @@ def large_group_scales(x, sc32, sc16, G, rule, qmax, clip):  # type: ignore[no-u
     Each group is cut into blocks of RBLOCK elements from its start; blocks are reduced in
     parallel and combined per group left to right (max, and float64 sums as the spec orders them).
     """
+    key = (int(rule), bool(rule == RULE_MAX and clip > 0.0), bool(sc16.shape[0] > 0))
+    ks = _KERNELS.get(key)
+    if ks is None:
+        with _LOCK:
+            ks = _KERNELS.get(key)
+            if ks is None:
+                ks = _KERNELS[key] = _make_group_scales(*key)
+    block_stats, combine = ks
     nbpg = (G + RBLOCK - 1) // RBLOCK
     nblocks = sc32.shape[0] * nbpg
     bm = np.zeros(nblocks, np.uint32)
     b1 = np.zeros(nblocks, np.float64)
     b2 = np.zeros(nblocks, np.float64)
-    run_chunks(_block_stats, nblocks, 1, x, G, nbpg, rule, clip, bm, b1, b2)
-    return _combine_scales(sc32, sc16, x.shape[0], G, nbpg, rule, qmax, clip, bm, b1, b2)
+    run_chunks(block_stats, nblocks, 1, x, G, nbpg, bm, b1, b2)
+    return combine(sc32, sc16, x.shape[0], G, nbpg, int(qmax), float(clip), bm, b1, b2)
