@@ -344,7 +344,9 @@ def topk_select(bits, mask, infkey, k, out, out_bits, cand, cbits, hist):  # pra
         nan = count_nonfinite(bits, mask, infkey)
         if nan:
             return nan
-        keys = bits & mask
+        keys = np.empty(n, bits.dtype)  # a plain loop: the array expression bits & mask compiles slower
+        for i in range(n):
+            keys[i] = bits[i] & mask
         K = _kth_largest(keys, k, mask, hist)
         gt = 0
         for i in range(n):
