@@ -135,7 +135,7 @@ def _closure(fn: Any, **names: Any) -> Any:
     return f
 
 
-def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, FUSED, G64):  # type: ignore[no-untyped-def]
+def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, G64):  # type: ignore[no-untyped-def]
     """The range kernel of :func:`scaled_encode` for one setting, with that setting as constants.
 
     One kernel for every setting (width, rule, rounding, scale type and fusion as run-time values)
@@ -144,9 +144,11 @@ def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, FUSED, G64):  # type: ignor
     prunes the other settings' branches of :func:`_sub_block` *before* inlining their callees, so
     each setting compiles only its own code (the default uniform encoder in ~1-2 s). ``G64``
     (fused groups of 64, the default) adds a copy of the sub-block with constant trip counts.
+    Whether the statistics are fused stays a run-time value: a codec with one group per tensor
+    fuses them for small tensors only, and one kernel serves both.
     """
 
-    def _sub_block(x, codes, sc32, sc16, cb, r16, qmax, clip, G, full, b0, b1):  # pragma: no cover - jitted
+    def _sub_block(x, codes, sc32, sc16, cb, r16, qmax, clip, G, full, b0, b1, fused):  # pragma: no cover - jitted
         """One sub-block [b0, b1): statistics and scales (when fused), quantize, pack.
 
         ``cb``: scratch for narrow codes; ``r16``: the sub-block's 16-bit draws (stochastic).
@@ -157,7 +159,7 @@ def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, FUSED, G64):  # type: ignor
         bad = 0
         g0 = b0 // G
         g1 = (b1 - 1) // G + 1
-        if FUSED:
+        if fused:
             for gi in range(g0, g1):
                 lo = gi * G
                 hi = lo + G if full else min(lo + G, n)
@@ -190,12 +192,12 @@ def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, FUSED, G64):  # type: ignor
                 _pack_octets(cb, m, W, codes, np.uint64(b0 // 8 * W))
         return bad
 
-    def _encode_range(x, codes, sc32, sc16, G, L, qmax, clip, seeds, c0, c1):  # pragma: no cover - jitted
+    def _encode_range(x, codes, sc32, sc16, G, L, fused, qmax, clip, seeds, c0, c1):  # pragma: no cover - jitted
         """Elements [c0, c1) (c0 a multiple of L); returns the bad-group count.
 
         ``seeds``: (seed_lo, seed_hi, stream_lo, stream_hi).
         """
-        setting = (W, RULE, STOCH, CLIPPED, F16, FUSED, G64)  # noqa: F841 - the cache key (closure)
+        setting = (W, RULE, STOCH, CLIPPED, F16, G64)  # noqa: F841 - the cache key (closure)
         n = x.shape[0]
         cb = np.zeros(L + 8, np.uint8)
         rb = np.empty(L // 2 + 4, np.uint32)
@@ -208,22 +210,22 @@ def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, FUSED, G64):  # type: ignor
             if STOCH:
                 fill_blocks(rb, b0 // 8, (b1 - b0 + 7) // 8, seeds[2], seeds[3], ks)
             if G64 and b1 - b0 == L:  # the default group size: constant trip counts
-                bad += SUB_BLOCK(x, codes, sc32, sc16, cb, r16, qmax, clip, 64, True, b0, b1)
+                bad += SUB_BLOCK(x, codes, sc32, sc16, cb, r16, qmax, clip, 64, True, b0, b1, True)  # noqa: F821
             else:
-                bad += SUB_BLOCK(x, codes, sc32, sc16, cb, r16, qmax, clip, G, False, b0, b1)
+                bad += SUB_BLOCK(x, codes, sc32, sc16, cb, r16, qmax, clip, G, False, b0, b1, fused)  # noqa: F821
         return bad
 
     sub = njit(inline="always")(_sub_block)
     return njit(cache=True, nogil=True)(_closure(_encode_range, SUB_BLOCK=sub))
 
 
-_ENCODERS: dict[tuple[int, int, bool, bool, bool, bool, bool], Any] = {}
+_ENCODERS: dict[tuple[int, int, bool, bool, bool, bool], Any] = {}
 _LOCK = threading.Lock()
 
 
-def encode_kernel(w: int, rule: int, stochastic: bool, clipped: bool, f16: bool, fused: bool, g64: bool) -> Any:
+def encode_kernel(w: int, rule: int, stochastic: bool, clipped: bool, f16: bool, g64: bool) -> Any:
     """The range kernel for one setting (made on first use, then kept; compiled on its first call)."""
-    key = (int(w), int(rule), bool(stochastic), bool(clipped), bool(f16), bool(fused), bool(g64))
+    key = (int(w), int(rule), bool(stochastic), bool(clipped), bool(f16), bool(g64))
     k = _ENCODERS.get(key)
     if k is None:
         with _LOCK:
@@ -243,9 +245,9 @@ def scaled_encode(  # type: ignore[no-untyped-def]
     when that is not empty); otherwise they must already be there (:func:`large_group_scales`).
     Returns the number of non-finite groups found here.
     """
-    kernel = encode_kernel(w, rule, stochastic, rule == RULE_MAX and clip > 0.0, sc16.shape[0] > 0, fused, fused and G == 64)
+    kernel = encode_kernel(w, rule, stochastic, rule == RULE_MAX and clip > 0.0, sc16.shape[0] > 0, fused and G == 64)
     seeds = (np.uint32(seed_lo), np.uint32(seed_hi), np.uint32(st_lo), np.uint32(st_hi))
-    return run_chunks(kernel, x.shape[0], C, x, codes, sc32, sc16, G, L, int(qmax), float(clip), seeds)
+    return run_chunks(kernel, x.shape[0], C, x, codes, sc32, sc16, G, L, bool(fused), int(qmax), float(clip), seeds)
 
 
 # --------------------------------------------------------------------------------------------
