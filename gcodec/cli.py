@@ -402,9 +402,12 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     codecs: list[Any] | None = None
     if args.codec:
         try:
-            codecs = [get_codec(c) for c in args.codec]
+            # an id, or a JSON config: the job's own settings, each of which compiles its own kernels
+            codecs = [get_codec(json.loads(c) if c.lstrip().startswith("{") else c) for c in args.codec]
         except (UnknownCodecError, ConfigError) as e:
             raise UsageError(_err(e)) from None
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--codec: not valid JSON: {e}") from None
     t0 = time.perf_counter()
     times = warmup(codecs, progress=lambda label, s: print(f"{s:7.2f} s  {label}", flush=True))
     print(f"warmed up {len(times)} codec settings in {time.perf_counter() - t0:.1f} s")
@@ -576,7 +579,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "warmup", help="compile every kernel into Numba's cache (run once at install or image build time)"
     )
-    p.add_argument("--codec", action="append", help="only this codec id (repeatable); default: all")
+    p.add_argument(
+        "--codec",
+        action="append",
+        help='only this codec: an id or a JSON config such as \'{"id": "uniform", "bits": 4}\' (repeatable); '
+        "default: every codec at its defaults plus common settings",
+    )
     p.set_defaults(func=cmd_warmup)
 
     p = sub.add_parser("codecs", help="list the registered codecs and their parameters")

@@ -2,10 +2,15 @@
 
 gcodec's CPU kernels are compiled by Numba on first use and cached on disk (``cache=True``, in
 ``__pycache__`` beside the sources, or ``NUMBA_CACHE_DIR``). A fresh job with an empty cache pays the
-compile on every rank's first step; :func:`warmup` (``gcodec warmup`` on the command line) runs every
-registered codec through encode, validate, decode and accumulate on small inputs of every dtype, so
-that an image build or an install step fills the cache once. It changes nothing else and is safe to
-run again: with a filled cache it only loads what is there.
+compile on every rank's first step (1.5-3 s per codec setting); :func:`warmup` (``gcodec warmup`` on
+the command line) runs codecs through encode, validate, decode and accumulate on small inputs of
+every dtype, so that an image build or an install step fills the cache once. It changes nothing else
+and is safe to run again: with a filled cache it only loads what is there.
+
+The quantizers compile one kernel per setting (code width, rule, rounding, scale type), so that a
+job compiles only what it uses. By default every codec is warmed up at its defaults plus
+:data:`WARMUP_CONFIGS`; a job with other settings names them (``gcodec warmup --codec
+'{"id": "uniform", "bits": 4, "rounding": "stochastic"}'``).
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from .feedback import ErrorFeedback
 
 __all__ = ["WARMUP_CONFIGS", "warmup"]
 
-#: The codec settings warmed up: every codec at its defaults, plus the settings that compile
-#: kernels of their own (stochastic rounding, float16 scales, sub-byte widths, nested values).
+#: The codec settings warmed up besides every codec at its defaults: common settings that compile
+#: kernels of their own (other widths, stochastic rounding, float16 scales, nested values).
 WARMUP_CONFIGS: list[dict[str, Any]] = [
     {"id": "uniform", "bits": 4},
     {"id": "uniform", "bits": 2},
     {"id": "uniform", "bits": 8, "rounding": "stochastic"},
+    {"id": "uniform", "bits": 4, "rounding": "stochastic"},
     {"id": "uniform", "bits": 8, "scale_dtype": "float16"},
     {"id": "qsgd", "bucket_size": 0},
     {"id": "terngrad", "clip": 2.5},
@@ -42,8 +48,10 @@ WARMUP_CONFIGS: list[dict[str, Any]] = [
 
 def _inputs(dtype: np.dtype) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
-    # one small tensor (the one-thread path) and one above the threading threshold (the pool path)
-    return [rng.standard_normal((64, 33)).astype(dtype), rng.standard_normal((300, 300)).astype(dtype)]
+    # small tensors (the one-thread path; 64 elements: whole-tensor groups of 64 take the kernels'
+    # literal group-of-64 path) and one above the threading threshold (the pool path)
+    shapes = ((64,), (64, 33), (300, 300))
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
 
 
 def warmup(
@@ -71,7 +79,7 @@ def warmup(
                     acc = np.zeros(x.shape, out_dtype)
                     decode(buf, out=acc, accumulate=True)
                 decode(buf, out=np.empty_like(y))
-        ErrorFeedback(codec).encode(_inputs(np.dtype(np.float32))[1], key="warmup", step=0)
+        ErrorFeedback(codec).encode(_inputs(np.dtype(np.float32))[-1], key="warmup", step=0)
         times[label] = time.perf_counter() - t0
         if progress is not None:
             progress(label, times[label])

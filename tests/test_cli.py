@@ -545,3 +545,13 @@ def test_warmup_compiles_the_named_codecs(capsys):
     assert lines[-1].startswith("warmed up 2 codec settings")
     rc, _, err = run(capsys, "warmup", "--codec", "nope")
     assert rc == 2 and "nope" in err
+
+
+def test_warmup_takes_json_configs(capsys):
+    rc, out, _ = run(capsys, "warmup", "--codec", '{"id": "uniform", "bits": 4, "group_size": 32}')
+    assert rc == 0
+    assert "bits=4, group_size=32" in out and out.splitlines()[-1].startswith("warmed up 1 codec settings")
+    rc, _, err = run(capsys, "warmup", "--codec", '{"id": "uniform", "bits": 5}')
+    assert rc == 2 and "bits" in err
+    rc, _, err = run(capsys, "warmup", "--codec", "{nope")
+    assert rc == 2 and "JSON" in err

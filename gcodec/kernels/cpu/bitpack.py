@@ -3,6 +3,10 @@
 Element ``i`` occupies bits ``[i*w, (i+1)*w)`` (specs/codecs/uniform.md §6). 3/5/6/7-bit codes are
 joined eight at a time in one uint64 (SWAR) and stored as one unaligned 8-byte word that the next
 octet's store overlaps.
+
+The byte offset of element ``b0`` (a multiple of 8) is ``b0 // 8 * w``. Callers pick the function
+for their width (``_pack_bytes`` / ``_unpack_bytes`` for 4 and 2 bits, the octet forms for 3, 5, 6
+and 7), so that a kernel compiles only its own width's code.
 """
 
 from __future__ import annotations
@@ -11,19 +15,6 @@ import numpy as np
 from numba import njit
 
 from .simd import load_u64, store_u64
-
-
-@njit(cache=True)
-def _pack(cb, m, w, codes, b0):  # pragma: no cover - jitted
-    """Pack codes cb[0:m] (low ``w`` bits of each, zeros up to m + 8) into ``codes`` from element
-    ``b0`` (a multiple of 8). Writes only the bytes of elements [b0, b0 + m)."""
-    o0 = np.uint64(b0 // 8 * w)
-    if w == 4:
-        _pack_bytes(cb, m, 4, codes, o0)
-    elif w == 2:
-        _pack_bytes(cb, m, 2, codes, o0)
-    else:  # 3, 5, 6, 7 bits: codes straddle bytes
-        _pack_octets(cb, m, w, codes, o0)
 
 
 @njit(cache=True)
@@ -112,21 +103,6 @@ def _unpack_bytes(codes, o0, m, w, qb):  # pragma: no cover - jitted
         k = np.uint64(per * j)
         for t in range(per):
             qb[k + np.uint64(t)] = np.int8(_field(u, t, w))
-
-
-@njit(cache=True)
-def _unpack(codes, b0, m, w, qb):  # pragma: no cover - jitted
-    """qb[0:m] = the sign-extended ``w``-bit codes of elements b0 .. b0+m-1 (b0 a multiple of 8)."""
-    o0 = np.uint64(b0 // 8 * w)
-    if w == 8:
-        for j in range(m):
-            qb[np.uint64(j)] = np.int8(codes[o0 + np.uint64(j)])
-    elif w == 4:
-        _unpack_bytes(codes, o0, m, 4, qb)
-    elif w == 2:
-        _unpack_bytes(codes, o0, m, 2, qb)
-    else:  # 3, 5, 6, 7 bits
-        _unpack_octets(codes, o0, m, w, qb)
 
 
 @njit(cache=True)

@@ -198,7 +198,8 @@ def _fill_range(out, b0, ks, stream_lo, stream_hi, lo, hi):  # pragma: no cover 
         fill_blocks(out[4 * lo : 4 * full], b0 + lo, full - lo, stream_lo, stream_hi, ks)
     if full < hi:  # the last, partial block goes through a small buffer
         tmp = np.empty(4, np.uint32)
-        fill_blocks(tmp, b0 + full, 1, stream_lo, stream_hi, ks)
+        # hi - full is 1 here; a literal 1 would compile fill_blocks a second time
+        fill_blocks(tmp, b0 + full, hi - full, stream_lo, stream_hi, ks)
         for j in range(4 * full, n):
             out[j] = tmp[j - 4 * full]
     return 0

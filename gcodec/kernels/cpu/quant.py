@@ -36,16 +36,19 @@ inlining measurably matters.
 from __future__ import annotations
 
 import math
+import threading
+import types
+from typing import Any
 
 import numpy as np
 from numba import njit
 
-from ...layout.quant import QuantLayout
+from ...layout.quant import RULE_MAX, QuantLayout
 from ...rng import split64
-from .bitpack import _field, _pack, _unpack
+from .bitpack import _field, _pack_bytes, _pack_octets, _unpack_bytes, _unpack_octets
 from .cast import f16_bits_to_f32
 from .philox import fill_blocks, key_schedule, u16_to_open01
-from .scales import _group_stats, _scale_inline, large_group_scales
+from .scales import _f16_scale, _group_stats, _rule_scale, large_group_scales
 from .threads import run_chunks
 
 __all__ = ["CHUNK", "SB", "count_bad", "count_scale_overflows", "encode", "geometry", "scaled_decode", "scaled_encode"]
@@ -117,74 +120,119 @@ def _quant_stochastic(x, lo, hi, s, qmax, r16, r0, dst, d0):  # pragma: no cover
         dst[o + jj] = np.uint8((np.int32(fl) + np.int32(up)) & 0xFF)
 
 
-@njit(cache=True, inline="always")
-def _sub_block(x, codes, sc32, sc16, cb, rb, r16, ks, cfg, G, full, b0, b1, fused):  # pragma: no cover - jitted
-    """One sub-block [b0, b1): statistics and scales (when fused), draws, quantize, pack.
+def _closure(fn: Any, **names: Any) -> Any:
+    """``fn`` (a closure) with its own globals: the module's plus ``names``.
 
-    ``cb``, ``rb`` (``r16``: its uint16 view): scratch for codes and draws; ``ks``: the round keys;
-    ``cfg``: the codec's scalar settings (see :func:`_encode_range`).
-    ``full`` (a literal at the call site) says the sub-block holds only whole groups, and ``G`` may
-    be a literal too: then every group loop has a constant trip count and LLVM unrolls it.
+    A kernel calls the setting's inlined sub-kernel through such a global name, not through a
+    closure variable: Numba keys its disk cache on the closure variables' pickled contents, and a
+    pickled dispatcher holds a fresh UUID in every process (the cache would never hit). The
+    setting itself is in the closure variables, so every setting has its own cache entry.
     """
-    w, qmax, rule, stochastic, clip, f16, st_lo, st_hi = cfg
-    n = x.shape[0]
-    bad = 0
-    g0 = b0 // G
-    g1 = (b1 - 1) // G + 1
-    if fused:
+    g = dict(fn.__globals__)
+    g.update(names)
+    f = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    f.__qualname__, f.__module__, f.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+    return f
+
+
+def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, G64):  # type: ignore[no-untyped-def]
+    """The range kernel of :func:`scaled_encode` for one setting, with that setting as constants.
+
+    One kernel for every setting (width, rule, rounding, scale type and fusion as run-time values)
+    cost 10-14 s to compile on first use, nearly all of it Numba inlining the code of settings the
+    job never uses. Here the setting is in closure variables, which Numba treats as constants: it
+    prunes the other settings' branches of :func:`_sub_block` *before* inlining their callees, so
+    each setting compiles only its own code (the default uniform encoder in ~1-2 s). ``G64``
+    (fused groups of 64, the default) adds a copy of the sub-block with constant trip counts.
+    Whether the statistics are fused stays a run-time value: a codec with one group per tensor
+    fuses them for small tensors only, and one kernel serves both.
+    """
+
+    def _sub_block(x, codes, sc32, sc16, cb, r16, qmax, clip, G, full, b0, b1, fused):  # pragma: no cover - jitted
+        """One sub-block [b0, b1): statistics and scales (when fused), quantize, pack.
+
+        ``cb``: scratch for narrow codes; ``r16``: the sub-block's 16-bit draws (stochastic).
+        ``full`` (a literal at the call site) says the sub-block holds only whole groups, and ``G``
+        may be a literal too: then every group loop has a constant trip count and LLVM unrolls it.
+        """
+        n = x.shape[0]
+        bad = 0
+        g0 = b0 // G
+        g1 = (b1 - 1) // G + 1
+        if fused:
+            for gi in range(g0, g1):
+                lo = gi * G
+                hi = lo + G if full else min(lo + G, n)
+                mb, s1, s2 = _group_stats(x, lo, hi, RULE, CLIPPED)
+                s, isbad = _rule_scale(RULE, mb, s1, s2, hi - lo, qmax, clip)
+                if F16:
+                    s, h, isbad = _f16_scale(s, isbad)
+                    sc16[gi] = h
+                if isbad:
+                    s = np.float32(0.0)
+                sc32[gi] = s
+                bad += isbad
+        # 8-bit codes go straight to the payload; narrower ones to cb, then packed
+        dst = codes if W == 8 else cb
         for gi in range(g0, g1):
-            lo = gi * G
-            hi = lo + G if full else min(lo + G, n)
-            mb, s1, s2 = _group_stats(x, lo, hi, rule, clip)
-            s, h, isbad = _scale_inline(rule, mb, s1, s2, hi - lo, qmax, clip, f16)
-            sc32[gi] = s
-            if f16:
-                sc16[gi] = h
-            bad += isbad
-    if stochastic:
-        fill_blocks(rb, b0 // 8, (b1 - b0 + 7) // 8, st_lo, st_hi, ks)
-    for gi in range(g0, g1):
-        lo = gi * G if full else max(gi * G, b0)
-        hi = lo + G if full else min(gi * G + G, b1)
-        s = sc32[gi]
-        if w == 8:  # 8-bit codes go straight to the payload; narrower ones to cb, then packed
-            if stochastic:
-                _quant_stochastic(x, lo, hi, s, qmax, r16, lo - b0, codes, lo)
+            lo = gi * G if full else max(gi * G, b0)
+            hi = lo + G if full else min(gi * G + G, b1)
+            d0 = lo if W == 8 else lo - b0
+            if STOCH:
+                _quant_stochastic(x, lo, hi, sc32[gi], qmax, r16, lo - b0, dst, d0)
             else:
-                _quant_nearest(x, lo, hi, s, qmax, codes, lo)
-        elif stochastic:
-            _quant_stochastic(x, lo, hi, s, qmax, r16, lo - b0, cb, lo - b0)
-        else:
-            _quant_nearest(x, lo, hi, s, qmax, cb, lo - b0)
-    if w != 8:
-        m = b1 - b0
-        for j in range(m, m + 8):
-            cb[j] = 0
-        _pack(cb, m, w, codes, b0)
-    return bad
+                _quant_nearest(x, lo, hi, sc32[gi], qmax, dst, d0)
+        if W != 8:
+            m = b1 - b0
+            for j in range(m, m + 8):
+                cb[j] = 0
+            if W == 4 or W == 2:  # only this width's packing is compiled
+                _pack_bytes(cb, m, W, codes, np.uint64(b0 // 8 * W))
+            else:
+                _pack_octets(cb, m, W, codes, np.uint64(b0 // 8 * W))
+        return bad
+
+    def _encode_range(x, codes, sc32, sc16, G, L, fused, qmax, clip, seeds, c0, c1):  # pragma: no cover - jitted
+        """Elements [c0, c1) (c0 a multiple of L); returns the bad-group count.
+
+        ``seeds``: (seed_lo, seed_hi, stream_lo, stream_hi).
+        """
+        setting = (W, RULE, STOCH, CLIPPED, F16, G64)  # noqa: F841 - the cache key (closure)
+        n = x.shape[0]
+        cb = np.zeros(L + 8, np.uint8)
+        rb = np.empty(L // 2 + 4, np.uint32)
+        r16 = rb.view(np.uint16)
+        if STOCH:
+            ks = key_schedule(seeds[0], seeds[1])
+        bad = 0
+        for b0 in range(c0, c1, L):
+            b1 = min(b0 + L, n)
+            if STOCH:
+                fill_blocks(rb, b0 // 8, (b1 - b0 + 7) // 8, seeds[2], seeds[3], ks)
+            if G64 and b1 - b0 == L:  # the default group size: constant trip counts
+                bad += SUB_BLOCK(x, codes, sc32, sc16, cb, r16, qmax, clip, 64, True, b0, b1, True)  # noqa: F821
+            else:
+                bad += SUB_BLOCK(x, codes, sc32, sc16, cb, r16, qmax, clip, G, False, b0, b1, fused)  # noqa: F821
+        return bad
+
+    sub = njit(inline="always")(_sub_block)
+    return njit(cache=True, nogil=True)(_closure(_encode_range, SUB_BLOCK=sub))
 
 
-@njit(cache=True, nogil=True)
-def _encode_range(x, codes, sc32, sc16, G, L, fused, lay, seeds, c0, c1):  # pragma: no cover - jitted
-    """Elements [c0, c1) (c0 a multiple of L) of :func:`scaled_encode`; returns its bad-group count.
+_ENCODERS: dict[tuple[int, int, bool, bool, bool, bool], Any] = {}
+_LOCK = threading.Lock()
 
-    ``lay``: (w, qmax, rule, stochastic, clip); ``seeds``: (seed_lo, seed_hi, stream_lo, stream_hi).
-    """
-    n = x.shape[0]
-    cb = np.zeros(L + 8, np.uint8)
-    rb = np.empty(L // 2 + 4, np.uint32)
-    r16 = rb.view(np.uint16)
-    ks = key_schedule(seeds[0], seeds[1])
-    w, qmax, rule, stochastic, clip = lay
-    cfg = (w, qmax, rule, stochastic, clip, sc16.shape[0] > 0, seeds[2], seeds[3])
-    bad = 0
-    for b0 in range(c0, c1, L):
-        b1 = min(b0 + L, n)
-        if fused and b1 - b0 == L and G == 64:  # the default group size: constant trip counts
-            bad += _sub_block(x, codes, sc32, sc16, cb, rb, r16, ks, cfg, 64, True, b0, b1, True)
-        else:
-            bad += _sub_block(x, codes, sc32, sc16, cb, rb, r16, ks, cfg, G, False, b0, b1, fused)
-    return bad
+
+def encode_kernel(w: int, rule: int, stochastic: bool, clipped: bool, f16: bool, g64: bool) -> Any:
+    """The range kernel for one setting (made on first use, then kept; compiled on its first call)."""
+    key = (int(w), int(rule), bool(stochastic), bool(clipped), bool(f16), bool(g64))
+    k = _ENCODERS.get(key)
+    if k is None:
+        with _LOCK:
+            k = _ENCODERS.get(key)
+            if k is None:
+                k = _ENCODERS[key] = _make_encode_range(*key)
+    return k
 
 
 def scaled_encode(  # type: ignore[no-untyped-def]
@@ -197,9 +245,9 @@ def scaled_encode(  # type: ignore[no-untyped-def]
     when that is not empty); otherwise they must already be there (:func:`large_group_scales`).
     Returns the number of non-finite groups found here.
     """
-    lay = (w, qmax, rule, bool(stochastic), float(clip))
+    kernel = encode_kernel(w, rule, stochastic, rule == RULE_MAX and clip > 0.0, sc16.shape[0] > 0, fused and G == 64)
     seeds = (np.uint32(seed_lo), np.uint32(seed_hi), np.uint32(st_lo), np.uint32(st_hi))
-    return run_chunks(_encode_range, x.shape[0], C, x, codes, sc32, sc16, G, L, fused, lay, seeds)
+    return run_chunks(kernel, x.shape[0], C, x, codes, sc32, sc16, G, L, bool(fused), int(qmax), float(clip), seeds)
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,24 +313,46 @@ def _decode_groups_packed(codes, sc32, sc16, out, G, b0, b1, w, qmax, accumulate
     return bad
 
 
-@njit(cache=True, nogil=True)
-def _decode_chunk(codes, sc32, sc16, out, G, w, qmax, accumulate, c0, c1):  # pragma: no cover - jitted
-    f16 = sc16.shape[0] > 0
-    qb = np.zeros(SB + 8, np.int8)
-    bad = 0
-    for b0 in range(c0, c1, SB):
-        b1 = min(b0 + SB, c1)
-        if G == 64 and b1 - b0 == SB and w == 4:  # sub-blocks of whole default groups: literal sizes
-            bad += _decode_groups_packed(codes, sc32, sc16, out, 64, b0, b1, 4, qmax, accumulate, f16)
-        elif G == 64 and b1 - b0 == SB and w == 2:
-            bad += _decode_groups_packed(codes, sc32, sc16, out, 64, b0, b1, 2, qmax, accumulate, f16)
-        elif G == 64 and b1 - b0 == SB and w == 8:
-            bad += _decode_groups(codes, sc32, sc16, out, 64, True, b0, b1, 8, qmax, accumulate, f16, qb)
-        else:
-            if w != 8:
-                _unpack(codes, b0, b1 - b0, w, qb)
-            bad += _decode_groups(codes, sc32, sc16, out, G, False, b0, b1, w, qmax, accumulate, f16, qb)
-    return bad
+def _make_decode_chunk(W, F16, ACC, G64):  # type: ignore[no-untyped-def]
+    """The range kernel of :func:`scaled_decode` for one setting (code width, float16 scales,
+    accumulate; ``G64``: groups of 64 and a width of 8, 4 or 2, decoded with literal sizes), the
+    setting as closure constants as in :func:`_make_encode_range`."""
+
+    def _decode_chunk(codes, sc32, sc16, out, G, qmax, c0, c1):  # pragma: no cover - jitted
+        setting = (W, F16, ACC, G64)  # noqa: F841 - the cache key (closure)
+        qb = np.zeros(SB + 8, np.int8)
+        bad = 0
+        for b0 in range(c0, c1, SB):
+            b1 = min(b0 + SB, c1)
+            if G64 and b1 - b0 == SB:  # sub-blocks of whole default groups: literal sizes
+                if W == 8:
+                    bad += _decode_groups(codes, sc32, sc16, out, 64, True, b0, b1, W, qmax, ACC, F16, qb)
+                else:
+                    bad += _decode_groups_packed(codes, sc32, sc16, out, 64, b0, b1, W, qmax, ACC, F16)
+            else:
+                if W == 4 or W == 2:  # only this width's unpacking is compiled
+                    _unpack_bytes(codes, np.uint64(b0 // 8 * W), b1 - b0, W, qb)
+                elif W != 8:
+                    _unpack_octets(codes, np.uint64(b0 // 8 * W), b1 - b0, W, qb)
+                bad += _decode_groups(codes, sc32, sc16, out, G, False, b0, b1, W, qmax, ACC, F16, qb)
+        return bad
+
+    return njit(cache=True, nogil=True)(_decode_chunk)
+
+
+_DECODERS: dict[tuple[int, bool, bool, bool], Any] = {}
+
+
+def decode_kernel(w: int, f16: bool, accumulate: bool, g64: bool) -> Any:
+    """The decoding range kernel for one setting (made on first use, then kept)."""
+    key = (int(w), bool(f16), bool(accumulate), bool(g64))
+    k = _DECODERS.get(key)
+    if k is None:
+        with _LOCK:
+            k = _DECODERS.get(key)
+            if k is None:
+                k = _DECODERS[key] = _make_decode_chunk(*key)
+    return k
 
 
 def scaled_decode(codes, sc32, sc16, out, G, w, qmax, accumulate):  # type: ignore[no-untyped-def]
@@ -290,7 +360,8 @@ def scaled_decode(codes, sc32, sc16, out, G, w, qmax, accumulate):  # type: igno
 
     ``sc16``, when not empty, holds the scales as float16 bits (and ``sc32`` is ignored).
     """
-    return run_chunks(_decode_chunk, out.shape[0], CHUNK, codes, sc32, sc16, out, G, w, qmax, accumulate)
+    kernel = decode_kernel(w, sc16.shape[0] > 0, accumulate, G == 64 and w in (8, 4, 2))
+    return run_chunks(kernel, out.shape[0], CHUNK, codes, sc32, sc16, out, G, int(qmax))
 
 
 @njit(cache=True)
@@ -307,27 +378,37 @@ def _count_bytes(codes, c0, c1, w, qmax):  # pragma: no cover - jitted
     return bad
 
 
-@njit(cache=True, nogil=True)
-def _count_chunk(codes, w, qmax, c0, c1):  # pragma: no cover - jitted
-    bad = 0
-    # whole bytes, field by field (the padding codes of the last byte are 0: checked before this)
-    if w == 8:
-        return _count_bytes(codes, c0, c1, 8, qmax)
-    if w == 4:
-        return _count_bytes(codes, c0, c1, 4, qmax)
-    if w == 2:
-        return _count_bytes(codes, c0, c1, 2, qmax)
-    qb = np.zeros(SB + 8, np.int8)
-    for b0 in range(c0, c1, SB):
-        m = min(b0 + SB, c1) - b0
-        _unpack(codes, b0, m, w, qb)
-        bad += _count_out_of_range(qb, m, qmax)
-    return bad
+def _make_count_chunk(W):  # type: ignore[no-untyped-def]
+    """The range kernel of :func:`count_bad` for ``W``-bit codes (a closure constant)."""
+
+    def _count_chunk(codes, qmax, c0, c1):  # pragma: no cover - jitted
+        width = W  # noqa: F841 - the cache key (closure)
+        if W == 8 or W == 4 or W == 2:
+            # whole bytes, field by field (the padding codes of the last byte are 0: checked before this)
+            return _count_bytes(codes, c0, c1, W, qmax)
+        bad = 0
+        qb = np.zeros(SB + 8, np.int8)
+        for b0 in range(c0, c1, SB):
+            m = min(b0 + SB, c1) - b0
+            _unpack_octets(codes, np.uint64(b0 // 8 * W), m, W, qb)  # W is 3, 5, 6 or 7 here
+            bad += _count_out_of_range(qb, m, qmax)
+        return bad
+
+    return njit(cache=True, nogil=True)(_count_chunk)
+
+
+_COUNTERS: dict[int, Any] = {}
 
 
 def count_bad(codes, n, w, qmax):  # type: ignore[no-untyped-def]
     """How many of the first ``n`` ``w``-bit codes lie outside [-qmax, qmax]."""
-    return run_chunks(_count_chunk, n, CHUNK, codes, w, qmax)
+    k = _COUNTERS.get(w)
+    if k is None:
+        with _LOCK:
+            k = _COUNTERS.get(w)
+            if k is None:
+                k = _COUNTERS[w] = _make_count_chunk(int(w))
+    return run_chunks(k, n, CHUNK, codes, int(qmax))
 
 
 def encode(

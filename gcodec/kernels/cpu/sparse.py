@@ -263,6 +263,52 @@ def _radix_select(bits, mask, k, hist):  # pragma: no cover - jitted
 
 
 @njit(cache=True)
+def _kth_largest(keys, k, mask, hist):  # pragma: no cover - jitted
+    """The k-th largest (1 <= k <= n) of the masked ``keys``, as a uint64; permutes ``keys``.
+
+    Wirth's selection (Hoare partitions around a median of three) in place: a few passes over a
+    small array. np.partition would do the same, but its Numba implementation (argument checks
+    through np.unique, sorting, string formatting) cost ~8 s to compile on first use. After
+    ~4 log2(n) rounds (adversarial input) it gives up and takes the radix select
+    (:func:`_radix_select`, ``hist`` its scratch): the result is the same value either way.
+    """
+    n = keys.shape[0]
+    t = n - k  # its position in increasing order
+    lo = 0
+    hi = n - 1
+    budget = 16
+    m = n
+    while m > 0:
+        budget += 4
+        m >>= 1
+    while lo < hi:
+        if budget == 0:
+            K, _ = _radix_select(keys, mask, k, hist)
+            return K
+        budget -= 1
+        a = keys[lo]
+        b = keys[(lo + hi) >> 1]
+        c = keys[hi]
+        x = max(min(a, b), min(max(a, b), c))  # the median of the three
+        i = lo
+        j = hi
+        while i <= j:
+            while keys[i] < x:
+                i += 1
+            while x < keys[j]:
+                j -= 1
+            if i <= j:
+                keys[i], keys[j] = keys[j], keys[i]
+                i += 1
+                j -= 1
+        if j < t:
+            lo = i
+        if t < i:
+            hi = j
+    return np.uint64(keys[t])
+
+
+@njit(cache=True)
 def candidate_capacity(n, k):  # pragma: no cover - jitted
     """Scratch slots :func:`topk_select` uses for candidates (0 when it takes another path)."""
     if k == 0 or k == n or n <= _SMALL:
@@ -298,12 +344,14 @@ def topk_select(bits, mask, infkey, k, out, out_bits, cand, cbits, hist):  # pra
         nan = count_nonfinite(bits, mask, infkey)
         if nan:
             return nan
-        keys = bits & mask
-        K = np.partition(keys, n - k)[n - k]
+        keys = np.empty(n, bits.dtype)  # a plain loop: the array expression bits & mask compiles slower
+        for i in range(n):
+            keys[i] = bits[i] & mask
+        K = _kth_largest(keys, k, mask, hist)
         gt = 0
         for i in range(n):
             gt += keys[i] > K
-        _emit_all64(bits, mask, np.uint64(K), k - gt, out, out_bits)
+        _emit_all64(bits, mask, K, k - gt, out, out_bits)
         return 0
     # Step 1: threshold estimate from a sample (positions hashed: the result does not depend on them).
     s = _SAMPLE
@@ -320,7 +368,7 @@ def topk_select(bits, mask, infkey, k, out, out_bits, cand, cbits, hist):  # pra
     cap = min(candidate_capacity(n, k), cand.shape[0], cbits.shape[0])
     if r < s and cap > 0 and bad == 0:
         # t <= the infinity key, so every non-finite element (key >= inf key) is a candidate.
-        t = np.partition(sample, s - r)[s - r]
+        t = _kth_largest(sample, r, mask, hist)
         # Step 2: one selecting pass.
         c = collect_ge(bits, mask, t, cand[:cap], cbits[:cap])
         if k <= c <= cap:
