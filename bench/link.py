@@ -285,7 +285,9 @@ def run(
             "steps_to_target": n,
             "bytes_per_step": a["bytes_per_step"] if a else None,
             "bits_per_element": a["bits_per_element"] if a else None,
-            "advise_break_even_bps": advise_break_even(c["codec"], hidden, args.workers, c["error_feedback"]),
+            "advise_break_even_bps": None
+            if c.get("policy")
+            else advise_break_even(c["codec"], hidden, args.workers, c["error_feedback"]),
             "rates": {},
         }
         for rate in args.rates:
@@ -374,7 +376,8 @@ def markdown(res: dict[str, Any]) -> str:
             v = r["rates"][q]["time_to_target_s"]
             return math.inf if v is None else v
 
-        g = min((r for r in res["rows"] if r["hook"] == "gcodec"), key=tta, default=None)
+        codecs = [r for r in res["rows"] if r["hook"] == "gcodec" and r["label"] != ALL_DENSE]
+        g = min(codecs, key=tta, default=None)
         t = min((r for r in res["rows"] if r["hook"].startswith("torch-")), key=tta, default=None)
         if g and t and math.isfinite(tta(g)) and math.isfinite(tta(t)):
             best.append(
@@ -390,6 +393,7 @@ def markdown(res: dict[str, Any]) -> str:
             else f"; gcodec advise predicts {_fmt_bps(r['advise_break_even_bps'])}"
         )
         for r in res["rows"][1:]
+        if r["label"] != ALL_DENSE  # uncompressed through the hook: no codec to price
     ]
     if not any(r["advise_break_even_bps"] is not None for r in res["rows"]):
         cross.append("- gcodec advise: not available here (the hook is `advise_break_even` in bench/link.py)")
