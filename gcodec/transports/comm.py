@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Communicator", "DoneWork", "Protocol", "Serial", "Task", "Work", "run_blocking"]
+__all__ = ["AllWork", "Communicator", "DoneWork", "Protocol", "Serial", "Task", "Work", "run_blocking"]
 
 
 class Work(ABC):
@@ -57,6 +57,23 @@ class DoneWork(Work):
 
     def result(self) -> Any:
         return self._value
+
+
+class AllWork(Work):
+    """Several collectives started together (in the same order on every rank) and waited for as one;
+    the result is the list of their results."""
+
+    def __init__(self, works: Sequence[Work]) -> None:
+        self._works = list(works)
+
+    def test(self) -> bool:
+        return all(w.test() for w in self._works)
+
+    def wait(self) -> Any:
+        return [w.wait() for w in self._works]
+
+    def result(self) -> Any:
+        return [w.result() for w in self._works]
 
 
 class Communicator(ABC):

@@ -18,9 +18,10 @@ both copies itself. At p = 2 that moves the same bytes ((p-1) n = 2 (p-1)/p n) a
 sums (every element added in rank order, rounded once), with one round trip instead of two.
 
 *Riders*: the caller may hand over a flat float32/float64 array of uncompressed values (the
-tensors a DDP bucket keeps dense) that travels in the same collectives, ahead of the values in
-each message, and comes back summed in rank order. A bucket then costs one or two collectives,
-not one more for its biases.
+tensors a DDP bucket keeps dense) that comes back summed over the ranks. With p > 2 they travel in
+the same collectives, ahead of the values in each message, summed in rank order; with p = 2 in an
+allreduce started together with the values' all-gather (a sum of two terms has one order). A
+bucket then waits once (twice for p > 2), not once more for its biases.
 
 The payload itself never leaves its rank (only values travel), so it is written without a payload
 CRC; the summed values are checked instead (NaN or infinity on any rank is refused on every rank).
@@ -39,7 +40,7 @@ import numpy as np
 from ..aggregate import add_values, count_nonfinite, reseal, round_values, sum_pair, summable_values
 from ..errors import GcodecError, PayloadValueError
 from .collectives import as_bytes
-from .comm import Communicator, Protocol
+from .comm import AllWork, Communicator, Protocol
 from .common import nbytes_from_others, work_dtype
 from .sendbuf import encode_into
 from .state import TransportState
@@ -121,7 +122,7 @@ def summable_protocol(
     riders = np.empty(0, np.float32) if dense is None else dense
     bad: int | None
     if p == 2:
-        bad = yield from _sum_by_allgather(comm, vals, riders, st, state, key)
+        bad = yield from _sum_by_allgather(comm, vals, riders, st, state)
     else:
         bad = yield from _sum_by_reduce_scatter(comm, vals, riders, st, state, what)
     with kernel_threads(state.threads), st.timing("decode_s"):
@@ -149,29 +150,23 @@ def _reduce_into(parts: list[np.ndarray], dst: np.ndarray) -> int | None:
 
 
 def _sum_by_allgather(
-    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState, key: str
+    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState
 ) -> Protocol:
-    """p = 2: one all-gather of the whole values (and riders); each rank sums both copies.
+    """p = 2: one all-gather of the whole values; each rank sums both copies.
 
     Same bytes as reduce-scatter + all-gather at p = 2 ((p-1) n = 2 (p-1)/p n), one collective
     instead of two, and the same sums: every element is added in rank order and rounded once.
+    The riders go in an allreduce started together with it (the sum of two float32 terms is the
+    same in any order), waited for together: no copy of the values next to them.
     """
-    vb, rb = as_bytes(vals), as_bytes(riders)
-    # Riders first: their 4- or 8-byte items keep the 2-byte values aligned after them. The joint
-    # buffer is kept across steps (a fresh one page-faults on every step).
-    send = vb
-    if rb.shape[0]:
-        send = state.scratch(key + "\0send", (rb.shape[0] + vb.shape[0],), np.dtype(np.uint8))
-        send[: rb.shape[0]] = rb
-        send[rb.shape[0] :] = vb
-    w = comm.allgatherv(send, [send.shape[0]] * comm.size)
+    vb = as_bytes(vals)
+    gather = comm.allgatherv(vb, [vb.shape[0]] * comm.size)
+    w = gather if riders.shape[0] == 0 else AllWork([comm.allreduce(riders, "sum"), gather])
     yield w
-    parts = w.result()
-    r = rb.shape[0]
-    st.add("wire_bytes", nbytes_from_others(parts, comm.rank) - (comm.size - 1) * r)  # the values' bytes
+    parts = gather.result()
+    st.add("wire_bytes", nbytes_from_others(parts, comm.rank))
     with kernel_threads(state.threads), st.timing("decode_s"):
-        _reduce_into([q[:r] for q in parts], riders)
-        return _reduce_into([q[r:] for q in parts], vals)
+        return _reduce_into(parts, vals)
 
 
 def _sum_by_reduce_scatter(
