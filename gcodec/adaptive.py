@@ -10,8 +10,9 @@ top-k 1 % (with the state's error feedback). At each decision step of a key (aft
 then every ``interval`` steps) the controller
 
 1. updates, per rung, what it measured through the transport statistics (encode, decode seconds,
-   payload bytes, as moving averages) and falls back to a one-off calibration on this machine
-   (:func:`gcodec.advise.measure_speed`) for rungs it has not run yet;
+   payload bytes; seconds as the median of the last 5 samples, bytes as a moving average) and
+   falls back to a one-off calibration on this machine (:func:`gcodec.advise.measure_speed`) for
+   rungs it has not run yet;
 2. takes the link bandwidth as given, or measures it as received bytes over communication seconds;
 3. marks a rung *out of bounds* when its sampled telemetry broke the bound: a moving average of the
    norm ratio under ``min_norm_ratio`` (the article's 0.9), or, with error feedback, a residual norm
@@ -52,7 +53,16 @@ DEFAULT_LADDER: tuple[dict[str, Any] | None, ...] = (
     {"id": "topk", "ratio": 0.01},
 )
 
-_EMA = 0.3  # weight of the newest measurement
+_EMA = 0.3  # weight of the newest measurement (payload bytes, telemetry)
+_WINDOW = 5  # seconds are the median of this many latest samples
+
+
+def _median_window(m: dict[str, Any], field: str, value: float) -> float:
+    """Append ``value`` to ``m``'s window of ``field`` (kept in ``m[field + "_last"]``) and return the
+    window's median."""
+    last = [*(float(v) for v in m.get(field + "_last", [])[-(_WINDOW - 1) :]), value]
+    m[field + "_last"] = last
+    return float(np.median(last))
 
 
 class AdaptiveController:
@@ -103,6 +113,7 @@ class AdaptiveController:
         self.measured: dict[str, list[dict[str, float]]] = {}
         self._seen: dict[str, tuple[Any, int]] = {}
         self._spb: float | None = None  # measured seconds per received byte
+        self._spb_last: list[float] = []
         #: every decision: key, step, from and to rung, predicted seconds per rung (inf: out of bounds)
         self.decisions: list[dict[str, Any]] = []
 
@@ -124,6 +135,7 @@ class AdaptiveController:
         self.level = levels
         self.measured = {str(k): [dict(m) for m in v] for k, v in sd.get("measured", {}).items()}
         self._spb = sd.get("spb")
+        self._spb_last = [] if self._spb is None else [float(self._spb)]
         self._speeds.update({str(k): CodecSpeed(*v) for k, v in sd.get("speeds", {}).items()})
         self._seen.clear()
 
@@ -139,15 +151,20 @@ class AdaptiveController:
             return
         self._seen[key] = (record.get("codec"), record["step"])
         m = self.measured.setdefault(key, [{} for _ in self.ladder])[rung]
-        for f, v in (
-            ("encode_s", record["encode_s"]),
-            ("decode_s", record["decode_s"]),
-            ("payload_bytes", record["payload_bytes"]),
-        ):
-            m[f] = v if f not in m else (1 - _EMA) * m[f] + _EMA * v
+        # Seconds: the median of the last few samples. A rank descheduled once on a busy machine
+        # measures one step 100x slower; a moving average would carry that spike into the figures
+        # of a rung it then leaves (and never measures again), a median drops it.
+        for f in ("encode_s", "decode_s"):
+            m[f] = _median_window(m, f, float(record[f]))
+        m["payload_bytes"] = (
+            record["payload_bytes"]
+            if "payload_bytes" not in m
+            else (1 - _EMA) * m["payload_bytes"] + _EMA * record["payload_bytes"]
+        )
         if record["wire_bytes"] > 0 and record["comm_s"] > 0:
             spb = record["comm_s"] / record["wire_bytes"]
-            self._spb = spb if self._spb is None else (1 - _EMA) * self._spb + _EMA * spb
+            self._spb_last = [*self._spb_last, spb][-_WINDOW:]
+            self._spb = float(np.median(self._spb_last))
         q = record.get("quality")
         if q is not None and self.ladder[rung] is not None and math.isfinite(q["norm_ratio"]):
             # a moving average: one noisy sample (about 5 % of top-k + EF steps dip under 0.9) must

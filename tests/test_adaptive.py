@@ -168,3 +168,25 @@ def test_two_mpi_ranks_switch_at_the_same_step_and_the_loss_keeps_falling(tmp_pa
     assert losses[-1] < 1e-2 * losses[0]
     windows = [np.mean(losses[i : i + 20]) for i in range(0, 120, 20)]
     assert all(b < a for a, b in itertools.pairwise(windows)), windows
+
+
+def test_one_slow_step_does_not_move_a_key_off_its_rung() -> None:
+    """A rank descheduled once (a 100x slower encode on a busy machine) must not poison the rung's
+    figures: seconds are the median of the last 5 samples, so one spike among steady ones is dropped
+    and the slow-link choice stays; a sustained slowdown (3 of 5) does move the median."""
+    ctl = _ctl("100Mbit")
+    rec = {"codec": ctl.ladder[4], "encode_s": 0.1, "decode_s": 0.01, "payload_bytes": 1000, "wire_bytes": 1000}
+    rec["comm_s"] = 0.01
+    for step in range(4):
+        ctl.observe("w", dict(rec, step=step), error_feedback=True)
+    ctl.observe("w", dict(rec, step=4, encode_s=100.0), error_feedback=True)  # the spike
+    assert ctl.measured["w"][4]["encode_s"] == 0.1
+    assert _rung(ctl, current=4) == 4
+    for step in range(5, 8):
+        ctl.observe("w", dict(rec, step=step, encode_s=100.0), error_feedback=True)
+    assert ctl.measured["w"][4]["encode_s"] == 100.0
+    assert _rung(ctl, current=4) != 4
+    sd = ctl.state_dict()
+    again = _ctl("100Mbit")
+    again.load_state_dict(json.loads(json.dumps(sd)))  # the windows are plain lists: JSON-safe
+    assert again.measured["w"][4]["encode_s_last"] == sd["measured"]["w"][4]["encode_s_last"]
