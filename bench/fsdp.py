@@ -49,7 +49,11 @@ CONTENDERS = {
     "gcodec uniform 8": {"id": "uniform", "bits": 8},
     "gcodec uniform 4 + EF": {"id": "uniform", "bits": 4},
     "gcodec top-k 1% + EF": {"id": "topk", "ratio": 0.01},
+    "gcodec uniform 4 + EF, AG u8": {"id": "uniform", "bits": 4},
 }
+#: contenders with gcodec's quantized parameter all-gather (compress_fsdp(all_gather=...))
+AG8 = {"id": "uniform", "bits": 8, "group_size": 128}
+ALL_GATHER = {"gcodec uniform 4 + EF, AG u8": AG8}
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -74,8 +78,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         fully_shard(model, mesh=mesh, mp_policy=mp)
         state = None
         if codec not in (None, "bf16"):
-            ef = name.endswith("+ EF")  # error feedback where the codec needs it (or asked for)
-            state = gcodec.torch.compress_fsdp(model, codec, start_iter=2, error_feedback=ef)
+            ef = "+ EF" in name  # error feedback where the codec needs it (or asked for)
+            ag = ALL_GATHER.get(name)
+            state = gcodec.torch.compress_fsdp(model, codec, start_iter=2, error_feedback=ef, all_gather=ag)
         x = torch.randn(64, width, generator=torch.Generator().manual_seed(rank))
         runs[name] = (model, state, torch.optim.SGD(model.parameters(), lr=1e-3), x, [])
     for _step in range(args.steps):
@@ -90,12 +95,19 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     res = {}
     for name, (_, state, _, _, times) in runs.items():
         t = statistics.median(times[4:])
+        # FSDP's own all-gathers: every rank receives (p-1)/p of the fp32 parameters, twice a step
+        # (forward, and backward after reshard_after_forward)
+        ag_wire = 2 * nparams * 4 * (world - 1) / world
         if state is None:
             item = 2 if CONTENDERS[name] == "bf16" else 4
             wire = nparams * item * (world - 1) / world
         else:
-            wire = sum(v["wire_bytes"] for v in state.stats().values())
-        res[name] = {"step_s": t, "wire_bytes": wire}
+            st = state.stats()
+            wire = sum(v["wire_bytes"] for v in st.values() if v["mode"] != "all_gather")
+            ag = [v for v in st.values() if v["mode"] == "all_gather"]
+            if ag:  # compressed from the first call: totals over the steps
+                ag_wire = sum(v["total"]["wire_bytes"] for v in ag) / args.steps
+        res[name] = {"step_s": t, "wire_bytes": wire, "all_gather_wire_bytes": ag_wire}
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"params": nparams, "width": width, "ranks": world, "runs": res}, f)
@@ -124,6 +136,8 @@ LINK_CONTENDERS = [
     _spec(
         "gcodec top-k 1% + uniform 8 + EF", {"id": "topk", "ratio": 0.01, "values": {"id": "uniform", "bits": 8}}, True
     ),
+    # gcodec's quantized parameter all-gather (ZeRO++ qwZ-style) on top of the reduce-scatter codec
+    {**_spec("gcodec uniform 4 + EF, AG u8", {"id": "uniform", "bits": 4}, True), "all_gather": AG8},
 ]
 BASELINE = "FSDP2 reduce_dtype=bf16"
 
@@ -308,11 +322,15 @@ def main() -> None:
     runs = data["runs"]
     print(f"{data['params'] / 1e6:.2f} M parameters (3 x Linear({data['width']})), {data['ranks']} gloo ranks")
     f32, b16 = runs["FSDP2 fp32"], runs["FSDP2 reduce_dtype=bf16"]
-    print(f"{'contender':26} {'bytes/rank/step':>16} {'vs fp32':>8} {'vs bf16':>8} {'step ms':>8} {'vs bf16':>8}")
+    print(
+        f"{'contender':30} {'RS bytes/rank/step':>18} {'vs fp32':>8} {'vs bf16':>8} {'AG bytes/rank/step':>18} "
+        f"{'step ms':>8} {'vs bf16':>8}"
+    )
     for name, r in runs.items():
         print(
-            f"{name:26} {r['wire_bytes']:16,.0f} {r['wire_bytes'] / f32['wire_bytes']:8.3f} "
-            f"{r['wire_bytes'] / b16['wire_bytes']:8.3f} {1e3 * r['step_s']:8.1f} {r['step_s'] / b16['step_s']:8.2f}"
+            f"{name:30} {r['wire_bytes']:18,.0f} {r['wire_bytes'] / f32['wire_bytes']:8.3f} "
+            f"{r['wire_bytes'] / b16['wire_bytes']:8.3f} {r['all_gather_wire_bytes']:18,.0f} "
+            f"{1e3 * r['step_s']:8.1f} {r['step_s'] / b16['step_s']:8.2f}"
         )
 
 
