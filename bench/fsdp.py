@@ -149,13 +149,17 @@ def link_markdown(res: dict[str, Any]) -> str:
 
     rates, p = res["rates"], res["workers"]
     base = next(r for r in res["rows"] if r["label"] == BASELINE)
-    head = ["contender", "bytes/rank/step", "final acc", "steps to target"]
+    head = ["contender", "bytes/rank/step", "AG bytes/rank/step", "final acc", "steps to target"]
+    reshard = res.get("reshard_after_forward", True)
     head += [f"step ms @ {q}" for q in rates] + [f"TTA @ {q} (vs bf16)" for q in rates]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for r in res["rows"]:
         cells = [
             r["label"],
             "" if r["bytes_per_step"] is None else f"{r['bytes_per_step'] * (p - 1) / p:,.0f}",
+            f"{r['all_gather_bytes_per_step'] * (p - 1):,.0f}"  # the other ranks' payloads
+            if r.get("all_gather_bytes_per_step")
+            else f"{(2 if reshard else 1) * 4 * res['params'] * (p - 1) / p:,.0f}",  # FSDP's: fp32 shards
             "" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f} %",
             "not reached" if r["steps_to_target"] is None else str(r["steps_to_target"]),
         ]
@@ -176,11 +180,9 @@ def link_markdown(res: dict[str, Any]) -> str:
         f"{res['model']} ({res['params']:,} parameters), FSDP2 (each Linear its own module), "
         f"{res['workers']} gloo ranks, target accuracy {100 * res['target']:.1f} % (FSDP2 fp32's final), "
         f"{res['elapsed_s'] / 60:.1f} min; bytes/rank/step: (p-1)/p of what one rank encodes for the "
-        "reduce-scatters (its rows for the other ranks; FSDP's all-gathers not counted)\n\n"
-        + "\n".join(lines)
-        + "\n\n"
-        + "\n".join(best)
-        + "\n"
+        "reduce-scatters (its rows for the other ranks); AG bytes/rank/step: what a rank receives in the "
+        "parameter all-gathers (FSDP's: (p-1)/p of the fp32 parameters per all-gather; gcodec's: the "
+        "other ranks' payloads)\n\n" + "\n".join(lines) + "\n\n" + "\n".join(best) + "\n"
     )
 
 
@@ -250,6 +252,9 @@ def link_main(args: argparse.Namespace) -> int:
             sys.exit(f"unknown rate {q!r}: use {', '.join(link.RATES)}")
     hidden = [256, 256] if args.quick else [2048, 2048]
     contenders = LINK_CONTENDERS[:3] if args.quick else LINK_CONTENDERS
+    if args.only:  # a subset (by index); the reference and the bf16 baseline always run
+        keep = {0, 1, *(int(i) for i in args.only.split(","))}
+        contenders = [c for i, c in enumerate(LINK_CONTENDERS) if i in keep]
     if args.quick:
         args.rates, args.epochs, args.timed_steps = ["unlimited"], 2, 3
     args.workers = args.ranks
@@ -287,6 +292,7 @@ def main() -> None:
     ap.add_argument(
         "--no-reshard", action="store_true", help="--link: reshard_after_forward=False (one all-gather a step)"
     )
+    ap.add_argument("--only", metavar="I,J", help="--link: only these contenders (indices), besides fp32 and bf16")
     ap.add_argument("--gloo-bytes", action="store_true", help="count the loopback bytes of gloo's collectives (root)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", metavar="FILE")
