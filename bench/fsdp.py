@@ -49,7 +49,11 @@ CONTENDERS = {
     "gcodec uniform 8": {"id": "uniform", "bits": 8},
     "gcodec uniform 4 + EF": {"id": "uniform", "bits": 4},
     "gcodec top-k 1% + EF": {"id": "topk", "ratio": 0.01},
+    "gcodec uniform 4 + EF, AG u8": {"id": "uniform", "bits": 4},
 }
+#: contenders with gcodec's quantized parameter all-gather (compress_fsdp(all_gather=...))
+AG8 = {"id": "uniform", "bits": 8, "group_size": 128}
+ALL_GATHER = {"gcodec uniform 4 + EF, AG u8": AG8}
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -74,8 +78,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         fully_shard(model, mesh=mesh, mp_policy=mp)
         state = None
         if codec not in (None, "bf16"):
-            ef = name.endswith("+ EF")  # error feedback where the codec needs it (or asked for)
-            state = gcodec.torch.compress_fsdp(model, codec, start_iter=2, error_feedback=ef)
+            ef = "+ EF" in name  # error feedback where the codec needs it (or asked for)
+            ag = ALL_GATHER.get(name)
+            state = gcodec.torch.compress_fsdp(model, codec, start_iter=2, error_feedback=ef, all_gather=ag)
         x = torch.randn(64, width, generator=torch.Generator().manual_seed(rank))
         runs[name] = (model, state, torch.optim.SGD(model.parameters(), lr=1e-3), x, [])
     for _step in range(args.steps):
@@ -90,12 +95,19 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     res = {}
     for name, (_, state, _, _, times) in runs.items():
         t = statistics.median(times[4:])
+        # FSDP's own all-gathers: every rank receives (p-1)/p of the fp32 parameters, twice a step
+        # (forward, and backward after reshard_after_forward)
+        ag_wire = 2 * nparams * 4 * (world - 1) / world
         if state is None:
             item = 2 if CONTENDERS[name] == "bf16" else 4
             wire = nparams * item * (world - 1) / world
         else:
-            wire = sum(v["wire_bytes"] for v in state.stats().values())
-        res[name] = {"step_s": t, "wire_bytes": wire}
+            st = state.stats()
+            wire = sum(v["wire_bytes"] for v in st.values() if v["mode"] != "all_gather")
+            ag = [v for v in st.values() if v["mode"] == "all_gather"]
+            if ag:  # compressed from the first call: totals over the steps
+                ag_wire = sum(v["total"]["wire_bytes"] for v in ag) / args.steps
+        res[name] = {"step_s": t, "wire_bytes": wire, "all_gather_wire_bytes": ag_wire}
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"params": nparams, "width": width, "ranks": world, "runs": res}, f)
@@ -124,6 +136,8 @@ LINK_CONTENDERS = [
     _spec(
         "gcodec top-k 1% + uniform 8 + EF", {"id": "topk", "ratio": 0.01, "values": {"id": "uniform", "bits": 8}}, True
     ),
+    # gcodec's quantized parameter all-gather (ZeRO++ qwZ-style) on top of the reduce-scatter codec
+    {**_spec("gcodec uniform 4 + EF, AG u8", {"id": "uniform", "bits": 4}, True), "all_gather": AG8},
 ]
 BASELINE = "FSDP2 reduce_dtype=bf16"
 
@@ -135,13 +149,17 @@ def link_markdown(res: dict[str, Any]) -> str:
 
     rates, p = res["rates"], res["workers"]
     base = next(r for r in res["rows"] if r["label"] == BASELINE)
-    head = ["contender", "bytes/rank/step", "final acc", "steps to target"]
+    head = ["contender", "bytes/rank/step", "AG bytes/rank/step", "final acc", "steps to target"]
+    reshard = res.get("reshard_after_forward", True)
     head += [f"step ms @ {q}" for q in rates] + [f"TTA @ {q} (vs bf16)" for q in rates]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for r in res["rows"]:
         cells = [
             r["label"],
             "" if r["bytes_per_step"] is None else f"{r['bytes_per_step'] * (p - 1) / p:,.0f}",
+            f"{r['all_gather_bytes_per_step'] * (p - 1):,.0f}"  # the other ranks' payloads
+            if r.get("all_gather_bytes_per_step")
+            else f"{(2 if reshard else 1) * 4 * res['params'] * (p - 1) / p:,.0f}",  # FSDP's: fp32 shards
             "" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f} %",
             "not reached" if r["steps_to_target"] is None else str(r["steps_to_target"]),
         ]
@@ -162,11 +180,9 @@ def link_markdown(res: dict[str, Any]) -> str:
         f"{res['model']} ({res['params']:,} parameters), FSDP2 (each Linear its own module), "
         f"{res['workers']} gloo ranks, target accuracy {100 * res['target']:.1f} % (FSDP2 fp32's final), "
         f"{res['elapsed_s'] / 60:.1f} min; bytes/rank/step: (p-1)/p of what one rank encodes for the "
-        "reduce-scatters (its rows for the other ranks; FSDP's all-gathers not counted)\n\n"
-        + "\n".join(lines)
-        + "\n\n"
-        + "\n".join(best)
-        + "\n"
+        "reduce-scatters (its rows for the other ranks); AG bytes/rank/step: what a rank receives in the "
+        "parameter all-gathers (FSDP's: (p-1)/p of the fp32 parameters per all-gather; gcodec's: the "
+        "other ranks' payloads)\n\n" + "\n".join(lines) + "\n\n" + "\n".join(best) + "\n"
     )
 
 
@@ -236,6 +252,9 @@ def link_main(args: argparse.Namespace) -> int:
             sys.exit(f"unknown rate {q!r}: use {', '.join(link.RATES)}")
     hidden = [256, 256] if args.quick else [2048, 2048]
     contenders = LINK_CONTENDERS[:3] if args.quick else LINK_CONTENDERS
+    if args.only:  # a subset (by index); the reference and the bf16 baseline always run
+        keep = {0, 1, *(int(i) for i in args.only.split(","))}
+        contenders = [c for i, c in enumerate(LINK_CONTENDERS) if i in keep]
     if args.quick:
         args.rates, args.epochs, args.timed_steps = ["unlimited"], 2, 3
     args.workers = args.ranks
@@ -273,6 +292,7 @@ def main() -> None:
     ap.add_argument(
         "--no-reshard", action="store_true", help="--link: reshard_after_forward=False (one all-gather a step)"
     )
+    ap.add_argument("--only", metavar="I,J", help="--link: only these contenders (indices), besides fp32 and bf16")
     ap.add_argument("--gloo-bytes", action="store_true", help="count the loopback bytes of gloo's collectives (root)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", metavar="FILE")
@@ -308,11 +328,15 @@ def main() -> None:
     runs = data["runs"]
     print(f"{data['params'] / 1e6:.2f} M parameters (3 x Linear({data['width']})), {data['ranks']} gloo ranks")
     f32, b16 = runs["FSDP2 fp32"], runs["FSDP2 reduce_dtype=bf16"]
-    print(f"{'contender':26} {'bytes/rank/step':>16} {'vs fp32':>8} {'vs bf16':>8} {'step ms':>8} {'vs bf16':>8}")
+    print(
+        f"{'contender':30} {'RS bytes/rank/step':>18} {'vs fp32':>8} {'vs bf16':>8} {'AG bytes/rank/step':>18} "
+        f"{'step ms':>8} {'vs bf16':>8}"
+    )
     for name, r in runs.items():
         print(
-            f"{name:26} {r['wire_bytes']:16,.0f} {r['wire_bytes'] / f32['wire_bytes']:8.3f} "
-            f"{r['wire_bytes'] / b16['wire_bytes']:8.3f} {1e3 * r['step_s']:8.1f} {r['step_s'] / b16['step_s']:8.2f}"
+            f"{name:30} {r['wire_bytes']:18,.0f} {r['wire_bytes'] / f32['wire_bytes']:8.3f} "
+            f"{r['wire_bytes'] / b16['wire_bytes']:8.3f} {r['all_gather_wire_bytes']:18,.0f} "
+            f"{1e3 * r['step_s']:8.1f} {r['step_s'] / b16['step_s']:8.2f}"
         )
 
 

@@ -284,6 +284,7 @@ def run(
             "accuracy": a["accuracy"] if a else None,
             "steps_to_target": n,
             "bytes_per_step": a["bytes_per_step"] if a else None,
+            "all_gather_bytes_per_step": a.get("all_gather_bytes_per_step") if a else None,
             "bits_per_element": a["bits_per_element"] if a else None,
             "advise_break_even_bps": None
             if c.get("policy")

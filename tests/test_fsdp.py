@@ -87,7 +87,12 @@ def test_every_rank_passes_its_checks(job: tuple[int, Path, dict]) -> None:
         "clean call after the error",
         "mismatched codec raises from backward",
         "dcp keeps every rank's residuals",
+        "all-gather off by default",
+        "forward uses the decoded shards of every rank",
+        "sharded parameters stay exact",
+        "gradients reach the shards",
     } <= names
+    assert sum(n.startswith("all-gather reference") for n in names) == 3
 
 
 def test_fp16_keeps_parameters_close_to_uncompressed(job: tuple[int, Path, dict]) -> None:
@@ -96,7 +101,7 @@ def test_fp16_keeps_parameters_close_to_uncompressed(job: tuple[int, Path, dict]
     assert np.linalg.norm(ours - base) / np.linalg.norm(base) < 1e-3
 
 
-@pytest.mark.parametrize("run", ["topk", "uniform4", "fp16"])
+@pytest.mark.parametrize("run", ["topk", "uniform4", "fp16", "ag8"])
 def test_loss_falls_like_uncompressed(job: tuple[int, Path, dict], run: str) -> None:
     _, _, runs = job
     base, ours = runs["none"]["losses"], runs[run]["losses"]
@@ -121,6 +126,22 @@ def test_stats_count_compressed_bytes(job: tuple[int, Path, dict]) -> None:
     biggest = max(comp.values(), key=lambda v: v["raw_bytes"])  # 128 x 128: headers matter less
     assert biggest["payload_bytes"] < 0.1 * biggest["raw_bytes"]
     assert biggest["wire_bytes"] <= biggest["payload_bytes"] * (world - 1) / world * 1.1
+
+
+def test_quantized_all_gather_counts_its_bytes_and_is_off_by_default(job: tuple[int, Path, dict]) -> None:
+    world, _, runs = job
+    for name in ("none", "fp16", "topk", "uniform4"):
+        assert not any("all_gather" in k for k in runs[name].get("stats", {})), name
+    ag = {k: v for k, v in runs["ag8"]["stats"].items() if v["mode"] == "all_gather"}
+    assert ag and all(v["codec"]["bits"] == 8 for v in ag.values())
+    for v in ag.values():
+        assert v["steps"] == 2 * 40  # forward and backward gather: FSDP reshards after forward
+        assert v["payload_bytes"] < v["raw_bytes"]
+        assert v["wire_bytes"] == v["payload_bytes"] * (world - 1)  # equal shards, equal payloads
+    biggest = max(ag.values(), key=lambda v: v["raw_bytes"])  # 128 x 128: the header matters less
+    assert biggest["payload_bytes"] < 0.3 * biggest["raw_bytes"]  # 8.25 bits a float32 value, plus a header
+    # the loss curve: the uniform 4 run's within 5 %
+    assert abs(runs["ag8"]["losses"][-1] - runs["uniform4"]["losses"][-1]) < 0.05 * runs["uniform4"]["losses"][-1]
 
 
 def test_checkpoint_on_4_ranks_resumes_on_2_with_the_residuals(job: tuple[int, Path, dict]) -> None:

@@ -143,6 +143,7 @@ def _wrap_fsdp(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _
             start_iter=s.start_iter,
             min_numel=s.min_numel,
             error_feedback=run["error_feedback"],
+            all_gather=run.get("all_gather"),  # a codec: gcodec's quantized parameter all-gather
         )
     return model, state, None
 
@@ -293,8 +294,13 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
     compressed = max(1, step - s.start_iter) if state is not None else max(1, step)
     nparams = sum(q.numel() for q in params)
     bytes_per_step = tot["payload_bytes"] / compressed + _wire_bytes_dense(run, params, s)
+    ag_bytes = None
     if run["hook"] == "fsdp-gcodec" and state is not None:  # the last step's: its totals hold the warm-up's
-        bytes_per_step = float(sum(v["payload_bytes"] for v in state.stats().values()))
+        st = state.stats()
+        bytes_per_step = float(sum(v["payload_bytes"] for v in st.values() if v["mode"] != "all_gather"))
+        ag = [v for v in st.values() if v["mode"] == "all_gather"]  # every call compressed, 1 or 2 a step
+        if ag:
+            ag_bytes = float(sum(v["total"]["payload_bytes"] for v in ag)) / max(1, step)
     modes = sorted({v["mode"] for v in state.stats().values()}) if state is not None else []
     # steady state: after the dense warm-up and two compressed steps (first-call costs)
     warm = step_times[min(len(step_times) - 1, s.start_iter + 2) :] or step_times
@@ -305,6 +311,7 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
         "steps": step,
         "compressed_steps": compressed if state is not None else 0,
         "bytes_per_step": bytes_per_step,
+        "all_gather_bytes_per_step": ag_bytes,  # this rank's all-gather payloads (quantized all-gather only)
         "bits_per_element": 8.0 * bytes_per_step / nparams,
         # medians: the first compressed steps also pay one-time costs (kernel cache loads, buffers)
         "encode_ms": 1e3 * float(np.median([e for e, _ in codec_ms])) if codec_ms else 0.0,

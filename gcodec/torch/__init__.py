@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..transports import TransportState, allreduce_protocol
 from .comm import FutureQueue, TorchCommunicator, queue_for
 from .convert import to_numpy, to_tensor
-from .fsdp import FSDPState, ReduceScatter, compress_fsdp, reshard_state_dicts
+from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookState, Policy, comm_hook
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "FutureQueue",
     "HookState",
     "Policy",
+    "QuantizedAllGather",
     "ReduceScatter",
     "TorchCommunicator",
     "TransportState",

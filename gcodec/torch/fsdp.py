@@ -36,18 +36,21 @@ import torch.distributed as dist
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError
 from ..transports import TransportState
+from ..transports.gather import allgather_protocol
 from ..transports.handshake import fingerprint, handshake
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
 from ..transports.stats import Stats, StepStats
 from .comm import TorchCommunicator, queue_for
 from .convert import to_numpy
 
-__all__ = ["FSDPState", "ReduceScatter", "compress_fsdp", "reshard_state_dicts"]
+__all__ = ["FSDPState", "QuantizedAllGather", "ReduceScatter", "compress_fsdp", "reshard_state_dicts"]
 
-try:  # torch 2.13: the interface FSDP2 checks custom comms against
+try:  # torch 2.13: the interfaces FSDP2 checks custom comms against
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AGBase
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _RSBase
 except ImportError:  # pragma: no cover - older torch: duck typing is enough
     _RSBase = object  # type: ignore[assignment,misc]
+    _AGBase = object  # type: ignore[assignment,misc]
 
 #: A policy maps (parameter FQN, a meta tensor of the parameter's shape) to a codec or None (dense).
 Policy = Callable[[str, torch.Tensor], "Codec | str | dict[str, Any] | None"]
@@ -106,6 +109,9 @@ class FSDPState:
         min_numel: parameters with fewer elements stay dense.
         error_feedback: keep per-rank worker residuals (per parameter chunk and destination).
         num_threads: kernel threads per rank; None follows the job (docs/transports.md, "Threads").
+        all_gather: codec of the parameter all-gathers (:class:`QuantizedAllGather`), e.g.
+            ``{"id": "uniform", "bits": 8, "group_size": 128}``; None (default): FSDP's own,
+            uncompressed all-gather.
 
     1-D parameters (biases, norms) stay dense unless a policy names a codec for them explicitly.
     """
@@ -119,8 +125,14 @@ class FSDPState:
         min_numel: int = 1024,
         error_feedback: bool = True,
         num_threads: int | None = None,
+        all_gather: Codec | str | dict[str, Any] | None = None,
     ) -> None:
         self.codec = get_codec(codec)
+        self.all_gather = None if all_gather is None else get_codec(all_gather)
+        if self.all_gather is not None and self.all_gather.codec_id == "powersgd":
+            raise ConfigError("powersgd needs whole matrices; FSDP all-gathers flat shards")
+        self.ag_iters: dict[str, int] = {}  # module FQN -> compressed all-gathers done
+        self._ag = Stats()
         if self.codec.codec_id == "powersgd":
             raise ConfigError("powersgd needs whole matrices; FSDP's reduce-scatter sends row chunks")
         self.policy = policy
@@ -191,9 +203,14 @@ class FSDPState:
         for st in self._states.values():
             for k, v in st.stats().items():
                 out[k] = {**v, "codec": st.codec.get_config()}
+        if self.all_gather is not None:
+            cfg = self.all_gather.get_config()
+            for k, v in self._ag.as_dict().items():
+                out[k] = {**v, "codec": cfg if v["mode"] == "all_gather" else None}
         return out
 
     def reset_stats(self) -> None:
+        self._ag.reset()
         self._dense.reset()
         for st in self._states.values():
             st.reset_stats()
@@ -596,6 +613,74 @@ class _Work:
         return self._fut
 
 
+class QuantizedAllGather(_AGBase):  # type: ignore[misc,valid-type]
+    """FSDP2's custom all-gather (``torch.distributed.fsdp._fully_shard._fsdp_api.AllGather``) of
+    compressed parameters, ZeRO++ qwZ-style: each rank encodes its flat shard (every parameter of
+    the module, concatenated as FSDP lays them out) with ``codec``, the payloads are all-gathered
+    and every rank decodes all of them into FSDP's all-gather output. Usually made by
+    :func:`compress_fsdp` with ``all_gather=``, one per FSDP module.
+
+    Only the unsharded copy that forward and backward use is compressed: FSDP copies the sharded
+    parameters into its all-gather buffer before the call, so the sharded (optimizer) parameters
+    stay exact. No error feedback: each all-gather encodes the current weights afresh. Every rank
+    decodes the same bytes, its own payload included, so all ranks compute with the same weights.
+
+    Buffers of mixed dtypes (FSDP gathers them as uint8) go through FSDP's own all-gather, as do
+    non-CPU tensors until the CUDA backend lands.
+
+    Args:
+        state: the shared :class:`FSDPState` (its ``all_gather`` codec, statistics); or a codec for
+            a standalone comm.
+        name: the module's FQN, the prefix of its statistics key (``"<name>:all_gather"``).
+    """
+
+    def __init__(self, state: FSDPState | Codec | str | dict[str, Any] = "uniform", *, name: str = "") -> None:
+        if not isinstance(state, FSDPState):
+            state = FSDPState(all_gather=state)
+        if state.all_gather is None:
+            raise ConfigError("QuantizedAllGather needs a state with an all_gather codec")
+        self.state = state
+        self.codec: Codec = state.all_gather
+        self.name = name or "<root>"
+
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        st = self.state
+        comm = st.comm(group)
+        p = comm.size
+        n = input_tensor.numel()
+        if output_tensor.numel() != n * p:
+            raise ConfigError(f"all-gather of {n} elements into {output_tensor.numel()} on {p} ranks")
+        it = st.ag_iters.get(self.name, 0)
+        st.ag_iters[self.name] = it + 1
+        floats = (torch.float32, torch.bfloat16, torch.float16)
+        if input_tensor.dtype not in floats or input_tensor.device.type != "cpu":
+            s = StepStats(f"{self.name}:all_gather_dense", it, "native", input_tensor.nbytes)
+            s.add("payload_bytes", input_tensor.nbytes)
+            s.add("wire_bytes", input_tensor.nbytes * (p - 1))
+            with s.timing("comm_s"):
+                work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
+            st._ag.record(s)
+            return work
+        s = StepStats(f"{self.name}:all_gather", it, "all_gather", input_tensor.nbytes)
+        x = to_numpy(input_tensor).reshape(-1)
+        out = to_numpy(output_tensor).reshape(p, n)
+        proto = allgather_protocol(comm, self.codec, x, out, self.name, it, s, st._threads)
+        # Always synchronous: FSDP waits only on a c10d Work, and ordering with the reduce-scatters
+        # on the same group's queue keeps every rank's collectives in the same order.
+        queue_for(group).run(proto)
+        st._ag.record(s)
+        return None
+
+
 def compress_fsdp(
     model: torch.nn.Module,
     codec: Codec | str | dict[str, Any] = "fp16",
@@ -605,13 +690,15 @@ def compress_fsdp(
     start_iter: int = 10,
     min_numel: int = 1024,
     num_threads: int | None = None,
+    all_gather: Codec | str | dict[str, Any] | None = None,
     state: FSDPState | None = None,
 ) -> FSDPState:
     """Set a compressed :class:`ReduceScatter` on every FSDP2 module of ``model`` (call after
     ``fully_shard``); returns the shared :class:`FSDPState` (statistics, checkpoints).
 
     Parameters are named by their FQN in ``model``; the policy language is the DDP hook's (see
-    :class:`FSDPState`).
+    :class:`FSDPState`). ``all_gather`` (off by default) also sets a :class:`QuantizedAllGather`
+    with that codec on every FSDP module, e.g. ``{"id": "uniform", "bits": 8, "group_size": 128}``.
     """
     from torch.distributed.fsdp import FSDPModule
 
@@ -623,12 +710,15 @@ def compress_fsdp(
             min_numel=min_numel,
             error_feedback=error_feedback,
             num_threads=num_threads,
+            all_gather=all_gather,
         )
     fqns = {id(p): n for n, p in model.named_parameters()}
     found = 0
     for name, m in model.named_modules():
         if isinstance(m, FSDPModule):
             m.set_custom_reduce_scatter(ReduceScatter(state, m, name=name or "<root>", fqns=fqns))  # type: ignore[arg-type]
+            if state.all_gather is not None:
+                m.set_custom_all_gather(QuantizedAllGather(state, name=name or "<root>"))  # type: ignore[arg-type]
             found += 1
     if not found:
         raise ConfigError("compress_fsdp: no FSDP module in the model (call fully_shard first)")

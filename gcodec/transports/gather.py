@@ -24,7 +24,7 @@ from .state import TransportState
 from .stats import StepStats
 from .threads import kernel_threads
 
-__all__ = ["decode_sum", "gather_protocol"]
+__all__ = ["allgather_protocol", "decode_sum", "gather_protocol"]
 
 
 def decode_sum(codec: object, parts: list[np.ndarray], acc: np.ndarray, what: str) -> None:
@@ -69,4 +69,48 @@ def gather_protocol(
             err = e
     yield from agree(comm, err, what)
     out.reshape(-1)[...] = acc
+    return out
+
+
+def allgather_protocol(
+    comm: Communicator,
+    codec: object,
+    x: np.ndarray,
+    out: np.ndarray,
+    key: str,
+    step: int,
+    st: StepStats,
+    threads: int | None = None,
+) -> Protocol:
+    """All-gather of compressed values: rank r's ``x`` lands, encoded and decoded, in ``out[r]``.
+
+    Every rank encodes its own ``x`` (no residual: what is gathered is a copy, the caller keeps the
+    exact values), the payloads travel in one all-gather (sizes and error codes first) and every
+    rank decodes all p of them, its own included, so the p gathered copies are bit-identical.
+    ``out`` is ``(p, x.size)`` of any float dtype (decoded in float32 and cast once); ``x`` may be
+    a view of ``out[me]``: it is encoded before anything is written to ``out``.
+    """
+    p, me = comm.size, comm.rank
+    what = f"compressed all-gather of {key!r}"
+    err: BaseException | None = None
+    buf = EMPTY
+    with kernel_threads(threads), st.timing("encode_s"):
+        try:
+            buf = as_bytes(codec.encode(x, key=key, step=gather_stream(step, me, 0, p)))  # type: ignore[attr-defined]
+        except GcodecError as e:
+            err = e
+    st.add("payload_bytes", buf.shape[0])
+    parts = yield from allgather_bytes(comm, buf, err, what)
+    st.add("wire_bytes", nbytes_from_others(parts, me))
+    direct = out.dtype == np.float32
+    tmp = None if direct else np.empty(x.size, np.float32)
+    with kernel_threads(threads), st.timing("decode_s"):
+        for r, part in enumerate(parts):  # the same bytes on every rank: a bad payload fails everywhere
+            if part.shape[0] == 0:
+                raise GcodecError(f"{what}: rank {r} sent no payload")
+            if direct:
+                codec.decode(part, out=out[r])  # type: ignore[attr-defined]
+            else:
+                codec.decode(part, out=tmp)  # type: ignore[attr-defined]
+                out[r] = tmp.astype(out.dtype)
     return out
