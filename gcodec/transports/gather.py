@@ -102,13 +102,12 @@ def allgather_protocol(
     st.add("payload_bytes", buf.shape[0])
     parts = yield from allgather_bytes(comm, buf, err, what)
     st.add("wire_bytes", nbytes_from_others(parts, me))
-    direct = out.dtype == np.float32
-    tmp = None if direct else np.empty(x.size, np.float32)
+    tmp = None if out.dtype == np.float32 else np.empty(x.size, np.float32)
     with kernel_threads(threads), st.timing("decode_s"):
         for r, part in enumerate(parts):  # the same bytes on every rank: a bad payload fails everywhere
             if part.shape[0] == 0:
                 raise GcodecError(f"{what}: rank {r} sent no payload")
-            if direct:
+            if tmp is None:
                 codec.decode(part, out=out[r])  # type: ignore[attr-defined]
             else:
                 codec.decode(part, out=tmp)  # type: ignore[attr-defined]
