@@ -98,15 +98,7 @@ class ErrorFeedback:
             return encode(
                 arr, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta, out=out
             )
-        wd = self._work_dtype(arr)
-        e = self._residuals.get(key)
-        if e is not None and e.shape != arr.shape:
-            raise ConfigError(f"error feedback key {key!r}: shape {arr.shape} differs from its residual's {e.shape}")
-        if e is not None and e.dtype != wd:
-            e = e.astype(wd)
-        scratch = self._scratch.get(key)
-        if scratch is None or scratch.shape != arr.shape or scratch.dtype != wd:
-            scratch = np.empty(arr.shape, dtype=wd)
+        wd, e, scratch = self._host_buffers(key, arr)
         # Fast path: a codec with a fused kernel reads x and e once and writes the new residual
         # into the scratch buffer (bit-identical to the generic path below); then the two swap.
         fused = getattr(self.codec, "plan_feedback", None)
@@ -124,12 +116,7 @@ class ErrorFeedback:
                     self._scratch.pop(key, None)
                 return buf
         # Generic path: corrected = x + e; encode it; e <- corrected - decode(payload).
-        if e is not None and arr.dtype == wd:
-            corrected = np.add(arr, e)
-        else:
-            corrected = arr.astype(wd, copy=True)
-            if e is not None:
-                corrected += e
+        corrected = self._corrected(arr, e, wd)
         buf = encode(
             corrected, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta, out=out
         )
@@ -138,12 +125,7 @@ class ErrorFeedback:
         K = kernels.of(corrected)
         with K.threads_for(arr.size):
             bad = K.feedback.residual_inplace(corrected.reshape(-1), scratch.reshape(-1))
-        if bad:
-            raise PayloadValueError(
-                f"error feedback key {key!r}: {bad} residual value(s) would be NaN or infinite "
-                "(non-finite input, or a codec that overflowed); the residual was left unchanged"
-            )
-        self._residuals[key] = corrected
+        self._keep_residual(key, corrected, bad)
         return buf
 
     def encode_values(self, x: np.ndarray, key: str, out: np.ndarray) -> None:
@@ -166,6 +148,18 @@ class ErrorFeedback:
             with K.threads_for(arr.size):
                 enc(flat if flat.dtype in (np.float32, np.float64) else flat.astype(np.float32), out)
             return
+        wd, e, scratch = self._host_buffers(key, arr)
+        corrected = self._corrected(arr, e, wd)
+        self._scratch[key] = scratch
+        with K.threads_for(arr.size):
+            enc(corrected.reshape(-1), out)
+            dec(out, scratch.reshape(-1), False)
+            bad = K.feedback.residual_inplace(corrected.reshape(-1), scratch.reshape(-1))
+        self._keep_residual(key, corrected, bad)
+
+    def _host_buffers(self, key: str, arr: np.ndarray) -> tuple[np.dtype, np.ndarray | None, np.ndarray]:
+        """(work dtype, ``key``'s residual in it or None, a scratch array of ``arr``'s shape) for a
+        host encode; a residual of another shape is a ConfigError."""
         wd = self._work_dtype(arr)
         e = self._residuals.get(key)
         if e is not None and e.shape != arr.shape:
@@ -175,23 +169,27 @@ class ErrorFeedback:
         scratch = self._scratch.get(key)
         if scratch is None or scratch.shape != arr.shape or scratch.dtype != wd:
             scratch = np.empty(arr.shape, dtype=wd)
+        return wd, e, scratch
+
+    @staticmethod
+    def _corrected(arr: np.ndarray, e: np.ndarray | None, wd: np.dtype) -> np.ndarray:
+        """A new array ``x + e`` in the work dtype (``x`` itself is never written)."""
         if e is not None and arr.dtype == wd:
-            corrected = np.add(arr, e)
-        else:
-            corrected = arr.astype(wd, copy=True)
-            if e is not None:
-                corrected += e
-        self._scratch[key] = scratch
-        with K.threads_for(arr.size):
-            enc(corrected.reshape(-1), out)
-            dec(out, scratch.reshape(-1), False)
-            bad = K.feedback.residual_inplace(corrected.reshape(-1), scratch.reshape(-1))
+            return np.add(arr, e)
+        corrected = arr.astype(wd, copy=True)
+        if e is not None:
+            corrected += e
+        return corrected
+
+    def _keep_residual(self, key: str, residual: np.ndarray, bad: int) -> None:
+        """Store ``key``'s new residual, or raise (keeping the old one) when ``bad`` of its values are
+        not finite."""
         if bad:
             raise PayloadValueError(
                 f"error feedback key {key!r}: {bad} residual value(s) would be NaN or infinite "
                 "(non-finite input, or a codec that overflowed); the residual was left unchanged"
             )
-        self._residuals[key] = corrected
+        self._residuals[key] = residual
 
     def _encode_device(
         self, x: Any, key: str, *, step: int | None, checksum: bool, meta: Mapping[str, str] | None, out: Any
@@ -236,12 +234,7 @@ class ErrorFeedback:
         self._scratch[key] = scratch
         decode(buf, out=scratch)
         bad = K.feedback.residual_inplace(corrected, scratch)
-        if bad:
-            raise PayloadValueError(
-                f"error feedback key {key!r}: {bad} residual value(s) would be NaN or infinite "
-                "(non-finite input, or a codec that overflowed); the residual was left unchanged"
-            )
-        self._residuals[key] = corrected.reshape(shape)
+        self._keep_residual(key, corrected.reshape(shape), bad)
         return buf
 
     # ---- state ---------------------------------------------------------------------------
