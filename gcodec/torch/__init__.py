@@ -19,7 +19,7 @@ import torch
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError
 from ..transports import TransportState, allreduce_protocol
-from .comm import FutureQueue, TorchCommunicator, queue_for
+from .comm import FutureQueue, FutureWork, TorchCommunicator, queue_for
 from .convert import to_numpy, to_tensor
 from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookState, Policy, comm_hook
@@ -46,22 +46,8 @@ _states: dict[tuple[int, str, str], TransportState] = {}
 _comms: dict[int, TorchCommunicator] = {}
 
 
-class AllReduceWork:
-    """What ``all_reduce(..., async_op=True)`` returns, like torch's ``Work``: ``wait()``,
-    ``is_completed()`` and ``get_future()``."""
-
-    def __init__(self, fut: torch.futures.Future) -> None:
-        self._fut = fut
-
-    def wait(self) -> bool:
-        self._fut.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return bool(self._fut.done())
-
-    def get_future(self) -> torch.futures.Future:
-        return self._fut
+#: What ``all_reduce(..., async_op=True)`` returns, like torch's ``Work``.
+AllReduceWork = FutureWork
 
 
 def all_reduce(

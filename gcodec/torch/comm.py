@@ -11,10 +11,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..transports import Communicator, Protocol, Work
+from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
 
-__all__ = ["FutureQueue", "TorchCommunicator", "TorchWork", "queue_for"]
+__all__ = ["FutureQueue", "FutureWork", "TorchCommunicator", "TorchWork", "queue_for"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -38,20 +38,6 @@ class TorchWork(Work):
     def result(self) -> Any:
         if not self._have:
             self._value, self._have = self._finish(), True
-        return self._value
-
-
-class _Done(Work):
-    def __init__(self, value: Any) -> None:
-        self._value = value
-
-    def test(self) -> bool:
-        return True
-
-    def wait(self) -> Any:
-        return self._value
-
-    def result(self) -> Any:
         return self._value
 
 
@@ -85,7 +71,7 @@ class TorchCommunicator(Communicator):
         counts = [int(c) for c in counts]
         width = max(counts) if counts else 0
         if width == 0:
-            return _Done([np.empty(0, np.uint8) for _ in counts])
+            return DoneWork([np.empty(0, np.uint8) for _ in counts])
         if buf.shape[0] == width and buf.flags.writeable:
             src = torch.from_numpy(buf)  # the usual case: equal sizes, no padding copy
         else:
@@ -108,6 +94,24 @@ class TorchCommunicator(Communicator):
             return [a[offs[i] : offs[i + 1]] for i in range(self.size)]
 
         return TorchWork(w, finish)
+
+
+class FutureWork:
+    """A torch-``Work``-like handle on a future (``wait()``, ``is_completed()``, ``get_future()``):
+    what ``all_reduce(..., async_op=True)`` and ``ReduceScatter(..., async_op=True)`` return."""
+
+    def __init__(self, fut: torch.futures.Future) -> None:
+        self._fut = fut
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self._fut.done())
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
 
 
 class FutureQueue:

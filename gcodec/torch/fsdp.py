@@ -40,7 +40,7 @@ from ..transports.gather import allgather_protocol
 from ..transports.handshake import fingerprint, handshake
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
 from ..transports.stats import Stats, StepStats
-from .comm import TorchCommunicator, queue_for
+from .comm import FutureWork, TorchCommunicator, queue_for
 from .convert import to_numpy
 
 __all__ = ["FSDPState", "QuantizedAllGather", "ReduceScatter", "compress_fsdp", "reshard_state_dicts"]
@@ -534,7 +534,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         }
         proto = self._protocol(comm, x, out, groups, scale, fingerprint(**fields))
         if async_op:
-            return _Work(queue_for(group).submit(proto))
+            return FutureWork(queue_for(group).submit(proto))
         queue_for(group).run(proto)  # FSDP2 waits for it anyway
         return None
 
@@ -594,23 +594,6 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             assert g.stats is not None
             (g.state.record if g.state is not None else st._dense.record)(g.stats)
         return None
-
-
-class _Work:
-    """What ``ReduceScatter(..., async_op=True)`` returns, like torch's ``Work``."""
-
-    def __init__(self, fut: torch.futures.Future) -> None:
-        self._fut = fut
-
-    def wait(self, timeout: Any = None) -> bool:
-        self._fut.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return bool(self._fut.done())
-
-    def get_future(self) -> torch.futures.Future:
-        return self._fut
 
 
 class QuantizedAllGather(_AGBase):  # type: ignore[misc,valid-type]
