@@ -335,9 +335,9 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         buf.div_(p)
         return buf
 
-    # Dense tensors: their concatenation (in float32) is summed uncompressed, riding in the
-    # collectives of the bucket's first summable or PowerSGD group when it has one (one collective
-    # fewer per bucket), else in an allreduce of its own.
+    # Dense tensors: their concatenation (in float32) is summed uncompressed, riding with the
+    # bucket's first summable or PowerSGD group when it has one (no round of their own; see
+    # summable_protocol and lowrank_protocol), else in an allreduce of its own.
     flat = np.concatenate([to_numpy(grads[i]).reshape(-1).astype(np.float32) for i in dense]) if dense else None
     modes = {k: resolve_mode(codecs[k], state.mode, p) for k in groups}
     carrier = next((k for k in groups if modes[k] in ("summable", "powersgd")), None) if dense else None
@@ -378,11 +378,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         yield from timed(st, proto)
         ts.record(st)
         if not whole:
-            pos = 0
-            for i in idx:
-                a = to_numpy(grads[i]).reshape(-1)
-                a[...] = out[pos : pos + a.shape[0]]
-                pos += a.shape[0]
+            _scatter(grads, idx, out)
     if flat is not None and carrier is not None:
         _write_dense(grads, dense, flat, p)
     return buf
@@ -403,14 +399,19 @@ def _span(buf: torch.Tensor, grads: list[torch.Tensor], idx: list[int]) -> np.nd
     return to_numpy(buf).reshape(-1)[start // isz : pos // isz]
 
 
-def _write_dense(grads: list[torch.Tensor], dense: list[int], flat: np.ndarray, p: int) -> None:
-    """The dense tensors' mean, from the sum ``flat``, written back into their gradients."""
-    flat *= np.float32(1.0 / p)
+def _scatter(grads: list[torch.Tensor], idx: list[int], flat: np.ndarray) -> None:
+    """Write the consecutive slices of ``flat`` back into the gradients ``idx``, in order."""
     pos = 0
-    for i in dense:
+    for i in idx:
         a = to_numpy(grads[i]).reshape(-1)
         a[...] = flat[pos : pos + a.shape[0]]
         pos += a.shape[0]
+
+
+def _write_dense(grads: list[torch.Tensor], dense: list[int], flat: np.ndarray, p: int) -> None:
+    """The dense tensors' mean, from the sum ``flat``, written back into their gradients."""
+    flat *= np.float32(1.0 / p)
+    _scatter(grads, dense, flat)
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

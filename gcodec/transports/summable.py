@@ -47,33 +47,12 @@ from .state import TransportState
 from .stats import StepStats
 from .threads import kernel_threads
 
-__all__ = ["chunk_bounds", "reduce_chunks", "summable_protocol"]
+__all__ = ["chunk_bounds", "summable_protocol"]
 
 
 def chunk_bounds(n: int, p: int) -> list[int]:
     """p + 1 boundaries splitting n elements into p nearly equal contiguous chunks."""
     return [n * j // p for j in range(p + 1)]
-
-
-def reduce_chunks(chunks: list[np.ndarray], dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
-    """Sum ``chunks`` (arrays of ``dtype``) in list order in float32 (float64 for float64) and round
-    once, into ``out`` (a new array when None)."""
-    if out is None:
-        out = np.empty(chunks[0].shape, dtype)
-    _reduce(chunks, out)
-    return out
-
-
-def _reduce(chunks: list[np.ndarray], out: np.ndarray) -> int | None:
-    """:func:`reduce_chunks` into ``out``; for two chunks (one fused pass, the same arithmetic) the
-    number of non-finite sums, else None (not counted)."""
-    if len(chunks) == 2:
-        return sum_pair(chunks[0], chunks[1], out)
-    acc = np.zeros(chunks[0].shape, np.float64 if out.dtype == np.float64 else np.float32)
-    for c in chunks:
-        add_values(c, acc)
-    round_values(acc, out)
-    return None
 
 
 def summable_protocol(
@@ -124,7 +103,7 @@ def summable_protocol(
     if p == 2:
         bad = yield from _sum_by_allgather(comm, vals, riders, st, state)
     else:
-        bad = yield from _sum_by_reduce_scatter(comm, vals, riders, st, state, what)
+        bad = yield from _sum_by_reduce_scatter(comm, vals, riders, st, state)
     with kernel_threads(state.threads), st.timing("decode_s"):
         # The summed values are the same on every rank: all refuse them alike when any is not finite.
         if bad is None:
@@ -142,11 +121,19 @@ def summable_protocol(
 
 
 def _reduce_into(parts: list[np.ndarray], dst: np.ndarray) -> int | None:
-    """``dst`` = the sum of ``parts`` (byte buffers of ``dst``'s type) in rank order, rounded once;
-    the number of non-finite sums when the pass counted them, else None."""
+    """``dst`` = the sum of ``parts`` (byte buffers of ``dst``'s type) in rank order, in float32
+    (float64 for float64) from +0, rounded once. Returns the number of non-finite sums when the pass
+    counted them (two parts: one fused pass, the same arithmetic), else None."""
     if not dst.shape[0]:
         return 0
-    return _reduce([q.view(dst.dtype) for q in parts], dst)
+    chunks = [q.view(dst.dtype) for q in parts]
+    if len(chunks) == 2:
+        return sum_pair(chunks[0], chunks[1], dst)
+    acc = np.zeros(dst.shape, np.float64 if dst.dtype == np.float64 else np.float32)
+    for c in chunks:
+        add_values(c, acc)
+    round_values(acc, dst)
+    return None
 
 
 def _sum_by_allgather(
@@ -170,7 +157,7 @@ def _sum_by_allgather(
 
 
 def _sum_by_reduce_scatter(
-    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState, what: str
+    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState
 ) -> Protocol:
     """p > 2: all-to-all of chunk j (riders' then values') to rank j, which sums the p copies in rank
     order; all-gather of the summed chunks. 2 (p-1)/p of the bytes per rank, as a ring allreduce."""
