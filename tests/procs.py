@@ -1,8 +1,18 @@
-"""What the multi-process tests share: a free TCP port on 127.0.0.1 for a process group's rendezvous."""
+"""What the multi-process tests share: a free TCP port for a process group's rendezvous, starting
+the ranks of a rank program with a deadline, and reading the checks they wrote."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -10,3 +20,47 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def run_ranks(module: str, args: Sequence[str], world: int, timeout: float, logs: Path) -> list[int]:
+    """Run ``python -m module *args RANK WORLD PORT`` for every rank on 127.0.0.1 and return their exit
+    codes. Ranks still running at the deadline are killed (nothing hangs the suite); each rank's
+    output goes to ``logs``/``<name>_rank<r>.log``, and its tail is printed when any rank failed."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    name = "_".join([module.rsplit(".", 1)[-1], *(a for a in args if "/" not in a)])
+    paths = [logs / f"{name}{world}_rank{r}.log" for r in range(world)]
+    files = [open(p, "w") for p in paths]
+    cmd = [sys.executable, "-m", module, *args]
+    procs = [
+        subprocess.Popen([*cmd, str(r), str(world), str(port)], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        for r, f in enumerate(files)
+    ]
+    deadline = time.monotonic() + timeout
+    codes = []
+    try:
+        for p in procs:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in files:
+            f.close()
+    if any(codes):
+        for r, p in enumerate(paths):
+            print(f"--- rank {r}:", p.read_text()[-3000:])
+    return codes
+
+
+def checks_of(outdir: Path, ranks: Iterable[int]) -> list[dict]:
+    """The checks every rank wrote to ``outdir/rank<r>.json``; fails on a missing file or a failed check."""
+    out = []
+    for r in ranks:
+        f = outdir / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no results"
+        out += [{**c, "rank": r} for c in json.loads(f.read_text())]
+    failed = [c for c in out if not c["ok"]]
+    assert not failed, "\n".join(f"rank {c['rank']}: {c['name']}: {c['detail']}" for c in failed)
+    return out

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,47 +24,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 240
 
 
-from tests.procs import free_port  # noqa: E402  (one helper for the multi-process tests)
+from tests.procs import checks_of as _checks_of  # noqa: E402  (one helper for the multi-process tests)
+from tests.procs import run_ranks as _run_ranks  # noqa: E402
 
 
 def run_ranks(scenario: str, outdir: Path, world: int) -> list[int]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "tests.transport_ranks.fsdp_program", scenario, str(outdir)]
-    logs = [open(outdir / f"{scenario}{world}_rank{r}.log", "w") for r in range(world)]
-    procs = [
-        subprocess.Popen(
-            [*cmd, str(r), str(world), str(port)], cwd=ROOT, env=env, stdout=logs[r], stderr=subprocess.STDOUT
-        )
-        for r in range(world)
-    ]
-    deadline = time.monotonic() + TIMEOUT
-    codes = []
-    try:
-        for p in procs:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs:
-            f.close()
-    if any(codes):
-        for r in range(world):
-            print(f"--- rank {r}:", (outdir / f"{scenario}{world}_rank{r}.log").read_text()[-3000:])
-    return codes
+    return _run_ranks("tests.transport_ranks.fsdp_program", [scenario, str(outdir)], world, TIMEOUT, outdir)
 
 
 def checks_of(outdir: Path, world: int) -> list[dict]:
-    out = []
-    for r in range(world):
-        f = outdir / f"rank{r}.json"
-        assert f.exists(), f"rank {r} wrote no results"
-        out += [{**c, "rank": r} for c in json.loads(f.read_text())]
-    failed = [c for c in out if not c["ok"]]
-    assert not failed, "\n".join(f"rank {c['rank']}: {c['name']}: {c['detail']}" for c in failed)
-    return out
+    return _checks_of(outdir, range(world))
 
 
 @pytest.fixture(scope="module", params=[2, 4])

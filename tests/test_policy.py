@@ -151,27 +151,11 @@ def test_a_codec_switch_carries_the_residual_over() -> None:
 @pytest.mark.torch
 def test_ddp_hook_takes_a_policy_and_telemetry(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    import os
-    import subprocess
-    import sys
+    from tests.procs import checks_of, run_ranks
 
-    from tests.test_transport_torch import ROOT, free_port
-
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "tests.transport_ranks.policy_torch", str(tmp_path)]
-    procs = [subprocess.Popen([*cmd, str(r), "2", str(port)], cwd=ROOT, env=env) for r in range(2)]
-    try:
-        codes = [p.wait(timeout=150) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    codes = run_ranks("tests.transport_ranks.policy_torch", [str(tmp_path)], 2, 150, tmp_path)
     assert codes == [0, 0]
-    checks = [c for r in range(2) for c in json.loads((tmp_path / f"rank{r}.json").read_text())]
-    failed = [c for c in checks if not c["ok"]]
-    assert not failed, failed
+    checks = checks_of(tmp_path, range(2))
     assert len(checks) == 2 * 7
 
 

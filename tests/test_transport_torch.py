@@ -8,9 +8,6 @@ subprocesses with a timeout, so nothing here can hang the suite. torch.distribut
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,53 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 150
 
 
-from tests.procs import free_port  # noqa: E402  (one helper for the multi-process tests)
+from tests.procs import checks_of  # noqa: E402  (one helper for the multi-process tests)
+from tests.procs import run_ranks as _run_ranks  # noqa: E402
 
 
 def run_ranks(scenario: str, outdir: Path, timeout: float = TIMEOUT, world: int = 2) -> list[int]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.transport_ranks.torch_program",
-                scenario,
-                str(outdir),
-                str(r),
-                str(world),
-                str(port),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    deadline = time.monotonic() + timeout
-    codes = []
-    try:
-        for p in procs:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return codes
-
-
-def checks_of(outdir: Path, ranks: list[int]) -> list[dict]:
-    out = []
-    for r in ranks:
-        f = outdir / f"rank{r}.json"
-        assert f.exists(), f"rank {r} wrote no results"
-        out += [{**c, "rank": r} for c in json.loads(f.read_text())]
-    failed = [c for c in out if not c["ok"]]
-    assert not failed, "\n".join(f"rank {c['rank']}: {c['name']}: {c['detail']}" for c in failed)
-    return out
+    return _run_ranks("tests.transport_ranks.torch_program", [scenario, str(outdir)], world, timeout, outdir)
 
 
 @pytest.fixture(scope="module")
