@@ -19,6 +19,7 @@ __all__ = [
     "LayoutError",
     "LimitExceededError",
     "PayloadValueError",
+    "ProtocolOrderError",
     "SizeMismatchError",
     "UnknownCodecError",
     "UnsupportedFeatureError",
@@ -72,6 +73,11 @@ class PayloadValueError(GcodecError):
 
 class ConfigError(GcodecError):
     """A codec was configured with bad parameters, or ``out=`` does not fit."""
+
+
+class ProtocolOrderError(ConfigError):
+    """Ranks of a compressed collective are not at the same message: one ran an exchange the others
+    did not, or sent something that is not a gcodec control message where one was due."""
 
 
 class BufferTooSmallError(ConfigError):

@@ -25,11 +25,12 @@ from mpi4py import MPI
 
 from .arrays import host_array
 from .codecs import Codec, get_codec
-from .errors import ConfigError
+from .errors import ConfigError, GcodecError
 from .feedback import ErrorFeedback
 from .policy import Policy
 from .transports import Communicator, Serial, Task, TransportState, Work, allreduce_protocol
 from .transports.collectives import joined
+from .transports.control import failed_exchange
 from .transports.routed import PolicyState
 
 __all__ = ["MPICommunicator", "PolicyState", "Request", "State", "allreduce", "iallreduce"]
@@ -160,19 +161,22 @@ def iallreduce(
     Several requests may be in flight: they run one after another in call order (which is then
     the same on every rank), each advancing whenever any request's ``test()`` or ``wait()`` runs.
     """
-    if isinstance(ef, PolicyState) or isinstance(codec, Policy):  # per-key choice: policy or controller
-        routed = ef if isinstance(ef, PolicyState) else _policy_state(comm, codec)  # type: ignore[arg-type]
-        arr = host_array(x)
-        out = np.empty_like(arr) if out is None else out
-        return _adapter(comm)[1].submit(routed.protocol(_adapter(comm)[0], arr, out, key or "tensor", op))
-    c = ef.codec if isinstance(ef, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)  # type: ignore[arg-type]
-    arr = host_array(x)
-    if out is None:
-        out = np.empty_like(arr)
-    elif not isinstance(out, np.ndarray):
-        raise ConfigError(f"out= must be a numpy array, not {type(out).__name__}")
     adapter, queue = _adapter(comm)
-    state = _state_for(comm, c, mode, ef)
+    try:
+        if isinstance(ef, PolicyState) or isinstance(codec, Policy):  # per-key choice: policy or controller
+            routed = ef if isinstance(ef, PolicyState) else _policy_state(comm, codec)  # type: ignore[arg-type]
+            arr = host_array(x)
+            out = np.empty_like(arr) if out is None else out
+            return queue.submit(routed.protocol(adapter, arr, out, key or "tensor", op))
+        c = ef.codec if isinstance(ef, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)  # type: ignore[arg-type]
+        arr = host_array(x)
+        if out is None:
+            out = np.empty_like(arr)
+        elif not isinstance(out, np.ndarray):
+            raise ConfigError(f"out= must be a numpy array, not {type(out).__name__}")
+        state = _state_for(comm, c, mode, ef)
+    except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+        return queue.submit(failed_exchange(adapter, e, f"allreduce of {key or 'tensor'!r}"))
     return queue.submit(allreduce_protocol(adapter, state, arr, out, key or "tensor", op, mode))
 
 

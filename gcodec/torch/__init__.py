@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from ..codecs import Codec, get_codec
-from ..errors import ConfigError
+from ..errors import ConfigError, GcodecError
 from ..transports import TransportState, allreduce_protocol
-from .comm import FutureQueue, FutureWork, TorchCommunicator, queue_for
+from ..transports.control import failed_exchange
+from .comm import FutureQueue, FutureWork, TorchCommunicator, comm_for, queue_for
 from .convert import to_numpy, to_tensor
 from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookState, Policy, comm_hook
@@ -43,7 +44,6 @@ __all__ = [
 ]
 
 _states: dict[tuple[int, str, str], TransportState] = {}
-_comms: dict[int, TorchCommunicator] = {}
 
 
 #: What ``all_reduce(..., async_op=True)`` returns, like torch's ``Work``.
@@ -74,18 +74,20 @@ def all_reduce(
         state: a :class:`TransportState` for error feedback and statistics; by default a shared
             state without error feedback, per group and codec.
     """
-    c = get_codec(codec)
-    if state is None:
-        k = (id(group), repr(c), mode)
-        state = _states.get(k)
+    comm = comm_for(group)
+    try:
+        c = get_codec(codec)
         if state is None:
-            state = _states[k] = TransportState(c, error_feedback=False, mode=mode)
-    elif state.codec != c:
-        raise ConfigError(f"state holds codec {state.codec!r}, not {c!r}")
-    comm = _comms.get(id(group))
-    if comm is None:
-        comm = _comms[id(group)] = TorchCommunicator(group)
-    arr = to_numpy(tensor)
+            k = (id(group), repr(c), mode)
+            state = _states.get(k)
+            if state is None:
+                state = _states[k] = TransportState(c, error_feedback=False, mode=mode)
+        elif state.codec != c:
+            raise ConfigError(f"state holds codec {state.codec!r}, not {c!r}")
+        arr = to_numpy(tensor)
+    except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+        queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
+        raise
     fut = queue_for(group).submit(allreduce_protocol(comm, state, arr, arr, key or "tensor", op, mode))
     work = AllReduceWork(fut)
     if async_op:

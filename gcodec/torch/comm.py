@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
 
-__all__ = ["FutureQueue", "FutureWork", "TorchCommunicator", "TorchWork", "queue_for"]
+__all__ = ["FutureQueue", "FutureWork", "TorchCommunicator", "TorchWork", "comm_for", "queue_for"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -191,3 +191,18 @@ def queue_for(group: Any) -> FutureQueue:
         if q is None:
             q = _queues[key] = FutureQueue()
         return q
+
+
+_comms: dict[int, TorchCommunicator] = {}
+
+
+def comm_for(group: Any) -> TorchCommunicator:
+    """The one communicator of a process group (None: the default group). One per group, because
+    the control messages' sequence number it keeps counts every exchange on the group, whichever
+    engine (DDP hook, all_reduce, FSDP2) ran it."""
+    key = id(group) if group is not None else 0
+    with _queues_lock:
+        c = _comms.get(key)
+        if c is None or c.group is not group:
+            c = _comms[key] = TorchCommunicator(group)
+        return c

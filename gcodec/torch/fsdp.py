@@ -34,13 +34,14 @@ import torch
 import torch.distributed as dist
 
 from ..codecs import Codec, get_codec
-from ..errors import ConfigError
+from ..errors import ConfigError, GcodecError
 from ..transports import TransportState
+from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import allgather_protocol
-from ..transports.handshake import fingerprint, handshake
+from ..transports.handshake import Agreement, fingerprint
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
 from ..transports.stats import Stats, StepStats
-from .comm import FutureWork, TorchCommunicator, queue_for
+from .comm import FutureWork, TorchCommunicator, comm_for, queue_for
 from .convert import to_numpy
 
 __all__ = ["FSDPState", "QuantizedAllGather", "ReduceScatter", "compress_fsdp", "reshard_state_dicts"]
@@ -144,7 +145,6 @@ class FSDPState:
         self._states: dict[str, TransportState] = {}
         self._dense = Stats()
         self._codec_cache: dict[str, Codec] = {}
-        self._comms: dict[int, TorchCommunicator] = {}
         self._agreed: dict[str, str] = {}
         self._threads: int | None = num_threads
         # codec key -> {group key -> (layout, segments of its parameters, p)}: to save residuals.
@@ -186,10 +186,7 @@ class FSDPState:
         return st
 
     def comm(self, group: Any) -> TorchCommunicator:
-        c = self._comms.get(id(group))
-        if c is None:
-            c = self._comms[id(group)] = TorchCommunicator(group)
-        return c
+        return comm_for(group)
 
     @property
     def iter(self) -> int:
@@ -506,10 +503,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         p = comm.size
         it = st.iters.get(self.name, 0)
         st.iters[self.name] = it + 1
-        opname, scale = _op_scale(op, p)
         n = input_tensor.numel()
-        if n % p or output_tensor.numel() != n // p:
-            raise ConfigError(f"reduce-scatter of {n} elements into {output_tensor.numel()} on {p} ranks")
         if it < st.start_iter:  # warm-up: FSDP's own reduce-scatter, uncompressed
             s = StepStats(f"{self.name}:dense", it, "native", input_tensor.nbytes)
             s.add("payload_bytes", input_tensor.nbytes)
@@ -520,12 +514,20 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             if not async_op:
                 st._dense.record(s)
             return work
-        layout = self._layout(n // p, p)
-        x = to_numpy(input_tensor).reshape(p, n // p)
-        out = to_numpy(output_tensor).reshape(-1)
-        groups = self._groups(layout, it)
+        try:
+            opname, scale = _op_scale(op, p)
+            if n % p or output_tensor.numel() != n // p:
+                raise ConfigError(f"reduce-scatter of {n} elements into {output_tensor.numel()} on {p} ranks")
+            layout = self._layout(n // p, p)
+            x = to_numpy(input_tensor).reshape(p, n // p)
+            out = to_numpy(output_tensor).reshape(-1)
+            groups = self._groups(layout, it)
+        except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+            queue_for(group).run(failed_exchange(comm, e, f"compressed reduce-scatter of {self.name!r}"))
+            raise
         fields = {
             "module": self.name,
+            "numel": n,
             "groups": [[g.key, g.state.codec.get_config() if g.state else None, g.segments] for g in groups],
             "dtype": str(input_tensor.dtype),
             "op": opname,
@@ -580,16 +582,16 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         self, comm: TorchCommunicator, x: np.ndarray, out: np.ndarray, groups: list[RSGroup], scale: float, fp: Any
     ) -> Any:
         st = self.state
-        text = json.dumps(fp, sort_keys=True)
-        if st._agreed.get(self.name) != text:
-            agreement = yield from handshake(comm, fp)
-            st._agreed[self.name] = text
+
+        def on_agree(agreement: Agreement) -> None:
             for ts in st._states.values():
                 ts.agreed_on(self.name, agreement.local_ranks)
             if st._threads is None:
                 st._threads = next(iter(st._states.values())).threads if st._states else None
+
         what = f"compressed reduce-scatter of {self.name!r}"
-        yield from reduce_scatter_protocol(comm, x, out, groups, scale, what, st._threads)
+        ex = Exchange(comm, fp, st._agreed, self.name, what, on_agree)
+        yield from reduce_scatter_protocol(ex, x, out, groups, scale, what, st._threads)
         for g in groups:
             assert g.stats is not None
             (g.state.record if g.state is not None else st._dense.record)(g.stats)
@@ -656,7 +658,12 @@ class QuantizedAllGather(_AGBase):  # type: ignore[misc,valid-type]
         s = StepStats(f"{self.name}:all_gather", it, "all_gather", input_tensor.nbytes)
         x = to_numpy(input_tensor).reshape(-1)
         out = to_numpy(output_tensor).reshape(p, n)
-        proto = allgather_protocol(comm, self.codec, x, out, self.name, it, s, st._threads)
+        fp = fingerprint(
+            module=self.name, all_gather=self.codec.get_config(), numel=n, dtype=str(input_tensor.dtype), size=p
+        )
+        what = f"compressed all-gather of {self.name!r}"
+        ex = Exchange(comm, fp, st._agreed, f"{self.name}:all_gather", what)
+        proto = allgather_protocol(ex, self.codec, x, out, self.name, it, s, st._threads)
         # Always synchronous: FSDP waits only on a c10d Work, and ordering with the reduce-scatters
         # on the same group's queue keeps every rank's collectives in the same order.
         queue_for(group).run(proto)

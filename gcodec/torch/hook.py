@@ -31,6 +31,7 @@ import fnmatch
 import hashlib
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,18 +40,19 @@ import torch.distributed as dist
 
 from ..arrays import tensors_from_arrays
 from ..codecs import Codec, get_codec
-from ..errors import ConfigError
+from ..errors import ConfigError, GcodecError
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
 from ..transports import LowRankItem, TransportState, lowrank_protocol, resolve_mode
 from ..transports.common import timed
-from ..transports.exchange import agree_on
+from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import gather_protocol
+from ..transports.handshake import Agreement, fingerprint
 from ..transports.quality import sample_quality
 from ..transports.stats import StepStats
 from ..transports.summable import summable_protocol
 from ..transports.two_phase import owner_bounds, two_phase_protocol
-from .comm import TorchCommunicator, queue_for
+from .comm import TorchCommunicator, comm_for, queue_for
 from .convert import to_numpy
 
 __all__ = ["HookState", "Policy", "comm_hook"]
@@ -127,6 +129,7 @@ class HookState:
         self._owner: dict[str, str] = {}  # param name -> the flat group that holds its residual now
         self._comm: TorchCommunicator | None = None
         self._codec_cache: dict[str, Codec] = {}
+        self._agreed: dict[str, str] = {}  # bucket -> the plan its exchange last agreed on
 
     # ---- names, codecs, states ---------------------------------------------------------------
     def _name(self, p: torch.Tensor) -> str:
@@ -177,7 +180,7 @@ class HookState:
 
     def comm(self) -> TorchCommunicator:
         if self._comm is None:
-            self._comm = TorchCommunicator(self.process_group)
+            self._comm = comm_for(self.process_group)
         return self._comm
 
     # ---- statistics and checkpoints ----------------------------------------------------------
@@ -200,6 +203,7 @@ class HookState:
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        self._agreed.clear()  # agree again after a restore: the peers may have changed
         self.iter = int(sd["iter"])
         self._groups = {str(k): [(str(n), int(c)) for n, c in v] for k, v in sd.get("groups", {}).items()}
         self._owner = {str(k): str(v) for k, v in sd.get("owners", {}).items()}
@@ -309,79 +313,135 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     comm = state.comm()
     buf = bucket.buffer()
     p = comm.size
-    # Name parameters on every call, warm-up included: without a module, names follow the order in
-    # which DDP first hands parameters over, which is the same in every fresh DDP (before rebuild).
-    names = [state._name(q) for q in bucket.parameters()]
-    if it < state.start_iter:
-        # Warm-up: plain average of the whole bucket, in its own dtype, as torch's allreduce hook.
+    what = f"DDP hook, bucket {bucket.index()} at iteration {it}"
+    # The bucket's plan (which tensors go dense, which codec and mode each group takes) is decided
+    # locally, then agreed in the bucket's exchange: its fingerprint travels in full the first time
+    # and as a digest in the first message of every later step (see gcodec.transports.control).
+    try:
+        plan = _plan(state, bucket, it, p)
+    except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+        yield from failed_exchange(comm, e, what)
+    ex = Exchange(comm, plan.fingerprint, state._agreed, f"bucket{bucket.index()}", what, plan.on_agree)
+    if plan.warmup or not plan.groups:
+        # Warm-up, or everything dense this step (a policy's choice): plain average of the whole
+        # bucket, in its own dtype, as torch's allreduce hook.
+        yield from ex.begin()
         yield comm.allreduce_tensor(buf)
         buf.div_(p)
         return buf
-    grads = bucket.gradients()
-    dense: list[int] = []
-    groups: dict[str, list[int]] = {}
-    codecs: dict[str, Codec] = {}
-    for i, (n, g) in enumerate(zip(names, grads)):
-        c = state._codec_for(n, g, it)
-        if c is None:
-            dense.append(i)
-        else:
-            k = _codec_key(c)
-            groups.setdefault(k, []).append(i)
-            codecs[k] = c
-
-    if not groups:  # everything dense this step (a policy's choice): the warm-up's plain average
-        yield comm.allreduce_tensor(buf)
-        buf.div_(p)
-        return buf
-
+    grads, names = plan.grads, plan.names
     # Dense tensors: their concatenation (in float32) is summed uncompressed, riding with the
     # bucket's first summable or PowerSGD group when it has one (no round of their own; see
     # summable_protocol and lowrank_protocol), else in an allreduce of its own.
-    flat = np.concatenate([to_numpy(grads[i]).reshape(-1).astype(np.float32) for i in dense]) if dense else None
-    modes = {k: resolve_mode(codecs[k], state.mode, p) for k in groups}
-    carrier = next((k for k in groups if modes[k] in ("summable", "powersgd")), None) if dense else None
-    if flat is not None and carrier is None:
+    flat = (
+        np.concatenate([to_numpy(grads[i]).reshape(-1).astype(np.float32) for i in plan.dense]) if plan.dense else None
+    )
+    if flat is not None and plan.carrier is None:
+        yield from ex.begin()
         yield comm.allreduce(flat, "sum")
-        _write_dense(grads, dense, flat, p)
+        _write_dense(grads, plan.dense, flat, p)
 
-    for k, idx in groups.items():
-        codec = codecs[k]
-        ts = state.state_for(codec)
-        mode = modes[k]
-        riders = flat if k == carrier else None
+    for g in plan.groups:
+        ts, mode, idx = g.state, g.mode, g.idx
+        riders = flat if g is plan.carrier else None
         if mode == "powersgd":
             items = [LowRankItem(names[i], to_numpy(grads[i]), to_numpy(grads[i])) for i in idx]
-            for item in items:
-                yield from agree_on(
-                    comm, ts, item.key, shape=list(item.x.shape), dtype=str(item.x.dtype), mode=mode, op="mean"
-                )
             for item in items:
                 sample_quality(ts, item.key, it, item.x)
             gkey = f"powersgd:{names[idx[0]]}..{names[idx[-1]]}"
             st = StepStats(gkey, it, mode, sum(i.x.nbytes for i in items))
-            yield from timed(st, lowrank_protocol(comm, ts, items, "mean", it, st, riders))
+            yield from timed(st, lowrank_protocol(ex, ts, items, "mean", it, st, riders))
             ts.record(st)
             continue
-        gnames = [names[i] for i in idx]
-        gkey = state._group_key(codec, gnames, [grads[i].numel() for i in idx], p)
         span = _span(buf, grads, idx)
         whole = span is not None  # the group lies back to back in the bucket: work on it in place
         x = span if span is not None else np.concatenate([to_numpy(grads[i]).reshape(-1) for i in idx])
-        yield from agree_on(comm, ts, gkey, shape=[int(x.size)], dtype=str(x.dtype), mode=mode, op="mean")
-        step = ts.next_step(gkey)
-        sample_quality(ts, gkey, step, x)
-        st = StepStats(gkey, step, mode, x.nbytes)
+        step = ts.next_step(g.key)
+        sample_quality(ts, g.key, step, x)
+        st = StepStats(g.key, step, mode, x.nbytes)
         out = x if whole else np.empty_like(x)
         extra = {} if riders is None else {"dense": riders}  # only a summable group carries riders
-        proto = _FLAT[mode](comm, ts, x.reshape(-1), out.reshape(-1), gkey, "mean", step, st, **extra)
+        proto = _FLAT[mode](ex, ts, x.reshape(-1), out.reshape(-1), g.key, "mean", step, st, **extra)
         yield from timed(st, proto)
         ts.record(st)
         if not whole:
             _scatter(grads, idx, out)
-    if flat is not None and carrier is not None:
-        _write_dense(grads, dense, flat, p)
+    if flat is not None and plan.carrier is not None:
+        _write_dense(grads, plan.dense, flat, p)
     return buf
+
+
+@dataclass
+class _Group:
+    """The tensors ``idx`` of a bucket that one codec compresses, as one flat group ``key``."""
+
+    key: str
+    codec: Codec
+    state: TransportState
+    mode: str
+    idx: list[int]
+
+
+@dataclass
+class _Plan:
+    """What one rank intends to do with one bucket at one iteration: what its exchange agrees on."""
+
+    warmup: bool
+    names: list[str]
+    grads: list[torch.Tensor]
+    dense: list[int] = field(default_factory=list)
+    groups: list[_Group] = field(default_factory=list)
+    carrier: _Group | None = None
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+    def on_agree(self, agreement: Agreement) -> None:
+        for g in self.groups:
+            g.state.agreed_on(g.key, agreement.local_ranks)
+
+
+def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int) -> _Plan:
+    buf = bucket.buffer()
+    # Name parameters on every call, warm-up included: without a module, names follow the order in
+    # which DDP first hands parameters over, which is the same in every fresh DDP (before rebuild).
+    names = [state._name(q) for q in bucket.parameters()]
+    common = {"bucket": bucket.index(), "numel": int(buf.numel()), "dtype": str(buf.dtype), "size": p}
+    if it < state.start_iter:
+        return _Plan(True, names, [], fingerprint=fingerprint(phase="warm-up", **common))
+    grads = bucket.gradients()
+    plan = _Plan(False, names, grads)
+    by_codec: dict[str, list[int]] = {}
+    codecs: dict[str, Codec] = {}
+    for i, (n, g) in enumerate(zip(names, grads)):
+        c = state._codec_for(n, g, it)
+        if c is None:
+            plan.dense.append(i)
+        else:
+            k = _codec_key(c)
+            by_codec.setdefault(k, []).append(i)
+            codecs[k] = c
+    for k, idx in by_codec.items():
+        codec = codecs[k]
+        mode = resolve_mode(codec, state.mode, p)
+        if mode == "powersgd":
+            key = f"powersgd:{names[idx[0]]}..{names[idx[-1]]}"
+        else:
+            key = state._group_key(codec, [names[i] for i in idx], [grads[i].numel() for i in idx], p)
+        plan.groups.append(_Group(key, codec, state.state_for(codec), mode, idx))
+    if plan.dense:
+        plan.carrier = next((g for g in plan.groups if g.mode in ("summable", "powersgd")), None)
+    plan.fingerprint = fingerprint(
+        phase="compressed",
+        ef=state.error_feedback,
+        dense=[[names[i], int(grads[i].numel())] for i in plan.dense],
+        # one field per property, each a list over the groups, so a difference names what differs
+        codec=[g.codec.get_config() for g in plan.groups],
+        mode=[g.mode for g in plan.groups],
+        groups=[g.key for g in plan.groups],
+        tensors=[[[names[i], list(grads[i].shape), str(grads[i].dtype)] for i in g.idx] for g in plan.groups],
+        carrier=None if plan.carrier is None else plan.carrier.key,
+        **common,
+    )
+    return plan
 
 
 def _span(buf: torch.Tensor, grads: list[torch.Tensor], idx: list[int]) -> np.ndarray | None:

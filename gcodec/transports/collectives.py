@@ -1,7 +1,6 @@
-"""Variable-size collectives built from the communicator's primitives, and error agreement.
+"""Byte buffers for the collectives, and the error codes by which ranks tell each other they failed.
 
-Sizes travel first (one small all-gather), then the bytes. Every helper is a protocol (a
-generator, see :mod:`gcodec.transports.comm`) so that it composes with ``yield from``.
+The codes travel in the control messages of :mod:`gcodec.transports.control`.
 """
 
 from __future__ import annotations
@@ -12,9 +11,8 @@ from typing import Any
 import numpy as np
 
 from .. import errors
-from .comm import Communicator, Protocol
 
-__all__ = ["EMPTY", "agree", "allgather_bytes", "alltoall_bytes", "as_bytes", "joined"]
+__all__ = ["EMPTY", "as_bytes", "error_code", "joined", "raise_agreed"]
 
 #: A zero-length buffer: a rank that failed locally sends it in place of a payload (a failure marker).
 EMPTY = np.empty(0, np.uint8)
@@ -34,6 +32,7 @@ _CLASSES: tuple[type[errors.GcodecError], ...] = (
     errors.UnknownCodecError,
     errors.UnsupportedVersionError,
     errors.UnsupportedFeatureError,
+    errors.ProtocolOrderError,
 )
 
 
@@ -81,46 +80,3 @@ def raise_agreed(codes: np.ndarray, local: BaseException | None, what: str) -> N
         r = int(bad[0])
         cls = _CLASSES[int(codes[r]) - 1]
         raise cls(f"{what}: rank {r} failed ({cls.__name__}); see that rank's error for details")
-
-
-def agree(comm: Communicator, local: BaseException | None, what: str) -> Protocol:
-    """Error agreement: one tiny allreduce after which every rank raises if any rank failed."""
-    codes = np.zeros(comm.size, np.int64)
-    codes[comm.rank] = error_code(local)
-    w = comm.allreduce(codes, "max")
-    yield w
-    raise_agreed(codes, local, what)
-
-
-def allgather_bytes(
-    comm: Communicator, buf: np.ndarray, local: BaseException | None = None, what: str = ""
-) -> Protocol:
-    """Every rank's byte buffer, rank order.
-
-    The sizes travel first, together with each rank's error code: when any rank failed locally
-    (``local`` is its error; it sends no bytes), every rank raises right after the sizes, before
-    any data moves.
-    """
-    head = np.array([buf.shape[0], error_code(local)], np.int64)
-    w = comm.allgather(head)
-    yield w
-    table = w.result().reshape(comm.size, 2)
-    raise_agreed(table[:, 1], local, what)
-    w = comm.allgatherv(buf, [int(c) for c in table[:, 0]])
-    yield w
-    return w.result()
-
-
-def alltoall_bytes(
-    comm: Communicator, bufs: Sequence[np.ndarray], local: BaseException | None = None, what: str = ""
-) -> Protocol:
-    """Send ``bufs[r]`` to rank r; return what each rank sent here (sizes and error codes first)."""
-    p = comm.size
-    head = np.array([*(b.shape[0] for b in bufs), error_code(local)], np.int64)
-    w = comm.allgather(head)
-    yield w
-    table = w.result().reshape(p, p + 1)  # table[src, dst], last column: src's error code
-    raise_agreed(table[:, p], local, what)
-    w = comm.alltoallv(bufs, [int(c) for c in table[:, comm.rank]])
-    yield w
-    return w.result()

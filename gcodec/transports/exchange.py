@@ -1,4 +1,4 @@
-"""One compressed allreduce of one tensor: agree, pick the protocol, run it, record statistics.
+"""One compressed allreduce of one tensor: pick the protocol, agree on it, run it, record statistics.
 
 This is what ``gcodec.mpi.allreduce`` and ``gcodec.torch.all_reduce`` run, on their own
 communicator. ``out`` may be ``x`` itself (in place).
@@ -6,16 +6,15 @@ communicator. ``out`` may be ``x`` itself (in place).
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from ..arrays import dtype_name
-from ..errors import ConfigError
+from ..errors import ConfigError, GcodecError
 from .comm import Communicator, Protocol
 from .common import timed
+from .control import Exchange, failed_exchange
 from .gather import gather_protocol
-from .handshake import fingerprint, handshake
+from .handshake import fingerprint
 from .lowrank import LowRankItem, lowrank_protocol
 from .quality import sample_quality
 from .state import TransportState, resolve_mode
@@ -23,40 +22,40 @@ from .stats import StepStats
 from .summable import summable_protocol
 from .two_phase import two_phase_protocol
 
-__all__ = ["OPS", "agree_on", "allreduce_protocol"]
+__all__ = ["OPS", "allreduce_protocol", "exchange_for"]
 
 OPS = ("mean", "sum")
 
 _PROTOCOLS = {"summable": summable_protocol, "gather": gather_protocol, "two_phase": two_phase_protocol}
 
 
-def agree_on(comm: Communicator, state: TransportState, key: str, **fields: object) -> Protocol:
-    """Run the handshake for ``key`` unless these exact fields were agreed on before."""
+def exchange_for(comm: Communicator, state: TransportState, key: str, what: str, **fields: object) -> Exchange:
+    """The exchange of ``key`` under ``state``: its fingerprint (codec config, error feedback and
+    ``fields``), agreed in full the first time and whenever it changes, by digest at every step."""
     fp = fingerprint(key=key, codec=state.codec.get_config(), ef=state.error_feedback, **fields)
-    text = json.dumps(fp, sort_keys=True)
-    if state.agreed.get(key) == text:
-        return
-    agreement = yield from handshake(comm, fp)
-    state.agreed[key] = text
-    state.agreed_on(key, agreement.local_ranks)
+    return Exchange(comm, fp, state.agreed, key, what, lambda a: state.agreed_on(key, a.local_ranks))
 
 
 def allreduce_protocol(
     comm: Communicator, state: TransportState, x: np.ndarray, out: np.ndarray, key: str, op: str, mode: str
 ) -> Protocol:
-    if op not in OPS:
-        raise ConfigError(f"op {op!r} is not one of {list(OPS)}")
-    if out.shape != x.shape or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ConfigError(f"out must be a writeable C-contiguous array of shape {x.shape}")
-    resolved = resolve_mode(state.codec, mode, comm.size)
+    what = f"compressed allreduce of {key!r}"
+    try:
+        if op not in OPS:
+            raise ConfigError(f"op {op!r} is not one of {list(OPS)}")
+        if out.shape != x.shape or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ConfigError(f"out must be a writeable C-contiguous array of shape {x.shape}")
+        resolved = resolve_mode(state.codec, mode, comm.size)
+    except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+        yield from failed_exchange(comm, e, what)
     fields = {"shape": list(x.shape), "dtype": dtype_name(x.dtype), "mode": resolved, "op": op, "size": comm.size}
-    yield from agree_on(comm, state, key, **fields)
+    ex = exchange_for(comm, state, key, what, **fields)
     step = state.next_step(key)
     sample_quality(state, key, step, x)
     st = StepStats(key, step, resolved, x.nbytes)
     if resolved == "powersgd":
-        yield from timed(st, lowrank_protocol(comm, state, [LowRankItem(key, x, out)], op, step, st))
+        yield from timed(st, lowrank_protocol(ex, state, [LowRankItem(key, x, out)], op, step, st))
     else:
-        yield from timed(st, _PROTOCOLS[resolved](comm, state, x, out, key, op, step, st))
+        yield from timed(st, _PROTOCOLS[resolved](ex, state, x, out, key, op, step, st))
     state.record(st)
     return out

@@ -16,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GcodecError
-from .collectives import EMPTY, agree, allgather_bytes, as_bytes
-from .comm import Communicator, Protocol
+from .collectives import EMPTY, as_bytes
+from .comm import Protocol
 from .common import gather_stream, nbytes_from_others, work_dtype
+from .control import Exchange
 from .sendbuf import encode_into
 from .state import TransportState
 from .stats import StepStats
@@ -36,7 +37,7 @@ def decode_sum(codec: object, parts: list[np.ndarray], acc: np.ndarray, what: st
 
 
 def gather_protocol(
-    comm: Communicator,
+    ex: Exchange,
     state: TransportState,
     x: np.ndarray,
     out: np.ndarray,
@@ -45,7 +46,7 @@ def gather_protocol(
     step: int,
     st: StepStats,
 ) -> Protocol:
-    p, me = comm.size, comm.rank
+    p, me = ex.comm.size, ex.comm.rank
     codec = state.codec
     what = f"gather allreduce of {key!r}"
     err: BaseException | None = None
@@ -57,7 +58,7 @@ def gather_protocol(
         except GcodecError as e:
             err = e
     st.add("payload_bytes", buf.shape[0])
-    parts = yield from allgather_bytes(comm, buf, err, what)
+    parts = yield from ex.allgather_bytes(buf, err)
     st.add("wire_bytes", nbytes_from_others(parts, me))
     acc = np.zeros(x.size, work_dtype(x.dtype))
     with kernel_threads(state.threads), st.timing("decode_s"):
@@ -67,13 +68,13 @@ def gather_protocol(
                 acc *= acc.dtype.type(1.0 / p)
         except GcodecError as e:  # a peer's payload failed its checks here: tell every rank
             err = e
-    yield from agree(comm, err, what)
+    yield from ex.agree(err)
     out.reshape(-1)[...] = acc
     return out
 
 
 def allgather_protocol(
-    comm: Communicator,
+    ex: Exchange,
     codec: object,
     x: np.ndarray,
     out: np.ndarray,
@@ -90,7 +91,7 @@ def allgather_protocol(
     ``out`` is ``(p, x.size)`` of any float dtype (decoded in float32 and cast once); ``x`` may be
     a view of ``out[me]``: it is encoded before anything is written to ``out``.
     """
-    p, me = comm.size, comm.rank
+    p, me = ex.comm.size, ex.comm.rank
     what = f"compressed all-gather of {key!r}"
     err: BaseException | None = None
     buf = EMPTY
@@ -100,7 +101,7 @@ def allgather_protocol(
         except GcodecError as e:
             err = e
     st.add("payload_bytes", buf.shape[0])
-    parts = yield from allgather_bytes(comm, buf, err, what)
+    parts = yield from ex.allgather_bytes(buf, err)
     st.add("wire_bytes", nbytes_from_others(parts, me))
     tmp = None if out.dtype == np.float32 else np.empty(x.size, np.float32)
     with kernel_threads(threads), st.timing("decode_s"):

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PayloadValueError
-from .comm import Communicator, Protocol
+from .comm import Protocol
 from .common import work_dtype
+from .control import Exchange
 from .state import TransportState
 from .stats import StepStats
 from .threads import kernel_threads
@@ -61,7 +62,7 @@ def _finish_dense(items: list[LowRankItem], buf: np.ndarray, op: str, scale: flo
 
 
 def lowrank_protocol(
-    comm: Communicator,
+    ex: Exchange,
     state: TransportState,
     items: list[LowRankItem],
     op: str,
@@ -72,7 +73,10 @@ def lowrank_protocol(
     """PowerSGD allreduce of ``items``. ``riders``: optional flat float32 values of uncompressed
     tensors that travel in round 1's allreduce and are replaced by their plain sum over the ranks
     (the caller scales; they are not checked, as an uncompressed allreduce would not be)."""
+    comm = ex.comm
     p = comm.size
+    # The factors' sizes follow from the configuration: agree on it before they travel.
+    yield from ex.begin()
     codec = state.codec
     scale = 1.0 / p
     what = "powersgd allreduce of " + ", ".join(repr(i.key) for i in items[:3]) + ("..." if len(items) > 3 else "")

@@ -46,9 +46,10 @@ from .. import kernels
 from ..aggregate import add_values
 from ..arrays import BFLOAT16
 from ..errors import GcodecError
-from .collectives import EMPTY, agree, as_bytes, error_code, raise_agreed
-from .comm import Communicator, Protocol
+from .collectives import EMPTY, as_bytes, error_code, raise_agreed
+from .comm import Protocol
 from .common import gather_stream, work_dtype
+from .control import Exchange
 from .sendbuf import encode_into
 from .state import TransportState
 from .stats import StepStats
@@ -127,7 +128,7 @@ def _cast_values(ts: TransportState, x: np.ndarray, key: str, out: np.ndarray) -
 
 
 def _values_protocol(
-    comm: Communicator,
+    ex: Exchange,
     x: np.ndarray,
     out: np.ndarray,
     groups: Sequence[RSGroup],
@@ -137,7 +138,10 @@ def _values_protocol(
     threads: int | None,
 ) -> Protocol:
     """The values path (module doc): one all-to-all of [error code | values of every group]."""
+    comm = ex.comm
     p = comm.size
+    # The blocks' size follows from the configuration: agree on it before they travel.
+    yield from ex.begin()
     ng = len(groups)
     nbytes = [g.numel * dt.itemsize for g, dt in zip(groups, dtypes)]
     block = _CODE + sum(nbytes)  # what each rank sends to each rank
@@ -208,7 +212,7 @@ def _values_protocol(
 
 
 def reduce_scatter_protocol(
-    comm: Communicator,
+    ex: Exchange,
     x: np.ndarray,
     out: np.ndarray,
     groups: Sequence[RSGroup],
@@ -221,9 +225,12 @@ def reduce_scatter_protocol(
     Each group's ``stats`` (a :class:`StepStats`, made here when None) receives its payload, wire,
     encode, communication and decode figures; the caller records them.
     """
+    comm = ex.comm
     p, me = comm.size, comm.rank
     if x.ndim != 2 or x.shape[0] != p or out.shape != (x.shape[1],):
-        raise GcodecError(f"{what}: input of shape {x.shape} and output {out.shape} do not match {p} ranks")
+        bad = GcodecError(f"{what}: input of shape {x.shape} and output {out.shape} do not match {p} ranks")
+        yield from ex.begin(bad)  # the peers raise too
+        raise bad
     ng = len(groups)
     dtypes = _values_dtypes(groups, x.dtype)
     mode = "reduce_scatter" if dtypes is None else "summable"
@@ -231,7 +238,7 @@ def reduce_scatter_protocol(
         if g.stats is None:
             g.stats = StepStats(g.key, g.step, mode if g.state else "dense", g.numel * p * x.itemsize)
     if dtypes is not None:
-        return (yield from _values_protocol(comm, x, out, groups, dtypes, scale, what, threads))
+        return (yield from _values_protocol(ex, x, out, groups, dtypes, scale, what, threads))
     err: BaseException | None = None
 
     # Step 1: per destination j, one part per group (payload or raw bytes).
@@ -264,43 +271,44 @@ def reduce_scatter_protocol(
     if err is not None:
         sends = [[EMPTY] * ng for _ in range(p)]
 
-    # Step 2: sizes (with the error code), then one all-to-all of the concatenated parts.
-    head = np.array([*(s.shape[0] for parts in sends for s in parts), error_code(err)], np.int64)
+    # Step 2: the size of each destination's block travels in the exchange's control message (with
+    # the error code); each block starts with its groups' part sizes, then one all-to-all.
+    bufs = [np.concatenate([np.array([s.shape[0] for s in parts], np.int64).view(np.uint8), *parts]) for parts in sends]
     t0 = time.perf_counter()
-    w = comm.allgather(head)
-    yield w
-    table = w.result().reshape(p, p * ng + 1)  # table[src, dst * ng + g]; last column: src's error
-    raise_agreed(table[:, -1], err, what)
-    sizes = table[:, :-1].reshape(p, p, ng)
-    bufs = [np.concatenate(parts) if ng > 1 else parts[0] for parts in sends]
-    w = comm.alltoallv(bufs, [int(sizes[r, me].sum()) for r in range(p)])
+    table = yield from ex.sizes([b.shape[0] for b in bufs], err)  # table[src, dst]
+    w = comm.alltoallv(bufs, [int(table[r, me]) for r in range(p)])
     yield w
     recv = w.result()
     comm_s = time.perf_counter() - t0
-    total_wire = sum(int(sizes[r, me].sum()) for r in range(p) if r != me)
+    sizes = np.zeros((p, ng), np.int64)  # sizes[src, g]: what src sent here for group g
+    try:
+        for r in range(p):
+            sizes[r] = _part_sizes(recv[r], ng, r, what)
+    except GcodecError as e:  # a lying peer: tell every rank in the final agreement
+        err = e
+    total_wire = int(sizes.sum() - sizes[me].sum())
     for gi, g in enumerate(groups):
         st = g.stats
         assert st is not None
-        wire = sum(int(sizes[r, me, gi]) for r in range(p) if r != me)
+        wire = sum(int(sizes[r, gi]) for r in range(p) if r != me)
         st.add("wire_bytes", wire)
         st.add("comm_s", comm_s * (wire / total_wire if total_wire else 1.0 / ng))
 
     # Step 3: the owner decodes and sums its row, group by group, in rank order; rounds once.
     wd = work_dtype(x.dtype)
-    for gi, g in enumerate(groups):
+    for gi, g in enumerate(groups if err is None else []):
         st = g.stats
         assert st is not None
         with kernel_threads(threads), st.timing("decode_s"):
             try:
                 acc = np.zeros(g.numel, wd)
                 for r in range(p):
-                    off = int(sizes[r, me, :gi].sum())
-                    part = recv[r][off : off + int(sizes[r, me, gi])]
+                    off = 8 * ng + int(sizes[r, :gi].sum())
+                    part = recv[r][off : off + int(sizes[r, gi])]
                     if g.state is None:
-                        vals = _as_float(part, x.dtype)
-                        if vals.shape[0] != g.numel:
-                            raise GcodecError(f"{what}: rank {r} sent {vals.shape[0]} values for {g.key!r}")
-                        acc += vals
+                        if part.shape[0] != g.numel * x.itemsize:
+                            raise GcodecError(f"{what}: rank {r} sent {part.shape[0]} bytes of values for {g.key!r}")
+                        acc += _as_float(part, x.dtype)
                     else:
                         if part.shape[0] == 0:
                             raise GcodecError(f"{what}: rank {r} sent no payload for {g.key!r}")
@@ -313,5 +321,16 @@ def reduce_scatter_protocol(
                     pos += b - a
             except GcodecError as e:
                 err = e
-    yield from agree(comm, err, what)
+    yield from ex.agree(err)
     return out
+
+
+def _part_sizes(block: np.ndarray, ng: int, r: int, what: str) -> np.ndarray:
+    """The ``ng`` part sizes at the start of rank r's block, checked against the block's length
+    (a peer's block is untrusted input like any payload)."""
+    if block.shape[0] < 8 * ng:
+        raise GcodecError(f"{what}: rank {r} sent a block of {block.shape[0]} bytes, shorter than its {ng} part sizes")
+    sizes = block[: 8 * ng].copy().view(np.int64)
+    if bool((sizes < 0).any()) or int(sizes.sum()) != block.shape[0] - 8 * ng:
+        raise GcodecError(f"{what}: rank {r}'s part sizes {sizes.tolist()} do not add up to its block")
+    return sizes

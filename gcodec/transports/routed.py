@@ -20,11 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import dtype_name
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError
 from .comm import Communicator, Protocol, Work
 from .common import timed, work_dtype
+from .control import Exchange
 from .exchange import allreduce_protocol
+from .handshake import fingerprint
 from .state import MODES, TransportState, resolve_mode
 from .stats import StepStats
 from .two_phase import owner_bounds
@@ -71,6 +74,7 @@ class PolicyState:
         self.switches: list[tuple[str, int, Any, Any]] = []
         self._last: dict[str, dict[str, Any]] = {}
         self._codecs: dict[str, Codec] = {}
+        self.agreed: dict[str, str] = {}  # the dense exchanges' agreements (codecs' are in their states)
 
     # ---- states ------------------------------------------------------------------------------
     def codec(self, choice: Any) -> Codec | None:
@@ -129,6 +133,7 @@ class PolicyState:
         """Restore what :meth:`state_dict` saved (the chooser must be configured as it was)."""
         for k, part in sd["states"].items():
             self.state_for(self.codec(json.loads(k))).load_state_dict(part)  # type: ignore[arg-type]
+        self.agreed.clear()  # agree again after a restore: the peers may have changed
         self.current = {str(k): str(v) for k, v in sd["current"].items()}
         self.steps = {str(k): int(v) for k, v in sd["steps"].items()}
         loader = getattr(self.chooser, "load_state_dict", None)
@@ -222,6 +227,9 @@ class PolicyState:
         self, comm: Communicator, x: np.ndarray, out: np.ndarray, key: str, op: str, step: int, carried: Any
     ) -> Protocol:
         p = comm.size
+        fp = fingerprint(key=key, codec=DENSE, shape=list(x.shape), dtype=dtype_name(x.dtype), op=op, size=p)
+        ex = Exchange(comm, fp, self.agreed, key, f"dense allreduce of {key!r}")
+        yield from ex.begin()  # the sum's size follows from the configuration: agree on it first
         buf = x.reshape(-1).astype(work_dtype(x.dtype))
         if carried is not None and carried.size == buf.size:
             buf += carried.astype(buf.dtype)

@@ -42,6 +42,7 @@ from ..errors import GcodecError, PayloadValueError
 from .collectives import as_bytes
 from .comm import AllWork, Communicator, Protocol
 from .common import nbytes_from_others, work_dtype
+from .control import Exchange
 from .sendbuf import encode_into
 from .state import TransportState
 from .stats import StepStats
@@ -56,7 +57,7 @@ def chunk_bounds(n: int, p: int) -> list[int]:
 
 
 def summable_protocol(
-    comm: Communicator,
+    ex: Exchange,
     state: TransportState,
     x: np.ndarray,
     out: np.ndarray,
@@ -69,7 +70,10 @@ def summable_protocol(
     """Summable allreduce of ``x`` into ``out``. ``dense``: optional flat float32/float64 values of
     *uncompressed* tensors that ride in the same collectives and are replaced by their plain sum
     over the ranks (not the mean: the caller scales), summed in rank order like the values."""
+    comm = ex.comm
     p = comm.size
+    # The values' size follows from the configuration: agree on it before they travel.
+    yield from ex.begin()
     codec = state.codec
     wd = work_dtype(x.dtype)
     what = f"summable allreduce of {key!r}"

@@ -20,9 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GcodecError
-from .collectives import EMPTY, agree, allgather_bytes, alltoall_bytes, as_bytes
-from .comm import Communicator, Protocol
+from .collectives import EMPTY, as_bytes
+from .comm import Protocol
 from .common import gather_stream, nbytes_from_others, work_dtype
+from .control import Exchange
 from .gather import decode_sum
 from .sendbuf import encode_into
 from .state import TransportState
@@ -43,7 +44,7 @@ def owner_bounds(n: int, p: int) -> list[int]:
 
 
 def two_phase_protocol(
-    comm: Communicator,
+    ex: Exchange,
     state: TransportState,
     x: np.ndarray,
     out: np.ndarray,
@@ -52,7 +53,7 @@ def two_phase_protocol(
     step: int,
     st: StepStats,
 ) -> Protocol:
-    p, me = comm.size, comm.rank
+    p, me = ex.comm.size, ex.comm.rank
     codec = state.codec
     what = f"two-phase allreduce of {key!r}"
     flat = x.reshape(-1)
@@ -76,7 +77,7 @@ def two_phase_protocol(
         except GcodecError as e:
             err, sends = e, [EMPTY] * p
     st.add("payload_bytes", sum(s.shape[0] for s in sends))
-    recv = yield from alltoall_bytes(comm, sends, err, what)
+    recv = yield from ex.alltoall_bytes(sends, err)
     st.add("wire_bytes", nbytes_from_others(recv, me))
 
     # Phase 2: the owner sums its chunk and re-encodes it with the server residual.
@@ -99,7 +100,7 @@ def two_phase_protocol(
             except GcodecError as e:
                 err = e
     st.add("payload_bytes", mine.shape[0])
-    parts = yield from allgather_bytes(comm, mine, err, what)
+    parts = yield from ex.allgather_bytes(mine, err)
     st.add("wire_bytes", nbytes_from_others(parts, me))
 
     # Every rank decodes every owner's chunk into the output.
@@ -110,5 +111,5 @@ def two_phase_protocol(
                 codec.decode(parts[j], out=oflat[b[j] : b[j + 1]])
         except GcodecError as e:
             err = e
-    yield from agree(comm, err, what)
+    yield from ex.agree(err)
     return out

@@ -269,6 +269,7 @@ def scenario_corrupt(outdir: Path) -> None:
                 return super().alltoallv(bufs, recv_counts)
 
         st._comm = Corrupting(None)
+        st._comm._control_seq = base._control_seq  # type: ignore[attr-defined]  # the group's control messages so far
     try:
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         check("corrupt payload raises", False, "no error")
