@@ -528,7 +528,10 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         fields = {
             "module": self.name,
             "numel": n,
-            "groups": [[g.key, g.state.codec.get_config() if g.state else None, g.segments] for g in groups],
+            # one field per property, each a list over the groups, so a difference names what differs
+            "codec": [g.state.codec.get_config() if g.state else None for g in groups],
+            "groups": [g.key for g in groups],
+            "segments": [g.segments for g in groups],
             "dtype": str(input_tensor.dtype),
             "op": opname,
             "size": p,

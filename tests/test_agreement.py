@@ -1,0 +1,243 @@
+"""Continuous agreement (gcodec/transports/control.py, docs/transports.md "Agreement").
+
+In-process: thread ranks (tests/localcomm.ThreadComm) with real collectives over shared slots,
+where a hostile rank can send any control words. With real processes: ``mpiexec -n 2`` and ``-n 4``
+and gloo ranks on 127.0.0.1, where the last rank changes its codec, length, dtype or mode after
+two agreed steps, on gcodec.mpi, gcodec.torch.all_reduce, the DDP hook and FSDP2's reduce-scatter
+(tests/transport_ranks/diverge.py); every rank must raise a ConfigError naming the field, and the
+next exchange must work. A hang fails through the runners' deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gcodec
+from gcodec.transports import TransportState, allreduce_protocol, run_blocking
+from gcodec.transports.control import AGREE, BEGIN, HEAD, TAG, Exchange
+from gcodec.transports.handshake import fingerprint
+from tests.localcomm import ThreadComm, run_threads
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _allreduce(comm: ThreadComm, state: TransportState, x: np.ndarray, key: str = "w", mode: str = "auto") -> Any:
+    return run_blocking(allreduce_protocol(comm, state, x, np.empty_like(x), key, "mean", mode))
+
+
+class Counting(ThreadComm):
+    """Counts the collectives a rank starts, by kind."""
+
+    def __init__(self, base: ThreadComm) -> None:
+        super().__init__(base.hub, base.rank)
+        self.calls: dict[str, int] = {}
+
+    def _count(self, what: str) -> None:
+        self.calls[what] = self.calls.get(what, 0) + 1
+
+    def allgather(self, arr: np.ndarray) -> Any:
+        self._count("allgather")
+        return super().allgather(arr)
+
+    def allgatherv(self, buf: np.ndarray, counts: Any) -> Any:
+        self._count("allgatherv")
+        return super().allgatherv(buf, counts)
+
+
+@pytest.mark.parametrize("codec, collectives", [("fp16", {"allgather": 1, "allgatherv": 1}), ("uniform", None)])
+def test_an_agreed_exchange_carries_only_its_digest(codec: str, collectives: dict[str, int] | None) -> None:
+    """After the first exchange of a key, no fingerprint travels: summable pays one control
+    all-gather before its values, gather none beyond the sizes it exchanges anyway."""
+
+    def rank(base: ThreadComm) -> dict[str, int]:
+        comm = Counting(base)
+        st = TransportState(codec, error_feedback=False)
+        x = np.full(4096, base.rank + 1.0, np.float32)
+        _allreduce(comm, st, x)  # first: BEGIN, FINGERPRINT + its JSON, then the protocol
+        first = dict(comm.calls)
+        comm.calls.clear()
+        y = _allreduce(comm, st, x)
+        assert np.allclose(y, 1.5, rtol=1e-2)
+        return {"first": first, "then": dict(comm.calls)}  # type: ignore[dict-item]
+
+    got = run_threads(2, rank)
+    for r in got:
+        assert not isinstance(r, BaseException), r
+        assert r["first"]["allgatherv"] == r["then"]["allgatherv"] + 1  # the fingerprints' JSON, once
+        assert r["first"]["allgather"] == r["then"]["allgather"] + 1  # their lengths, once
+        if collectives is not None:
+            assert r["then"] == collectives
+        else:  # gather: BEGIN with the sizes, payloads, final agreement
+            assert r["then"] == {"allgather": 2, "allgatherv": 1}
+
+
+def test_a_change_after_agreement_raises_a_config_error_on_every_rank_and_the_next_exchange_works() -> None:
+    def rank(comm: ThreadComm) -> list[str]:
+        x = np.ones(4096, np.float32)
+        st8, st4 = (
+            TransportState({"id": "uniform", "bits": 8}, error_feedback=False),
+            TransportState({"id": "uniform", "bits": 4}, error_feedback=False),
+        )
+        _allreduce(comm, st8, x)
+        _allreduce(comm, st8, x)
+        out = []
+        try:
+            _allreduce(comm, st4 if comm.rank == 2 else st8, x)
+        except gcodec.ConfigError as e:
+            out.append(f"{type(e).__name__}: {e}")
+        y = _allreduce(comm, st8, x)
+        out.append(str(float(np.max(np.abs(y - 1)))))
+        return out
+
+    for r in run_threads(3, rank):
+        assert not isinstance(r, BaseException), r
+        assert r[0].startswith("ConfigError") and "bits" in r[0] and "[2]" in r[0], r
+        assert float(r[1]) == 0.0
+
+
+def _control(comm: ThreadComm, words: np.ndarray) -> np.ndarray:
+    """Send raw control words as a hostile rank would."""
+    return np.asarray(comm.allgather(words).wait())
+
+
+def _good_words(comm: ThreadComm, ex: Exchange, kind: int) -> np.ndarray:
+    w = np.zeros(HEAD + comm.size, np.int64)
+    w[0], w[1], w[2] = TAG | kind, getattr(comm, "_control_seq", 0), ex.digest
+    return w
+
+
+@pytest.mark.parametrize("lie", ["not a control message", "wrong kind", "wrong sequence number"])
+def test_a_message_of_the_wrong_kind_is_a_protocol_order_error_never_data(lie: str) -> None:
+    fp = fingerprint(key="k", what="test")
+
+    def rank(comm: ThreadComm) -> Any:
+        ex = Exchange(comm, fp, {"k": json.dumps(fp, sort_keys=True)}, "k", "test exchange")
+        if comm.rank == 1:
+            w = _good_words(comm, ex, BEGIN)
+            if lie == "not a control message":
+                w[:] = 4096  # what a size message of another protocol looks like
+            elif lie == "wrong kind":
+                w[0] = TAG | AGREE
+            else:
+                w[1] += 1
+            _control(comm, w)
+            return "sent"
+        try:
+            run_blocking(ex.sizes([10]))
+        except gcodec.ProtocolOrderError as e:
+            return e
+        return "read as data"
+
+    got = run_threads(2, rank)
+    assert got[1] == "sent"
+    assert isinstance(got[0], gcodec.ProtocolOrderError), got[0]
+    assert "rank 1" in str(got[0])
+
+
+def test_after_an_order_error_every_rank_continues_from_the_same_sequence_number() -> None:
+    def rank(comm: ThreadComm) -> Any:
+        comm._control_seq = 5 if comm.rank == 0 else 9  # type: ignore[attr-defined]
+        st = TransportState("fp16", error_feedback=False)
+        x = np.full(256, 2.0, np.float32)
+        try:
+            _allreduce(comm, st, x)
+            return "no error"
+        except gcodec.ProtocolOrderError:
+            pass
+        return float(_allreduce(comm, st, x)[0])
+
+    assert run_threads(2, rank) == [2.0, 2.0]
+
+
+def test_a_rank_that_cannot_set_up_its_exchange_takes_part_and_every_rank_raises() -> None:
+    def rank(comm: ThreadComm) -> Any:
+        st = TransportState("uniform", error_feedback=False)
+        x = np.ones(512, np.float32)
+        try:  # rank 1 asks for a mode the codec cannot run: a local ConfigError before any collective
+            _allreduce(comm, st, x, mode="summable" if comm.rank == 1 else "gather")
+        except gcodec.ConfigError as e:
+            return e
+        return "no error"
+
+    got = run_threads(2, rank)
+    assert all(isinstance(e, gcodec.ConfigError) for e in got), got
+    assert "not summable" in str(got[1]) and "rank 1" in str(got[0])
+
+
+def test_lying_part_sizes_in_a_reduce_scatter_block_fail_on_every_rank() -> None:
+    from gcodec.transports.reduce_scatter import RSGroup, reduce_scatter_protocol
+
+    class Liar(ThreadComm):
+        def alltoallv(self, bufs: Any, recv_counts: Any) -> Any:
+            bufs = [b.copy() for b in bufs]
+            for b in bufs:
+                b[:8] = np.array([1 << 40], np.int64).view(np.uint8)  # the first part's size
+            return super().alltoallv(bufs, recv_counts)
+
+    def rank(base: ThreadComm) -> Any:
+        comm = Liar(base.hub, base.rank) if base.rank == 1 else base
+        st = TransportState("uniform", error_feedback=False)
+        x = np.ones((2, 1024), np.float32)
+        groups = [RSGroup("g", [(0, 512)], st), RSGroup("d", [(512, 1024)], None)]
+        fp = fingerprint(key="rs")
+        ex = Exchange(comm, fp, None, "rs", "reduce-scatter")
+        try:
+            run_blocking(reduce_scatter_protocol(ex, x, np.empty(1024, np.float32), groups, 0.5, "rs"))
+        except gcodec.GcodecError as e:
+            return e
+        return "no error"
+
+    got = run_threads(2, rank)
+    assert all(isinstance(e, gcodec.GcodecError) for e in got), got
+    assert "part sizes" in str(got[0])
+
+
+# ---- real processes ------------------------------------------------------------------------------
+def _checks(outdir: Path, n: int, log: str) -> list[dict]:
+    out = []
+    for r in range(n):
+        f = outdir / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no results (a hang or a crash)\n{log[-3000:]}"
+        out += [{**c, "rank": r} for c in json.loads(f.read_text())]
+    failed = [c for c in out if not c["ok"]]
+    assert not failed, "\n".join(f"rank {c['rank']}: {c['name']}: {c['detail']}" for c in failed)
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_mpi_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int) -> None:
+    pytest.importorskip("mpi4py")
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    proc = subprocess.run(
+        [str(mpiexec), "-n", str(n), sys.executable, "-m", "tests.transport_ranks.diverge_mpi", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    checks = _checks(tmp_path, n, proc.stdout + proc.stderr)
+    # 5 protocols x 4 changes x (the error, the next exchange), + MPI itself afterwards
+    assert len(checks) == n * (5 * 4 * 2 + 1)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("engine, per_rank", [("all_reduce", 41), ("hook", 41), ("fsdp", 17)])
+def test_gloo_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int, engine: str, per_rank: int) -> None:
+    pytest.importorskip("torch")
+    from tests.procs import checks_of, run_ranks
+
+    codes = run_ranks("tests.transport_ranks.diverge_torch", [engine, str(tmp_path)], n, 240, tmp_path)
+    assert codes == [0] * n
+    assert len(checks_of(tmp_path, range(n))) == n * per_rank
