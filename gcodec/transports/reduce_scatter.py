@@ -12,8 +12,9 @@ are, as in an uncompressed reduce-scatter). Then:
 1. for each group and each destination j, this rank gathers the group's segments of row j into one
    flat array and encodes it (with its own worker residual per (group, j) when error feedback is
    on; a dense group sends the raw bytes);
-2. one all-to-all moves everything, sizes first (one all-gather of a ``p x groups`` table, with this
-   rank's error code): rank j receives the p payloads of its row;
+2. one all-to-all moves everything; each destination's block starts with its groups' part sizes,
+   and the block's length travels first in the exchange's control message (with this rank's
+   error code): rank j receives the p payloads of its row;
 3. each owner decodes its p payloads in rank order with ``accumulate=True`` into a float32 (float64
    for float64) accumulator per group, multiplies by ``scale`` and rounds once into its shard.
 
@@ -24,14 +25,16 @@ never leaves it) and sends only the values sections, in one all-to-all with no s
 owner adds the p value arrays in rank order into the float32 accumulator (exactly what decoding
 them with ``accumulate=True`` does) and rounds once. Each rank's block to each rank starts with
 its 8-byte error code, so the one all-to-all is also an all-gather of the codes: a rank whose
-encode failed sends zeros, and every rank raises before adding anything. One collective, as
-FSDP's own reduce-scatter, instead of three; 8 bytes per block instead of a header and CRC.
+encode failed sends zeros, and every rank raises before adding anything. The values' size follows
+from the configuration, so the exchange's control message (gcodec/transports/control.py) runs
+first on its own: two collectives, against one for FSDP's own reduce-scatter and three for the
+payload path; 8 bytes per block instead of a header and CRC.
 
 Bytes per rank: (p-1)/p of the compressed row set, like an uncompressed reduce-scatter of the
 payloads. There is no second phase (nothing is all-gathered back), hence no server residual.
 A rank whose encode fails still takes part (its error code travels with the sizes, every rank
 raises before data moves); a payload that fails its checks on its owner is reported in a final
-error-agreement allreduce, so every rank raises a :class:`~gcodec.GcodecError` of the same class.
+error-agreement control message, so every rank raises a :class:`~gcodec.GcodecError` of the same class.
 """
 
 from __future__ import annotations
