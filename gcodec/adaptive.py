@@ -41,6 +41,8 @@ from .advise import CodecSpeed, Link, measure_speed, parse_bandwidth, predict
 from .codecs import get_codec
 from .errors import ConfigError
 from .transports import DENSE, Communicator, PolicyState, Protocol
+from .transports.control import Exchange
+from .transports.handshake import fingerprint
 
 __all__ = ["DEFAULT_LADDER", "AdaptiveController"]
 
@@ -235,6 +237,11 @@ class AdaptiveController:
         numel = int(np.prod(shape)) if shape else 1
         figs = self.figures(key, numel)
         if comm.size > 1:
+            # The figures' size follows from the ladder: agree on the ladder (and that every rank
+            # decides at this step) before they travel, as any exchange does.
+            fp = fingerprint(key=key, controller=self.ladder, interval=self.interval, warmup_steps=self.warmup_steps)
+            ex = Exchange(comm, fp, state.agreed, f"{key}#controller", f"adaptive controller's figures for {key!r}")
+            yield from ex.begin()
             yield comm.allreduce(figs, "max")  # same figures on every rank: same decision, same step
         new, times = self.choose(figs, shape, comm.size, cur)
         self.decisions.append({"key": key, "step": step, "from": cur, "to": new, "predicted_s": times})
