@@ -25,6 +25,7 @@ from gcodec.transports import TransportState, allreduce_protocol, run_blocking
 from gcodec.transports.control import AGREE, BEGIN, HEAD, TAG, Exchange
 from gcodec.transports.handshake import fingerprint
 from tests.localcomm import ThreadComm, run_threads
+from tests.procs import checks_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,17 +202,6 @@ def test_lying_part_sizes_in_a_reduce_scatter_block_fail_on_every_rank() -> None
 
 
 # ---- real processes ------------------------------------------------------------------------------
-def _checks(outdir: Path, n: int, log: str) -> list[dict]:
-    out = []
-    for r in range(n):
-        f = outdir / f"rank{r}.json"
-        assert f.exists(), f"rank {r} wrote no results (a hang or a crash)\n{log[-3000:]}"
-        out += [{**c, "rank": r} for c in json.loads(f.read_text())]
-    failed = [c for c in out if not c["ok"]]
-    assert not failed, "\n".join(f"rank {c['rank']}: {c['name']}: {c['detail']}" for c in failed)
-    return out
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 4])
 def test_mpi_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int) -> None:
@@ -226,7 +216,7 @@ def test_mpi_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int) -> 
         timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    checks = _checks(tmp_path, n, proc.stdout + proc.stderr)
+    checks = checks_of(tmp_path, range(n))
     # 5 protocols x 4 changes x (the error, the next exchange), + MPI itself afterwards
     assert len(checks) == n * (5 * 4 * 2 + 1)
 
@@ -236,7 +226,7 @@ def test_mpi_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int) -> 
 @pytest.mark.parametrize("engine, per_rank", [("all_reduce", 41), ("hook", 41), ("fsdp", 17)])
 def test_gloo_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int, engine: str, per_rank: int) -> None:
     pytest.importorskip("torch")
-    from tests.procs import checks_of, run_ranks
+    from tests.procs import run_ranks
 
     codes = run_ranks("tests.transport_ranks.diverge_torch", [engine, str(tmp_path)], n, 240, tmp_path)
     assert codes == [0] * n
