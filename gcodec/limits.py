@@ -24,8 +24,9 @@ __all__ = ["MAX_NESTING_CAP", "NUMPY_MAXDIMS", "Limits", "get_limits", "limits",
 #: The most dimensions a NumPy array can have (64 since NumPy 2.0, 32 before).
 NUMPY_MAXDIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
-#: The largest ``max_nesting``: msgpack itself refuses 1024 levels and more (the F8 check counts the
-#: scalars inside the deepest container as one more level).
+#: The largest ``max_nesting`` (specs/format.md F8): below the 1024 levels where common msgpack
+#: parsers stop, so that a reader built on one can honour any limit a peer may use. gcodec's own
+#: header reader and writer walk with explicit stacks and reach it whatever Python's frame limit.
 MAX_NESTING_CAP = 1000
 
 
@@ -78,8 +79,8 @@ class Limits:
                 raise ConfigError(f"Limits.{f.name} must be a non-negative integer, got {v!r}")
         if self.max_nesting > MAX_NESTING_CAP:
             raise ConfigError(
-                f"Limits.max_nesting={self.max_nesting} cannot work: msgpack refuses headers nested deeper "
-                f"than 1024 levels; use at most {MAX_NESTING_CAP}"
+                f"Limits.max_nesting={self.max_nesting} is above the cap of specs/format.md F8 (msgpack parsers "
+                f"stop at 1024 levels); use at most {MAX_NESTING_CAP}"
             )
 
     def check_ndim(self, ndim: int, where: str = "") -> None:

@@ -68,7 +68,7 @@ def test_every_manifest_entry_has_a_case():
         c = cases[name]
         assert e["kind"] == c.kind, name
         if c.kind == "invalid":
-            assert (e["error"], e["rule"]) == (c.error, c.rule), name
+            assert (e["error"], e["rule"], e.get("limits")) == (c.error, c.rule, c.limits), name
 
 
 def test_no_stray_files():
@@ -147,7 +147,7 @@ def test_invalid_raises_named_error(case, fn):
     payload = _committed(e["file"])
     err = getattr(gcodec, e["error"])
     with pytest.raises(err) as info:
-        fn(payload)
+        fn(payload, limits=mv.reader_limits(e.get("limits")))
     assert type(info.value).__name__ == e["error"], f"{case.name}: {type(info.value).__name__}: {info.value}"
     tag = mv._RULE_TAG.match(str(info.value))
     if tag:

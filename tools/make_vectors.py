@@ -62,6 +62,7 @@ class Case:
     make: Callable[[], Any]
     error: str | None = None
     rule: str | None = None
+    limits: dict[str, int] | None = None  # reader limits other than the defaults (invalid vectors)
 
 
 def load_cases() -> list[Case]:
@@ -78,10 +79,13 @@ def load_cases() -> list[Case]:
             name, make = entry
             cases.append(Case(name, info.name, "valid", make))
         for entry in getattr(mod, "INVALID", []):
-            name, make, error, rule = entry
+            name, make, error, rule, *rest = entry
             if not isinstance(getattr(gcodec, error, None), type):
                 raise SystemExit(f"{info.name}: {name}: gcodec has no error class {error!r}")
-            cases.append(Case(name, info.name, "invalid", make, error, rule))
+            limits = rest[0] if rest else None
+            if limits is not None:
+                gcodec.Limits(**limits)  # a ConfigError names a bad field or value
+            cases.append(Case(name, info.name, "invalid", make, error, rule, limits))
     for c in cases:
         if not _NAME.match(c.name):
             raise SystemExit(f"{c.module}: bad vector name {c.name!r} (use [a-z0-9_])")
@@ -177,11 +181,17 @@ def _codecs_of(payload: bytes) -> list[str]:
         return []
 
 
-def check_invalid(payload: bytes, error: str, rule: str | None) -> str | None:
+def reader_limits(limits: dict[str, int] | None) -> gcodec.Limits:
+    """The limits a vector is checked under: the defaults, with the manifest's ``limits`` changed."""
+    return gcodec.Limits(**(limits or {}))
+
+
+def check_invalid(payload: bytes, error: str, rule: str | None, limits: dict[str, int] | None = None) -> str | None:
     """None when validate() and decode() both raise exactly ``error``; otherwise what went wrong."""
+    lim = reader_limits(limits)
     for fn in (gcodec.validate, gcodec.decode):
         try:
-            fn(payload)
+            fn(payload, limits=lim)
         except Exception as e:
             got = type(e).__name__
             if got != error:
@@ -238,7 +248,7 @@ def build(case: Case) -> Built:
             entry["input"] = {**desc, "sha256": _sha(data)}
         return Built(case, entry, files, arrays)
     payload = bytes(case.make())
-    problem = check_invalid(payload, case.error or "", case.rule)
+    problem = check_invalid(payload, case.error or "", case.rule, case.limits)
     if problem:
         raise SystemExit(f"invalid vector {case.name}: {problem}")
     codecs = _codecs_of(payload)
@@ -254,6 +264,8 @@ def build(case: Case) -> Built:
         "error": case.error,
         "rule": case.rule,
     }
+    if case.limits:
+        entry["limits"] = dict(case.limits)
     return Built(case, entry, {path: payload}, {})
 
 

@@ -13,7 +13,9 @@ Every module in this package whose name does not start with ``_`` is a *case mod
     (the most specific class, compared with ``type(e).__name__``), and ``rule`` names the spec rule
     that fires (``"F7"``, ``"C3"``, ``"U2"``). Build bad payloads by editing real ones and recomputing
     every CRC that the intended rule does not concern (:func:`edit` does this), so that the intended
-    rule is the first one a reader hits.
+    rule is the first one a reader hits. A fifth element, a dict of :class:`gcodec.Limits` fields,
+    checks the case under those limits instead of the defaults (a vector at the edge of a limit that
+    a reader may raise, such as ``max_nesting``'s cap of 1000); the manifest records it as ``limits``.
 
 Names are ``[a-z0-9_]+`` and unique across all modules; a codec family prefixes its names with its
 codec id (``qsgd_...``). ``tools/make_vectors.py --write`` turns the cases into files, and

@@ -15,6 +15,7 @@ import numpy as np
 
 from gcodec.arrays import BFLOAT16
 from gcodec.format.header import pack_canonical
+from gcodec.limits import MAX_NESTING_CAP
 
 from . import assemble, bits_array, bundle, edit, encode, header_of, relayout, section_blobs, split, uniform_values
 
@@ -496,6 +497,15 @@ F1_F8 = [
         "F8",
     ),
     ("f08_nesting_too_deep", _hdr(fp16_base, _set("meta", {"k": _nested(10)})), "LimitExceededError", "F8"),
+    # At max_nesting's cap (1000): the string at depth 1001 (map, meta, "k"'s 999 arrays) is one
+    # level too deep; f09_meta_nested_1000 is one level shallower and parses.
+    (
+        "f08_nesting_1001",
+        _hdr(fp16_base, _set("meta", {"k": _nested(999)})),
+        "LimitExceededError",
+        "F8",
+        {"max_nesting": MAX_NESTING_CAP},
+    ),
 ]
 
 
@@ -541,6 +551,16 @@ F9 = [
     ("f09_features_not_strings", _hdr(fp16_base, _set("features", [1])), "HeaderError", "F9"),
     ("f09_meta_empty", _hdr(fp16_base, _set("meta", {})), "HeaderError", "F9"),
     ("f09_meta_value_int", _hdr(fp16_base, _set("meta", {"step": 3})), "HeaderError", "F9"),
+    # The deepest header F8 admits under max_nesting's cap (a string at depth 1000: map, meta,
+    # "k"'s 998 arrays) parses; its meta value is not a string (F9 f). A reader must get this far
+    # without running out of stack.
+    (
+        "f09_meta_nested_1000",
+        _hdr(fp16_base, _set("meta", {"k": _nested(998)})),
+        "HeaderError",
+        "F9",
+        {"max_nesting": MAX_NESTING_CAP},
+    ),
     ("f09_tensor_not_map", _hdr(fp16_base, _set("tensors", [["fp16"]])), "HeaderError", "F9"),
     ("f09_no_codec", _hdr(fp16_base, _t0(_del("codec"))), "HeaderError", "F9"),
     ("f09_no_sections", _hdr(fp16_base, _t0(_del("sections"))), "HeaderError", "F9"),
