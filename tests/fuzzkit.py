@@ -12,7 +12,10 @@ It holds three things:
   of stopping at the checksum;
 * the fuzz oracles, :func:`check_payload`: only ``GcodecError`` escapes; ``validate`` success
   implies ``decode`` success with the declared shape and dtype; a failing decode leaves an
-  ``accumulate=True`` target untouched; peak memory stays within :func:`memory_bound`.
+  ``accumulate=True`` target untouched; peak memory stays within :func:`memory_bound`;
+* the encoder's oracle, :func:`check_encoder`, over :data:`NESTED_CASES` (every host with every codec
+  that nests) on :func:`wide_input`: an encoder raises a ``GcodecError`` or writes a payload that
+  validates and decodes (specs/codecs/hybrid.md §3.1).
 
 A case is ``(params, shape)``; small shapes keep the exhaustive byte-flip tests fast. Stochastic
 and stateful codecs are encoded with ``key="t"`` and ``step=0`` so every run draws the same bytes.
@@ -30,26 +33,34 @@ import msgpack
 import numpy as np
 
 import gcodec
+from gcodec.arrays import DTYPES
 from gcodec.checksum import crc32c
 from gcodec.format.header import pack_canonical
 
 __all__ = [
     "CASES",
+    "NESTED_CASES",
+    "NESTED_CODECS",
     "NOT_FROM_HEADER",
     "Case",
     "all_cases",
     "cases_for",
+    "check_encoder",
     "check_payload",
     "codec_from_header",
     "encode_case",
+    "encoder_input",
+    "encoder_seeds",
     "is_projection",
     "memory_bound",
     "missing_cases",
+    "missing_nested",
     "parse_payload",
     "rebuild",
     "reseal",
     "sample_input",
     "seed_payloads",
+    "wide_input",
 ]
 
 
@@ -104,6 +115,59 @@ CASES: dict[str, list[Case]] = {
         _c("powersgd", (3, 5), passthrough="fp16"),  # too small to compress: fp16
     ],
 }
+
+
+#: Every codec that nests (``values=`` of the sparse hosts, ``factors=`` of ``powersgd``), in the
+#: configurations that change what it can represent: bit widths, rounding, scale types, buckets.
+#: ``missing_nested`` reports a registered codec that nests but is not listed.
+NESTED_CODECS: list[dict[str, Any]] = [
+    {"id": "fp16"},
+    {"id": "bf16"},
+    {"id": "uniform", "bits": 8},
+    {"id": "uniform", "bits": 4, "group_size": 7},
+    {"id": "uniform", "bits": 2, "group_size": 3},
+    {"id": "uniform", "bits": 4, "rounding": "stochastic", "seed": 3},
+    {"id": "uniform", "bits": 8, "scale_dtype": "float16"},
+    {"id": "uniform", "bits": 2, "rounding": "stochastic", "scale_dtype": "float16", "seed": 1},
+    {"id": "qsgd"},
+    {"id": "qsgd", "levels": 1, "bucket_size": 0},
+    {"id": "qsgd", "levels": 127, "bucket_size": 4},
+    {"id": "terngrad"},
+    {"id": "terngrad", "group_size": 4, "clip": 2.5},
+    {"id": "sign"},
+    {"id": "sign", "group_size": 0},
+]
+
+#: The hosts, each with the parameters it is run with, and the shape of its input.
+NESTED_HOSTS: list[tuple[str, str, dict[str, Any], tuple[int, ...]]] = [
+    ("topk", "values", {"k": 40}, (300,)),
+    ("topk", "values", {"k": 40, "index_coding": "raw"}, (5, 60)),
+    ("threshold", "values", {"threshold": 1.0}, (300,)),
+    ("randomk", "values", {"ratio": 0.2, "seed": 9}, (300,)),
+    ("powersgd", "factors", {"rank": 2, "min_compression_rate": 0.0}, (12, 10)),
+    ("powersgd", "factors", {"rank": 1, "min_compression_rate": 0.0, "warm_start": False}, (3, 4, 5)),
+]
+
+NESTED_CASES: list[Case] = [
+    Case(host, {**params, role: dict(cfg)}, shape)
+    for host, role, params, shape in NESTED_HOSTS
+    for cfg in NESTED_CODECS
+]
+
+
+def missing_nested() -> list[str]:
+    """Registered codecs that can be nested but have no entry in :data:`NESTED_CODECS`."""
+    listed = {c["id"] for c in NESTED_CODECS}
+    out = []
+    for cid in gcodec.list_codecs():
+        if cid in listed or getattr(gcodec.codec_class(cid), "NESTED_ROLES", ()):
+            continue
+        try:
+            gcodec.get_codec("topk", values={"id": cid})
+        except gcodec.ConfigError:
+            continue  # it does not nest (no bound on what it decodes)
+        out.append(cid)
+    return out
 
 
 def is_projection(case: Case) -> bool:
@@ -177,6 +241,115 @@ def sample_input(shape: tuple[int, ...], dtype: Any = np.float32, seed: int = 0)
     if x.size:
         x.reshape(-1)[0] = 3.5
     return x.astype(dtype)
+
+
+FLT_MAX = float(np.finfo(np.float32).max)
+_BF16_MAX = float(np.array(0x7F7F0000, np.uint32).view(np.float32))
+_BF16_TIE = float(np.array(0x7F7F8000, np.uint32).view(np.float32))  # rounds up to infinity in bfloat16
+_F32_OVERFLOW = 2.0**128 - 2.0**103  # binary64 values from here on round to infinity in binary32
+
+
+def _below(v: float) -> float:
+    return float(np.nextafter(np.float32(v), np.float32(0)))
+
+
+def _rounds_up_from(t32: float) -> float:
+    """The smallest binary64 value that rounds to the binary32 ``t32`` or above (ties to even)."""
+    mid = (t32 + _below(t32)) / 2  # exact in binary64
+    even = int(np.array(t32, np.float32).view(np.uint32)) % 2 == 0
+    return mid if even else float(np.nextafter(mid, np.inf))
+
+
+#: Magnitudes at the edges of the formats that a nested codec rounds to: binary16's largest value and
+#: its overflow at 65520, bfloat16's largest value and its overflow, binary32's largest value.
+RANGE_EDGES: tuple[float, ...] = (
+    65504.0, _below(65520.0), 65520.0, 65536.0, 1e6,
+    _BF16_MAX, _below(_BF16_TIE), _BF16_TIE, FLT_MAX, 2.0**63, 1.0,
+)  # fmt: skip
+#: The same edges for binary64 input, which the codecs round to binary32 first: the last values
+#: below each overflow, the first ones at it, and values beyond binary32.
+RANGE_EDGES_F64: tuple[float, ...] = (
+    _rounds_up_from(65520.0), float(np.nextafter(_rounds_up_from(65520.0), 0)),
+    _rounds_up_from(_BF16_TIE), float(np.nextafter(_rounds_up_from(_BF16_TIE), 0)),
+    float(np.nextafter(_F32_OVERFLOW, 0)), _F32_OVERFLOW, 1e39, 1e300,
+)  # fmt: skip
+
+#: The largest finite value of each wire dtype.
+_LARGEST = {"float32": FLT_MAX, "float64": float(np.finfo(np.float64).max), "float16": 65504.0, "bfloat16": _BF16_MAX}
+
+
+def wide_input(shape: tuple[int, ...], dtype: str = "float32", seed: int = 0, pattern: str = "wide") -> np.ndarray:
+    """Finite values of both signs, fixed by ``seed``, for the encoder's oracle:
+
+    * ``"wide"``: magnitudes log-uniform from 1e-30 to 3e38 (to 1e300 for float64), a fifth of them
+      replaced by the :data:`RANGE_EDGES`;
+    * ``"edges"``: only range edges (and their binary64 forms for float64), times +-1;
+    * ``"scaled"``: a normal sample times one power of ten from 1e0 to 1e38, so that every element
+      of a tensor has a similar size (the whole tensor crosses an edge, not one outlier).
+
+    Values beyond the dtype's range are clipped to its largest finite value.
+    """
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    edges = np.array(RANGE_EDGES + (RANGE_EDGES_F64 if dtype == "float64" else ()))
+    if pattern == "wide":
+        x = 10.0 ** rng.uniform(-30, 300 if dtype == "float64" else np.log10(3e38), n)
+        pick = rng.random(n) < 0.2
+        x[pick] = rng.choice(edges, int(pick.sum()))
+    elif pattern == "edges":
+        x = rng.choice(edges, n)
+    elif pattern == "scaled":
+        x = rng.standard_normal(n) * 10.0 ** rng.integers(0, 39)
+    else:
+        raise ValueError(pattern)
+    x = x * rng.choice([-1.0, 1.0], n)
+    big = _LARGEST[dtype]
+    with np.errstate(over="ignore"):
+        return np.clip(x, -big, big).astype(DTYPES[dtype]).reshape(shape)
+
+
+def check_encoder(case: Case, x: np.ndarray) -> str:
+    """The encoder's oracle: encoding ``x`` raises a ``GcodecError`` (``"refused"``), or writes a payload
+    that passes every oracle of :func:`check_payload` as ``"valid"`` (it validates and decodes with
+    its shape and dtype). Raises :class:`OracleFailure` otherwise: an encoder must never write a
+    payload that its own decoder refuses."""
+    codec = gcodec.get_codec(case.codec, **case.params)
+    try:
+        b = bytes(codec.encode(x, key="t", step=0))
+    except gcodec.GcodecError:
+        return "refused"
+    except Exception as e:
+        raise OracleFailure(f"{case.id}: encode raised {type(e).__name__}: {e}") from e
+    _, err = _call(gcodec.validate, b)
+    if err is not None:
+        raise OracleFailure(f"{case.id}: the encoder wrote a payload that validate refuses: {err!r}")
+    outcome = check_payload(b)
+    if outcome != "valid":
+        raise OracleFailure(f"{case.id}: the encoder wrote a payload that is {outcome}, not valid")
+    return outcome
+
+
+def encoder_input(data: bytes) -> tuple[Case, np.ndarray]:
+    """The input of the encoder's fuzz target (``tools/fuzz.py --target encode``) from raw bytes: byte 0
+    picks a case of :data:`NESTED_CASES`, byte 1 the dtype, and the other bytes are the tensor's
+    elements bit for bit (NaN, infinities and subnormals included), repeated to fill the case's shape."""
+    case = NESTED_CASES[data[0] % len(NESTED_CASES)] if data else NESTED_CASES[0]
+    names = list(DTYPES)
+    dt = DTYPES[names[data[1] % len(names)]] if len(data) > 1 else DTYPES["float32"]
+    nbytes = int(np.prod(case.shape)) * dt.itemsize
+    body = bytes(data[2:]) or b"\0"
+    raw = (body * (nbytes // len(body) + 1))[:nbytes]
+    return case, np.frombuffer(raw, dt).reshape(case.shape).copy()
+
+
+def encoder_seeds() -> list[bytes]:
+    """Inputs of the encoder's fuzz target: a wide-range tensor for every case and dtype."""
+    names = list(DTYPES)
+    return [
+        bytes([ci, di]) + wide_input(case.shape, dtype, ci, "wide").tobytes()
+        for ci, case in enumerate(NESTED_CASES)
+        for di, dtype in enumerate(names)
+    ]
 
 
 def encode_case(case: Case, *, checksum: bool = True, dtype: Any = np.float32, seed: int = 0) -> bytes:

@@ -53,6 +53,8 @@ def make_array(n: int, data_seed: int, kind: str) -> np.ndarray:
         x = np.round(x * 4) / 4
     elif kind == "nan" and n:
         x[n // 2] = np.nan
+    elif kind == "huge" and n:  # beyond binary16's range: refused by a host with fp16 values
+        x[n // 2] = np.float32(1e6)
     elif kind == "zeros":  # signed zeros and a few equal magnitudes: top-k's tie rule
         x = np.where(np.arange(n) % 2 == 0, np.float32(-0.0), np.float32(0.0)).astype(np.float32)
         x[n // 3 :: 7] = np.float32(-1.5)

@@ -106,6 +106,11 @@ CASES: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
         "normal",
     ),
     ("th-bf16", {"id": "threshold", "threshold": 1.0, "values": {"id": "bf16"}}, 200, 42, None, "normal"),
+    # values beyond the nested fp16's range: refused on the device as on the CPU (hybrid.md §3.1)
+    ("topk-fp16-huge", {"id": "topk", "ratio": 0.1, "values": {"id": "fp16"}}, 200, 38, None, "huge"),
+    ("rk-fp16-huge", {"id": "randomk", "k": 30, "seed": 4, "values": {"id": "fp16"}}, 200, 40, 2, "huge"),
+    ("th-fp16-huge", {"id": "threshold", "threshold": 1.0, "values": {"id": "fp16"}}, 200, 42, None, "huge"),
+    ("psgd-fp16-huge", {"id": "powersgd", "rank": 2, "factors": {"id": "fp16"}}, 192, 48, 1, "huge"),
     # powersgd pass-through (no matrix view / too small to compress): byte-identical too
     ("psgd-vector", {"id": "powersgd", "rank": 2}, 64, 43, None, "normal"),
     ("psgd-fp16-pass", {"id": "powersgd", "rank": 2, "passthrough": "fp16"}, 16, 44, None, "normal"),
@@ -137,8 +142,11 @@ SHAPES: dict[str, tuple[int, ...]] = {
     "psgd-r4-qr": (20, 16),
     "psgd-r2-fp16": (16, 12),
     "psgd-r3-u8": (12, 16),
+    "psgd-fp16-huge": (16, 12),
 }
-REFUSED = {"u8-nan", "rk-nan", "topk-nan"}  # NaN input: the device encoder refuses it as the CPU one does
+#: NaN input, and values beyond a nested fp16's range: the device encoder refuses them as the CPU one does
+OVERFLOWS = ["topk-fp16-huge", "rk-fp16-huge", "th-fp16-huge", "psgd-fp16-huge"]
+REFUSED = {"u8-nan", "rk-nan", "topk-nan", *OVERFLOWS}
 PHILOX = [(0, 0, 37, 0), (1, 0, 8, 0), (2**64 - 1, 2**63 + 5, 50, 2**34), (12345, 678, 101, 4)]
 #: (n, k, seed, stream) for the device's parallel Floyd sampling: k close to n forces chains of collisions.
 RANDOMK_INDICES = [
@@ -249,6 +257,15 @@ def test_decode_into_device_out(sim: dict[str, Any], case: tuple) -> None:
 @pytest.mark.parametrize(("cid", "codec"), [("u8-nan", "uniform"), ("rk-nan", "randomk"), ("topk-nan", "topk")])
 def test_device_encoder_refuses_nan_like_cpu(sim: dict[str, Any], cid: str, codec: str) -> None:
     assert sim["by_id"][cid]["error"].startswith(f"PayloadValueError: {codec}: input has NaN")
+
+
+@pytest.mark.parametrize("cid", OVERFLOWS)
+def test_device_encoder_refuses_nested_overflow_like_cpu(sim: dict[str, Any], cid: str) -> None:
+    _, cfg, n, seed, step, kind = next(c for c in CASES if c[0] == cid)
+    with pytest.raises(gcodec.PayloadValueError) as cpu:
+        _cpu_payload(cfg, n, seed, step, kind, cid)
+    assert "beyond the range of the nested 'fp16'" in str(cpu.value)
+    assert sim["by_id"][cid]["error"] == f"PayloadValueError: {cpu.value}"
 
 
 @pytest.mark.parametrize("case", LOWRANK, ids=[c[0] for c in LOWRANK])

@@ -13,6 +13,9 @@ And on canonical payloads: re-encoding the input with the params recorded in the
 same key and step, which fix the random stream) reproduces the bytes; for projection codecs
 re-encoding the *decoded* values does too; arbitrary shapes and dtypes round trip.
 
+And on the encoders (``fuzzkit.check_encoder``): every host with every codec that nests, on
+wide-range tensors, raises a ``GcodecError`` or writes a payload that validates and decodes.
+
 ``tools/fuzz.py`` runs the same oracles, coverage-guided, for as long as you like.
 """
 
@@ -26,7 +29,9 @@ from hypothesis import strategies as st
 import gcodec
 from gcodec.arrays import DTYPES
 from tests.fuzzkit import (
+    NESTED_CASES,
     NOT_FROM_HEADER,
+    check_encoder,
     check_payload,
     header_paths,
     is_projection,
@@ -38,6 +43,7 @@ from tests.fuzzkit import (
     seed_payloads,
     serial_kernels,
     usable_cases,
+    wide_input,
 )
 
 
@@ -228,6 +234,33 @@ def test_reencode_oracle_covers_most_codecs():
     """Only codecs listed (with a reason) in NOT_FROM_HEADER escape the re-encoding oracle."""
     assert set(NOT_FROM_HEADER) <= set(gcodec.list_codecs())
     assert any(is_projection(c) for c in CASES)
+
+
+# ---------------------------------------------------------------------------------------------
+# encoders: what they write always decodes (specs/codecs/hybrid.md §3.1)
+
+
+@st.composite
+def _wide_arrays(draw, shape):
+    """A wide-range tensor (fuzzkit.wide_input) of any wire dtype; sometimes with one NaN or ±inf."""
+    dtype = draw(st.sampled_from(list(DTYPES)))
+    pattern = draw(st.sampled_from(["wide", "edges", "scaled"]))
+    x = wide_input(shape, dtype, draw(st.integers(0, 2**32 - 1)), pattern)
+    special = draw(st.sampled_from([None, None, None, np.nan, np.inf, -np.inf]))
+    if special is not None:
+        x.reshape(-1)[draw(st.integers(0, x.size - 1))] = special
+    return x
+
+
+@BUDGET
+@given(ci=st.sampled_from(range(len(NESTED_CASES))), data=st.data())
+def test_encoder_output_always_decodes(ci, data):
+    case = NESTED_CASES[ci]
+    x = data.draw(_wide_arrays(case.shape))
+    with np.errstate(over="ignore"):  # a float16 output may round what is decoded to infinity
+        outcome = check_encoder(case, x)
+    if not np.isfinite(x.astype(np.float64)).all():
+        assert outcome == "refused", f"{case.id}: a host encoded NaN or infinity"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
     python tools/fuzz.py                       # 60 seconds, crashes go to fuzz-crashes/
     python tools/fuzz.py --seconds 3600 --jobs 2 --corpus fuzz-corpus
     python tools/fuzz.py --replay fuzz-crashes/  # re-run the oracles on saved inputs, no atheris
+    python tools/fuzz.py --target encode       # the encoders instead: what they write must decode
 
 Seeds: every ``specs/vectors/**/*.gcd`` plus small payloads of every registered codec that this
 script makes itself (tests/fuzzkit.py ``seed_payloads``).
@@ -22,6 +23,11 @@ the crash directory:
 * peak traced allocation <= 16 x payload bytes + 4 x declared decoded bytes + 1 MiB
   (``fuzzkit.memory_bound``), and libFuzzer's ``-rss_limit_mb`` bounds the whole process;
 * no input takes longer than ``--timeout`` seconds (a hang is a crash).
+
+With ``--target encode`` the input is a tensor instead (tests/fuzzkit.py ``encoder_input``: a case of
+``NESTED_CASES``, every host with every codec that nests, a dtype, and raw element bits), and the
+oracle is ``check_encoder``: encoding raises a ``GcodecError`` or writes a payload that passes the
+oracles above as valid. Seeds: wide-range tensors of every case (``encoder_seeds``).
 
 Decoding is limited to ``--max-output-mb`` (default 256) decoded bytes per payload during the run
 (``gcodec.limits(max_output_bytes=...)``), so that a legitimately huge declared tensor does not
@@ -60,16 +66,23 @@ def _seed_files() -> list[Path]:
     return sorted((ROOT / "specs" / "vectors").rglob("*.gcd"))
 
 
-def _replay(paths: list[str], memory: bool) -> int:
+def _check(target: str, data: bytes, memory: bool) -> str:
+    """Run the oracles of ``target`` on one input; raises ``fuzzkit.OracleFailure``."""
     from tests import fuzzkit
 
+    if target == "encode":
+        return fuzzkit.check_encoder(*fuzzkit.encoder_input(data))
+    return fuzzkit.check_payload(data, memory=memory)
+
+
+def _replay(paths: list[str], memory: bool, target: str = "decode") -> int:
     files: list[Path] = []
     for p in map(Path, paths):
         files += sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
     bad = 0
     for f in files:
         try:
-            outcome = fuzzkit.check_payload(f.read_bytes(), memory=memory)
+            outcome = _check(target, f.read_bytes(), memory)
             print(f"ok      {outcome:9} {f}")
         except Exception as e:  # report every broken oracle, not just the first
             bad += 1
@@ -161,11 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc oracle (about 2x faster)")
     ap.add_argument("--seed", type=int, default=0, help="libFuzzer -seed (0: time-based)")
     ap.add_argument("--replay", nargs="+", metavar="PATH", help="check saved inputs instead of fuzzing")
+    ap.add_argument(
+        "--target",
+        choices=("decode", "encode"),
+        default="decode",
+        help="decode: payload bytes (default); encode: tensors through every hybrid, whose payloads must decode",
+    )
     ap.add_argument("libfuzzer_args", nargs="*", help="extra libFuzzer flags after --")
     args = ap.parse_args(argv)
 
     if args.replay:
-        return _replay(args.replay, memory=not args.no_memory)
+        return _replay(args.replay, memory=not args.no_memory, target=args.target)
     if args.jobs > 1 or (args.keep_going and not os.environ.get("GCODEC_FUZZ_CHILD")):
         return _supervise(args, argv if argv is not None else sys.argv[1:])
 
@@ -190,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
 
         atexit.register(shutil.rmtree, corpus, True)
     corpus.mkdir(parents=True, exist_ok=True)
-    seeds = [f.read_bytes() for f in _seed_files()] + fuzzkit.seed_payloads()
+    if args.target == "encode":
+        seeds = fuzzkit.encoder_seeds()
+    else:
+        seeds = [f.read_bytes() for f in _seed_files()] + fuzzkit.seed_payloads()
     for s in seeds:
         (corpus / f"seed-{hashlib.sha1(s).hexdigest()[:16]}").write_bytes(s)
     crash_dir = Path(args.crash_dir)
@@ -199,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     # a hang or as a memory peak of the first input that needs it)
     for s in seeds:
         try:
-            fuzzkit.check_payload(s)
+            _check(args.target, s, memory=False)
         except fuzzkit.OracleFailure as e:
             print(f"fuzz: a seed breaks an oracle already: {e}", flush=True)
     print(f"fuzz: {len(seeds)} seeds, corpus {corpus}, crashes -> {crash_dir}/, {args.seconds} s", flush=True)
@@ -250,10 +272,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def test_one_input(data: bytes) -> None:
         if not args.keep_going:
-            fuzzkit.check_payload(data, memory=memory)
+            _check(args.target, data, memory)
             return
         try:
-            fuzzkit.check_payload(data, memory=memory)
+            _check(args.target, data, memory)
         except fuzzkit.OracleFailure as e:
             _record(crash_dir, data, str(e), seen)
 
@@ -270,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed:
         lf.append(f"-seed={args.seed}")
     lf += args.libfuzzer_args
-    atheris.Setup(lf, test_one_input, custom_mutator=custom_mutator)
+    if args.target == "encode":  # any bytes are a tensor: libFuzzer's own mutations suffice
+        atheris.Setup(lf, test_one_input)
+    else:
+        atheris.Setup(lf, test_one_input, custom_mutator=custom_mutator)
     atheris.Fuzz()
     return 0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -26,7 +27,7 @@ from ..quote import short
 from ..sections import SectionSpec, TensorEntry
 from .state import CodecState, default_state
 
-__all__ = ["Aggregation", "Codec", "EncodeContext", "EncodePlan", "Param", "check_params"]
+__all__ = ["Aggregation", "Codec", "EncodeContext", "EncodePlan", "Param", "binary32", "check_params"]
 
 
 class Aggregation(str, enum.Enum):
@@ -97,6 +98,13 @@ def check_params(
         else:
             raise err(f"{where}missing parameter {name!r}")
     return out
+
+
+def binary32(x: float) -> float:
+    """``x`` rounded to binary32 (nearest even; beyond its range: infinity), the first step of every
+    codec that computes in binary32 (specs/codecs/fp16.md §3, uniform.md §4)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +218,21 @@ class Codec(ABC):
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         """Value-level rules (raise PayloadValueError). Decoding checks what it must anyway."""
         return None
+
+    # ---- what a host codec asks of the codec nested in it (specs/codecs/hybrid.md §3.1) --------
+    def magnitude_bound(self, max_abs: float, count: int) -> float:
+        """An upper bound on the magnitude of every value this codec decodes from its encoding of a
+        one-dimensional tensor of ``count`` finite values whose largest magnitude is ``max_abs``, or
+        ``math.inf`` when such a tensor may decode to ±infinity (``fp16`` carries a value beyond its
+        range as an overflow).
+
+        A host codec (``topk``, ``threshold``, ``randomk``, ``powersgd``) asks this of the codec nested
+        in it, so that it refuses on encode what its decoder refuses: a value that would decode to
+        ±infinity (rules T4, TH4, R2, P3), factors whose decoded product could overflow (P4). Whether
+        the bound is infinite must depend on ``max_abs`` alone, and grow with it. The default promises
+        nothing, and a codec that promises nothing cannot be nested (``ConfigError``).
+        """
+        return math.inf
 
     # ---- resource accounting (checked against gcodec.Limits before anything is allocated) --------
     @classmethod

@@ -7,6 +7,7 @@ their 16-bit values (in a wider accumulator) before anyone decodes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from .. import kernels
 from ..sections import SectionSpec, TensorEntry, numel
-from .base import Aggregation, Codec, EncodeContext, EncodePlan
+from .base import Aggregation, Codec, EncodeContext, EncodePlan, binary32
 from .registry import register_codec
 
 __all__ = ["BF16", "FP16"]
@@ -28,11 +29,31 @@ def _as_kernel_input(x: np.ndarray) -> np.ndarray:
     return flat.astype(np.float32)
 
 
+def _f32(bits: int) -> float:
+    return float(np.array(bits, np.uint32).view(np.float32))
+
+
 class _Cast16(Codec):
     PARAMS = {}
     aggregation = Aggregation.SUMMABLE
     _encode_kernel: str  # names in each backend's ``cast`` module
     _decode_kernel: str
+    # The range of the 16-bit format, as its spec's encoding table gives it: binary32 magnitudes from
+    # _overflow up round to infinity, and the largest finite value is _largest. Rounding to nearest
+    # moves a value by at most half a unit in the last place: 2^-(_digits) of it among the normal
+    # numbers, half the smallest subnormal (_tiny) below them.
+    _overflow: float
+    _largest: float
+    _digits: int
+    _tiny: float
+
+    def magnitude_bound(self, max_abs: float, count: int) -> float:
+        """Infinite when the largest value overflows the 16-bit format (the input is rounded to
+        binary32 first); otherwise that value rounded up by at most half a unit in the last place."""
+        v = binary32(max_abs)
+        if v >= self._overflow:
+            return math.inf
+        return min(self._largest, v * (1 + 2.0**-self._digits) + self._tiny)
 
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = _as_kernel_input(x)
@@ -67,6 +88,10 @@ class FP16(_Cast16):
     codec_id = "fp16"
     _encode_kernel = "encode_f16"
     _decode_kernel = "decode_f16"
+    _overflow = 65520.0  # fp16.md §3: a >= 0x477FF000 gives ±infinity
+    _largest = 65504.0
+    _digits = 11
+    _tiny = 2.0**-25
 
 
 @register_codec
@@ -77,3 +102,7 @@ class BF16(_Cast16):
     codec_id = "bf16"
     _encode_kernel = "encode_bf16"
     _decode_kernel = "decode_bf16"
+    _overflow = _f32(0x7F7F8000)  # bf16.md §3: u >= 0x7F7F8000 in magnitude rounds to infinity
+    _largest = _f32(0x7F7F0000)
+    _digits = 8
+    _tiny = 2.0**-134

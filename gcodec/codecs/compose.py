@@ -21,6 +21,7 @@ own rules. Only elementwise codecs nest: a host codec cannot be nested (no recur
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,6 +64,12 @@ def nested_codec_from_config(role: str, cfg: Any, host: str) -> Codec | None:
     codec = get_codec(dict(cfg))
     if _is_host(type(codec)):
         raise ConfigError(f"{host}: {role}= codec {codec.codec_id!r} is itself composite; only elementwise codecs nest")
+    if math.isinf(codec.magnitude_bound(0.0, 1)):
+        # the host could not tell, on encode, which values its decoder would refuse (hybrid.md §3.1)
+        raise ConfigError(
+            f"{host}: {role}= codec {codec.codec_id!r} does not bound what it decodes (Codec.magnitude_bound), "
+            "so it cannot be nested"
+        )
     return codec
 
 

@@ -34,6 +34,7 @@ exceed ``min_compression_rate`` are sent as plain fp32 or fp16 (``passthrough``)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -108,8 +109,12 @@ def factor_product_ok(p: np.ndarray, q: np.ndarray, dtype_name: str) -> bool:
     if dtype_name == "float64" or p.size == 0 or q.size == 0:
         return True
     r = p.shape[1] if p.ndim == 2 else 1
-    bound = float(r) * _max_abs(p) * _max_abs(q)
-    return bound <= FACTOR_PRODUCT_BOUND
+    return _product_ok(r, _max_abs(p), _max_abs(q), dtype_name)
+
+
+def _product_ok(r: int, max_p: float, max_q: float, dtype_name: str) -> bool:
+    """Rule P4 from (bounds on) the factors' largest magnitudes."""
+    return dtype_name == "float64" or float(r) * max_p * max_q <= FACTOR_PRODUCT_BOUND
 
 
 def _max_abs(a: Any) -> float:
@@ -394,17 +399,18 @@ class PowerSGD(Codec):
         bad = kernels.of(p).lowrank.count_nonfinite(p) + kernels.of(q).lowrank.count_nonfinite(q)
         if bad:
             raise PayloadValueError(f"powersgd: input has NaN or infinite values ({bad} non-finite factor entries)")
-        if self._params["warm_start"]:
-            _store_q(ctx.state, ctx.key, q)
         params: dict[str, Any] = {"mode": "lowrank", "rank": r, "p": None, "q": None}
         sections: list[SectionSpec] = []
         fills = []
         raw: dict[str, np.ndarray] = {}
         dname = "float64" if mat.dtype == np.float64 else "float32"
-        if not factor_product_ok(p, q, dname):
+        max_p, max_q = _max_abs(p), _max_abs(q)
+        if not _product_ok(r, max_p, max_q, dname):
             raise PayloadValueError(
                 "powersgd: input too large: rank * max|P| * max|Q| exceeds 2**127, so P Q^T could overflow float32"
             )
+        if self._nested is not None:
+            self._refuse_nested_factors(r, max_p, max_q, m, n, dname, ctx.key)
         K = kernels.of(mat)
         for role, f in (("p", p), ("q", q)):
             if self._nested is None:
@@ -428,9 +434,36 @@ class PowerSGD(Codec):
             for role, f32 in raw.items():
                 K.memory.copy(views[role], f32)
             for fn in fills:
-                fn(views)
+                fn(views)  # a nested codec may still refuse its factor here
+            # Q becomes the warm start only once the payload is written: an input refused anywhere
+            # above leaves the key's state as it was (docs/nonfinite.md).
+            if self._params["warm_start"]:
+                _store_q(ctx.state, ctx.key, q)
 
         return EncodePlan(params, sections, fill_all)
+
+    def _refuse_nested_factors(
+        self, r: int, max_p: float, max_q: float, m: int, n: int, dname: str, key: str | None
+    ) -> None:
+        """Refuse factors whose values the nested codec could decode to ±infinity (rule P3) or to a
+        product beyond P4's bound (specs/codecs/hybrid.md §3.1), from its bound on what it decodes."""
+        assert self._nested is not None
+        cid = self._nested.codec_id
+        of = "" if key is None else f" of tensor {key!r}"
+        bound_p = self._nested.magnitude_bound(max_p, m * r)
+        bound_q = self._nested.magnitude_bound(max_q, n * r)
+        for role, largest, bound in (("P", max_p, bound_p), ("Q", max_q, bound_q)):
+            if math.isinf(bound):
+                raise PayloadValueError(
+                    f"powersgd: factor {role}{of} reaches {largest:.6g}, beyond the range of the nested {cid!r} "
+                    "codec: it would decode to infinity, which rule P3 refuses; use a factor codec with a wider "
+                    "range, or scale the tensor down"
+                )
+        if not _product_ok(r, bound_p, bound_q, dname):
+            raise PayloadValueError(
+                f"powersgd: input{of} too large for the nested {cid!r} factors: as decoded, rank * max|P| * max|Q| "
+                "could exceed 2**127, which rule P4 refuses (P Q^T could overflow float32)"
+            )
 
     def _plan_passthrough(self, x: np.ndarray) -> EncodePlan:
         from ..arrays import dtype_name

@@ -12,6 +12,7 @@ payload never depends on the encoder's state to be decoded or checked.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,9 +20,9 @@ import numpy as np
 
 from .. import kernels
 from ..errors import PayloadValueError
-from ..layout.quant import QuantLayout
+from ..layout.quant import RULE_L2, QuantLayout
 from ..sections import SectionSpec, TensorEntry, numel
-from .base import Codec, EncodeContext, EncodePlan, Param
+from .base import Codec, EncodeContext, EncodePlan, Param, binary32
 from .seeds import STREAM_PARAM
 
 __all__ = ["QuantLayout", "ScaledQuantizer"]
@@ -89,6 +90,21 @@ class ScaledQuantizer(Codec):
 
         sections = [SectionSpec(*s) for s in lay.sections(n)]
         return EncodePlan(params, sections, fill)
+
+    def magnitude_bound(self, max_abs: float, count: int) -> float:
+        """Codes lie in [-qmax, qmax], so a decoded value is at most qmax times the largest scale:
+        about max|v| for ``uniform`` (max|v| / qmax, rounded up to binary16 with float16 scales) and
+        ``terngrad`` (max|v|, or less when clipping), and about the bucket's L2 norm for ``qsgd``,
+        which is at most sqrt(bucket size) * max|v|. The roundings of these steps add less than a
+        factor 1 + 2^-20 with binary32 scales (a few binary32 roundings and a binary64 sum), 1 + 2^-8
+        with binary16 scales (rounded up by at most 2^-10), and 2^-16 for scales of subnormal size.
+        (A scale that would overflow is refused by the codec itself.)"""
+        lay = self._layout(self._params)
+        v = binary32(max_abs)
+        if lay.rule == RULE_L2:
+            bucket = count if lay.group_size == 0 else min(lay.group_size, count)
+            v *= math.sqrt(max(bucket, 1))
+        return v * (1 + 2.0 ** (-8 if lay.scale_f16 else -20)) + 2.0**-16
 
     # ---- decoding ------------------------------------------------------------------------
     @classmethod

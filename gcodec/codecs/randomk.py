@@ -10,8 +10,10 @@ and stay summable; a nested codec with per-payload scales (``uniform``) makes th
 gather-only.
 
 NaN or infinite input raises :class:`~gcodec.PayloadValueError` (a dropped NaN would otherwise
-vanish as zero). Random-K is unbiased only after scaling by numel/k; gcodec sends the values as they are (the scaled
-form amplifies noise) and relies on :class:`gcodec.ErrorFeedback`, as Top-K does.
+vanish as zero), and so does an element, drawn or not, that the nested value codec would decode to
+±inf (``fp16`` values: ``|x| >= 65520``). Random-K is unbiased only after scaling by numel/k; gcodec
+sends the values as they are (the scaled form amplifies noise) and relies on
+:class:`gcodec.ErrorFeedback`, as Top-K does.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from .sparse import (
     expected_values,
     k_for,
     key_bits,
+    nested_overflow,
+    nested_overflow_key,
     plan_values,
 )
 
@@ -121,11 +125,23 @@ class RandomK(ValuesHost):
         # so workers calling in lockstep keep sharing streams after one of them refused NaN input.
         stream = ctx.take_stream()
         bits, mask, infkey = key_bits(flat, dname)
-        bad = kernels.of(bits).sparse.count_nonfinite(bits, mask, infkey)
+        K = kernels.of(bits)
+        # Elements the nested codec would decode to ±infinity (fp16 beyond its range) break R2, and
+        # like NaN they are refused anywhere, drawn or not, so that whether a tensor is refused does
+        # not depend on the stream (one counting pass finds both).
+        kt = None if self._nested is None else nested_overflow_key(self._nested, dname)
+        over = 0
+        if kt is None:
+            bad = K.sparse.count_nonfinite(bits, mask, infkey)
+        else:
+            over, bad = K.sparse.count_ge(bits, mask, infkey, bits.dtype.type(kt))
         if bad:
             raise PayloadValueError(
                 f"randomk: input has NaN or infinite values ({bad} found); see specs/codecs/randomk.md"
             )
+        if over:
+            assert self._nested is not None and kt is not None
+            raise nested_overflow("randomk", "R2", self._nested, over, "element(s)", kt, dname, ctx.key)
         seed = self._params["seed"]
         idx = randomk_indices(n, k, seed, stream, backend=backend_of(flat))
         vwire, sections, vfill = plan_values(self._nested, flat, idx, dname, ctx)

@@ -21,7 +21,7 @@ import numpy as np
 from .. import kernels
 from ..errors import PayloadValueError
 from ..sections import SectionSpec, TensorEntry, numel
-from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param
+from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param, binary32
 from .registry import register_codec
 
 __all__ = ["Sign"]
@@ -97,6 +97,11 @@ class Sign(Codec):
                 )
 
         return EncodePlan(dict(self._params), [SectionSpec(*s) for s in _sections(n, gs)], fill)
+
+    def magnitude_bound(self, max_abs: float, count: int) -> float:
+        """A decoded value is ±(the group's mean |v|), at most max|v| up to the rounding of the
+        binary64 sum and of its binary32 quotient (sign.md §3)."""
+        return binary32(max_abs) * (1 + 2.0**-20) + 2.0**-16
 
     @classmethod
     def expected_sections(cls, params: dict[str, Any], shape: tuple[int, ...]) -> list[tuple[str, str, int]]:

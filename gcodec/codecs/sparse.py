@@ -10,12 +10,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from .. import kernels
+from ..arrays import DTYPES
 from ..errors import ConfigError, HeaderError, PayloadValueError
 from ..layout import sparse as slayout
 from ..sections import SectionSpec, TensorEntry, numel
@@ -32,7 +35,10 @@ __all__ = [
     "expected_values",
     "k_for",
     "key_bits",
+    "nested_overflow",
+    "nested_overflow_key",
     "plan_values",
+    "smallest_key",
     "values_section_code",
 ]
 
@@ -54,6 +60,47 @@ def key_bits(flat: np.ndarray, dtype_name: str) -> tuple[np.ndarray, Any, Any]:
     ut = _UINT[flat.dtype.itemsize]
     nb = 8 * flat.dtype.itemsize
     return flat.view(ut), ut((1 << (nb - 1)) - 1), ut(_INF_KEY[dtype_name])
+
+
+def _key_value(key: int, dtype_name: str) -> float:
+    dt = DTYPES[dtype_name]
+    return float(np.array(key, _UINT[dt.itemsize]).view(dt).astype(np.float64))
+
+
+def smallest_key(dtype_name: str, reaches: Callable[[float], bool]) -> int:
+    """The smallest magnitude key of ``dtype_name`` whose value (in binary64) ``reaches``, for a test
+    that is false and then true as magnitudes grow and true at infinity. Bisection over the keys
+    [0, infinity key]: keys order like the magnitudes they encode."""
+    lo, hi = 0, _INF_KEY[dtype_name]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reaches(_key_value(mid, dtype_name)):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@functools.lru_cache(maxsize=256)
+def nested_overflow_key(nested: Codec, dtype_name: str) -> int | None:
+    """The smallest finite magnitude key of ``dtype_name`` that ``nested`` may decode to ±infinity
+    (its :meth:`~Codec.magnitude_bound` is infinite from there on); None when it decodes every
+    finite value of that dtype finite. For ``fp16``: the key of 65520 for float32 input."""
+    key = smallest_key(dtype_name, lambda v: math.isinf(nested.magnitude_bound(v, 1)))
+    return None if key >= _INF_KEY[dtype_name] else key
+
+
+def nested_overflow(
+    host: str, rule: str, nested: Codec, count: int, what: str, key: int, dtype_name: str, tensor: str | None
+) -> PayloadValueError:
+    """The error of a host that refuses ``count`` values (``what``) that ``nested`` would decode to
+    ±infinity: its rule ``rule`` refuses them on decode, so the encoder must not write them."""
+    of = "" if tensor is None else f" of tensor {tensor!r}"
+    return PayloadValueError(
+        f"{host}: {count} {what}{of} lie beyond the range of the nested {nested.codec_id!r} codec: "
+        f"|v| >= {_key_value(key, dtype_name):.6g} would decode to infinity, which rule {rule} refuses; "
+        "use a value codec with a wider range, or scale the tensor down"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,6 +252,8 @@ class SparseIndexCodec(ValuesHost):
                 raise ConfigError(f"{self.codec_id}: index_coding='raw' holds indices below 2**32; tensor has {n}")
             nbytes = 4 * k
             sections.append(SectionSpec("indices", "u4", nbytes))
+        if self._nested is not None:
+            self._refuse_nested_overflow(flat, idx, dtype_name, ctx, vbits)
         vwire, vsections, vfill = plan_values(self._nested, flat, idx, dtype_name, ctx, vbits)
         sections += vsections
         params = {**extra, "k": k, "index_coding": coding, "index_bytes": nbytes, "values": vwire}
@@ -218,6 +267,26 @@ class SparseIndexCodec(ValuesHost):
             vfill(views)
 
         return EncodePlan(params, sections, fill)
+
+    def _refuse_nested_overflow(
+        self, flat: np.ndarray, idx: np.ndarray, dtype_name: str, ctx: EncodeContext, vbits: np.ndarray | None
+    ) -> None:
+        """Refuse kept values that the nested codec would decode to ±infinity (fp16 beyond its
+        range): rule T4 / TH4 refuses them on decode (specs/codecs/hybrid.md §3.1)."""
+        assert self._nested is not None
+        kt = nested_overflow_key(self._nested, dtype_name)
+        if kt is None or idx.shape[0] == 0:
+            return
+        K = kernels.of(flat)
+        bits, mask, infkey = key_bits(flat, dtype_name)
+        if vbits is None:
+            vbits = K.memory.empty(idx.shape[0], bits.dtype)
+            K.sparse.gather(bits, idx, vbits)
+        over, _ = K.sparse.count_ge(vbits, mask, infkey, bits.dtype.type(kt))
+        if over:
+            raise nested_overflow(
+                self.codec_id, f"{self.RULE}4", self._nested, over, "kept value(s)", kt, dtype_name, ctx.key
+            )
 
     # ---- header ----------------------------------------------------------------------------
     @classmethod

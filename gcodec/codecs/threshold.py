@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
-from ..arrays import DTYPES
 from ..arrays import dtype_name as _dtype_name
 from ..errors import PayloadValueError
 from .base import EncodeContext, EncodePlan, Param
 from .registry import register_codec
-from .sparse import SparseIndexCodec, key_bits
+from .sparse import SparseIndexCodec, key_bits, smallest_key
 
 __all__ = ["Threshold", "threshold_key"]
 
@@ -32,23 +31,9 @@ def threshold_key(t: float, dtype_name: str) -> int:
     """The smallest magnitude key whose value is >= t (float64 compare); the infinity key if none.
 
     Magnitude keys order like the values they encode, so ``|x| >= t`` iff ``key(x) >= threshold_key``
-    for every non-NaN x. Found by bisection over the keys [0, inf key].
+    for every non-NaN x.
     """
-    dt = DTYPES[dtype_name]
-    ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[dt.itemsize]
-    inf_key = int(np.array(np.inf, dt).view(ut))
-
-    def value(key: int) -> float:
-        return float(np.array(key, ut).view(dt).astype(np.float64))
-
-    lo, hi = 0, inf_key  # value(hi) = inf >= t always
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if value(mid) >= t:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    return smallest_key(dtype_name, lambda v: v >= t)
 
 
 @register_codec
@@ -62,7 +47,8 @@ class Threshold(SparseIndexCodec):
         index_coding: ``"delta"`` (default) or ``"raw"``, as in ``topk``.
         values: ``None`` (raw, input dtype) or a nested codec config, as in ``topk``.
 
-    NaN or infinite input raises :class:`~gcodec.PayloadValueError`.
+    NaN or infinite input raises :class:`~gcodec.PayloadValueError`, and so does a kept value that
+    the nested value codec would decode to ±inf (``fp16`` values: ``|x| >= 65520``).
     """
 
     codec_id = "threshold"

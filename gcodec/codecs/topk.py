@@ -65,7 +65,8 @@ class TopK(SparseIndexCodec):
             (a hybrid, specs/codecs/hybrid.md).
 
     NaN or infinite input raises :class:`~gcodec.PayloadValueError` (a non-finite gradient means
-    training has diverged; ranking it, or dropping it as zero, would hide that).
+    training has diverged; ranking it, or dropping it as zero, would hide that), and so does a kept
+    value that the nested value codec would decode to ±inf (``fp16`` values: ``|x| >= 65520``).
     """
 
     codec_id = "topk"
