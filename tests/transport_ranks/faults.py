@@ -1,0 +1,102 @@
+"""Faults on purpose, shared by the MPI and gloo fault programs.
+
+* :func:`dying` wraps a communicator so that its rank kills itself (SIGKILL, no clean-up, as an
+  OOM kill or a lost node) just before it would start its ``n``-th collective: with ``n`` running
+  over an exchange's collectives, the rank dies in each phase of each protocol;
+* :func:`stopper` stops a peer (SIGSTOP) for a few seconds and lets it go on (SIGCONT), from a
+  thread of a rank that keeps working meanwhile;
+* :data:`PROTOCOLS` and :func:`exact_inputs` give exchanges whose exact result is known, so a
+  result after a fault can be checked bit for bit, not just for running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+#: name -> (codec, mode, collectives of one agreed exchange on 2 ranks). Summable: the control
+#: message, the values' all-gather; gather: control with sizes, payloads, agreement; two-phase:
+#: control with sizes, all-to-all, sizes of phase 2, all-gather, agreement; PowerSGD: control,
+#: P's allreduce, Q's allreduce.
+PROTOCOLS: dict[str, tuple[dict[str, Any], str, int]] = {
+    "summable": ({"id": "fp16"}, "summable", 2),
+    "gather": ({"id": "uniform", "bits": 8}, "gather", 3),
+    "two_phase": ({"id": "uniform", "bits": 8}, "two_phase", 5),
+    "powersgd": ({"id": "powersgd", "rank": 2}, "powersgd", 3),
+}
+
+SHAPE = (64, 128)
+
+
+def exact_inputs(rank: int, step: int) -> np.ndarray:
+    """Integers in [-127, 127], each group of 64 holding +-127: uniform 8 bits (scale 1) and fp16
+    carry them exactly, and the mean of two ranks is a multiple of 1/2, exact too."""
+    rng = np.random.default_rng(7919 * step + rank)
+    x = rng.integers(-126, 127, size=SHAPE).astype(np.float32)
+    x.reshape(-1, 64)[:, 0] = 127.0 * (1 - 2 * ((step + rank) % 2))
+    return x
+
+
+def dying(base: type, target: int) -> type:
+    """A subclass of communicator class ``base`` whose rank SIGKILLs itself before collective
+    number ``target`` (counted from when :meth:`arm` is called)."""
+
+    class Dying(base):  # type: ignore[misc,valid-type]
+        count = -1
+
+        def arm(self) -> None:
+            self.count = 0
+
+        def _tick(self) -> None:
+            if self.count < 0:
+                return
+            if self.count == target:
+                os.kill(os.getpid(), signal.SIGKILL)
+            self.count += 1
+
+        def allreduce(self, arr: Any, op: str = "sum") -> Any:
+            self._tick()
+            return super().allreduce(arr, op)
+
+        def allgather(self, arr: Any) -> Any:
+            self._tick()
+            return super().allgather(arr)
+
+        def allgatherv(self, buf: Any, counts: Any) -> Any:
+            self._tick()
+            return super().allgatherv(buf, counts)
+
+        def alltoallv(self, bufs: Any, recv_counts: Any) -> Any:
+            self._tick()
+            return super().alltoallv(bufs, recv_counts)
+
+    return Dying
+
+
+def stopper(pid: int, after: float, hold: float) -> threading.Thread:
+    """Start a thread that stops ``pid`` after ``after`` seconds for ``hold`` seconds."""
+
+    def run() -> None:
+        time.sleep(after)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(hold)
+        os.kill(pid, signal.SIGCONT)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def resources() -> dict[str, int]:
+    """This process's resident memory (kB), threads and open file descriptors."""
+    rss = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+    return {"rss_kb": rss, "threads": len(os.listdir("/proc/self/task")), "fds": len(os.listdir("/proc/self/fd"))}
