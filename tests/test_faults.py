@@ -51,11 +51,11 @@ def _mpi(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.Complet
     )
 
 
-def _gloo(tmp_path: Path, *args: str) -> list[int]:
+def _gloo(tmp_path: Path, *args: str, deadline: float = 180) -> list[int]:
     pytest.importorskip("torch")
     from tests.procs import run_ranks
 
-    return run_ranks("tests.transport_ranks.faults_torch", [args[0], str(tmp_path), *args[1:]], 2, 180, tmp_path)
+    return run_ranks("tests.transport_ranks.faults_torch", [args[0], str(tmp_path), *args[1:]], 2, deadline, tmp_path)
 
 
 MPI_KILLS = [(proto, n) for proto, (_, _, count) in PROTOCOLS.items() for n in range(count)]
@@ -123,12 +123,12 @@ def test_gloo_a_corrupt_payload_mid_training_raises_at_that_step(tmp_path: Path)
 
 @pytest.mark.mpi
 def test_mpi_soak_of_10000_calls_holds_memory_threads_and_fds_flat(tmp_path: Path) -> None:
-    proc = _mpi(tmp_path, "soak", "5000", timeout=300)  # two allreduces per iteration
+    proc = _mpi(tmp_path, "soak", "5000", timeout=600)  # two allreduces per iteration
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(checks_of(tmp_path, range(2))) == 2 * 2
 
 
 @pytest.mark.torch
 def test_ddp_soak_of_10000_hook_steps_holds_memory_threads_and_fds_flat(tmp_path: Path) -> None:
-    assert _gloo(tmp_path, "soak", "10000") == [0, 0]
+    assert _gloo(tmp_path, "soak", "10000", deadline=600) == [0, 0]  # ~2.5 min on 2 busy cores
     assert len(checks_of(tmp_path, range(2))) == 2 * 2
