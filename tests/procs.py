@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,3 +64,37 @@ def checks_of(outdir: Path, ranks: Iterable[int]) -> list[dict]:
     failed = [c for c in out if not c["ok"]]
     assert not failed, "\n".join(f"rank {c['rank']}: {c['name']}: {c['detail']}" for c in failed)
     return out
+
+
+def start_gloo(rank: int, world: int, port: int, timeout: float) -> None:
+    """In a rank program: one kernel thread (the ranks share the machine's cores) and the gloo
+    process group of the ranks on 127.0.0.1, with ``timeout`` seconds for every collective."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+
+
+def run_checked(body: Callable[[], None], checks: list[dict], outdir: Path, rank: int) -> None:
+    """In a rank program: run ``body``, record an unexpected exception as a failed check, and write
+    the checks to ``outdir/rank<r>.json`` (what :func:`checks_of` reads)."""
+    import traceback
+
+    try:
+        body()
+    except Exception:
+        checks.append({"name": "no unexpected exception", "ok": False, "detail": traceback.format_exc()})
+    (outdir / f"rank{rank}.json").write_text(json.dumps(checks))
+    if "gcodec.torch" in sys.modules:  # a failed step leaves later buckets' exchanges running
+        import gcodec.torch
+
+        gcodec.torch.synchronize()

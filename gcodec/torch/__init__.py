@@ -20,7 +20,7 @@ from ..codecs import Codec, get_codec
 from ..errors import ConfigError, GcodecError
 from ..transports import TransportState, allreduce_protocol
 from ..transports.control import failed_exchange
-from .comm import FutureQueue, FutureWork, TorchCommunicator, comm_for, queue_for
+from .comm import FutureQueue, FutureWork, TorchCommunicator, comm_for, queue_for, synchronize
 from .convert import to_numpy, to_tensor
 from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookState, Policy, comm_hook
@@ -39,6 +39,7 @@ __all__ = [
     "comm_hook",
     "compress_fsdp",
     "reshard_state_dicts",
+    "synchronize",
     "to_numpy",
     "to_tensor",
 ]

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
 
-__all__ = ["FutureQueue", "FutureWork", "TorchCommunicator", "TorchWork", "comm_for", "queue_for"]
+__all__ = ["FutureQueue", "FutureWork", "TorchCommunicator", "TorchWork", "comm_for", "queue_for", "synchronize"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -149,6 +149,15 @@ class FutureQueue:
         error), for callers that wait anyway (FSDP2 calls its reduce-scatter synchronously)."""
         return self.submit(proto).wait()
 
+    def drain(self) -> None:
+        """Wait until every protocol submitted so far has finished (whatever its outcome).
+
+        When ``backward()`` raises from one bucket's hook, DDP has already handed the later buckets
+        to this queue, and their collectives still run here; tearing the process group down under
+        them aborts the process. Call this (``gcodec.torch.synchronize()``) before
+        ``destroy_process_group`` after an error."""
+        self.submit(_empty()).wait()
+
     def _serve(self) -> None:
         while True:
             job = self._jobs.get()
@@ -179,6 +188,11 @@ class FutureQueue:
             return None, e
 
 
+def _empty() -> Protocol:
+    return
+    yield  # a generator that starts no collective
+
+
 _queues: dict[int, FutureQueue] = {}
 _queues_lock = threading.Lock()
 
@@ -206,3 +220,10 @@ def comm_for(group: Any) -> TorchCommunicator:
         if c is None or c.group is not group:
             c = _comms[key] = TorchCommunicator(group)
         return c
+
+
+def synchronize(group: Any = None) -> None:
+    """Wait for every compressed collective gcodec has queued on ``group`` (None: the default
+    group) to finish: the DDP hook's, ``all_reduce(async_op=True)``'s and FSDP2's. Needed before
+    ``destroy_process_group`` when a step failed, since the later buckets' exchanges still run."""
+    queue_for(group).drain()

@@ -6,10 +6,7 @@ torch engine: ``all_reduce``, the DDP hook and FSDP2's reduce-scatter. Writes ``
 
 from __future__ import annotations
 
-import datetime
-import json
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gcodec
 import gcodec.torch
 
+from ..procs import run_checked, start_gloo
 from .diverge import BASES, CHANGES, other_codec, other_mode, run_cases
 
 CHECKS: list[dict] = []
@@ -203,23 +201,16 @@ def main() -> None:
     global RANK, WORLD
     scenario, outdir = sys.argv[1], Path(sys.argv[2])
     RANK, WORLD, port = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=RANK,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=30),
-    )
-    try:
+    start_gloo(RANK, WORLD, port, 30)
+
+    def body() -> None:
         globals()[f"scenario_{scenario}"]()
         # the process group itself is untouched: a plain all_reduce still sums
         t = torch.tensor([float(RANK + 1)])
         dist.all_reduce(t)
         check("the process group works afterwards", float(t) == WORLD * (WORLD + 1) / 2, str(float(t)))
-    except Exception:
-        check("no unexpected exception", False, traceback.format_exc())
-    (outdir / f"rank{RANK}.json").write_text(json.dumps(CHECKS))
+
+    run_checked(body, CHECKS, outdir, RANK)
     dist.destroy_process_group()
 
 

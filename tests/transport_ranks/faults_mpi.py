@@ -26,7 +26,7 @@ import gcodec
 import gcodec.mpi
 from gcodec.transports import Serial
 
-from .faults import PROTOCOLS, dying, exact_inputs, resources, stopper
+from .faults import PROTOCOLS, dying, exact_inputs, soak, stopper
 
 COMM = MPI.COMM_WORLD
 ME, P = COMM.rank, COMM.size
@@ -130,22 +130,12 @@ def scenario_soak(n: str) -> None:
     steps = int(n)
     x = exact_inputs(ME, 0)[:8]
     state = gcodec.mpi.State({"id": "uniform", "bits": 8})
-    start: dict[str, int] = {}
-    for i in range(steps):
+
+    def step() -> None:
         allreduce("summable", x, "soak-fp16")
         gcodec.mpi.allreduce(COMM, x, state.codec, key="soak-uniform", ef=state)
-        if i == steps // 10:
-            start = resources()
-    end = resources()
-    growth = (end["rss_kb"] - start["rss_kb"]) / start["rss_kb"]
-    check(
-        f"soak: {2 * steps} allreduces hold memory flat (< 1 % growth after the first tenth)",
-        growth < 0.01,
-        f"{start} -> {end}",
-    )
-    check(
-        "soak: no leaked threads or file descriptors", (start["threads"], start["fds"]) == (end["threads"], end["fds"])
-    )
+
+    soak(steps, step, f"{2 * steps} allreduces", check)
 
 
 def main() -> None:

@@ -15,12 +15,9 @@ gcodec.torch with faults on purpose (tests/transport_ranks/faults.py), the proce
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +30,8 @@ import gcodec
 import gcodec.torch
 import gcodec.torch.comm as tcomm
 
-from .faults import PROTOCOLS, dying, exact_inputs, resources, stopper
+from ..procs import run_checked, start_gloo
+from .faults import PROTOCOLS, dying, exact_inputs, soak, stopper
 
 CHECKS: list[dict] = []
 RANK = WORLD = 0
@@ -187,42 +185,21 @@ def scenario_soak(n: str) -> None:
     st = gcodec.torch.HookState(codec={"id": "uniform", "bits": 8}, start_iter=2, min_numel=64)
     ddp.register_comm_hook(st, gcodec.torch.comm_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    start: dict[str, int] = {}
-    for i in range(steps):
+
+    def step() -> None:
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
-        if i == steps // 10:
-            start = resources()
-    end = resources()
-    growth = (end["rss_kb"] - start["rss_kb"]) / start["rss_kb"]
-    check(
-        f"soak: {steps} DDP-hook steps hold memory flat (< 1 % growth after the first tenth)",
-        growth < 0.01,
-        f"{start} -> {end}",
-    )
-    check(
-        "soak: no leaked threads or file descriptors", (start["threads"], start["fds"]) == (end["threads"], end["fds"])
-    )
+
+    soak(steps, step, f"{steps} DDP-hook steps", check)
 
 
 def main() -> None:
     global RANK, WORLD
     scenario, outdir, *args = sys.argv[1:-3]
     RANK, WORLD, port = (int(a) for a in sys.argv[-3:])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=RANK,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=TIMEOUT),
-    )
-    try:
-        globals()[f"scenario_{scenario}"](*args)
-    except Exception:
-        check("no unexpected exception", False, traceback.format_exc())
-    Path(outdir, f"rank{RANK}.json").write_text(json.dumps(CHECKS))
+    start_gloo(RANK, WORLD, port, TIMEOUT)
+    run_checked(lambda: globals()[f"scenario_{scenario}"](*args), CHECKS, Path(outdir), RANK)
     if scenario != "kill":
         dist.destroy_process_group()
     else:

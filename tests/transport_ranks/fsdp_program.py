@@ -6,10 +6,8 @@ curves and final parameters of each training run) that tests/test_fsdp.py compar
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,8 @@ import gcodec
 import gcodec.torch
 import gcodec.transports.reduce_scatter as rs_mod
 from gcodec.transports.common import gather_stream
+
+from ..procs import run_checked, start_gloo
 
 CHECKS: list[dict] = []
 RANK = WORLD = 0
@@ -371,20 +371,9 @@ def main() -> None:
     global RANK, WORLD, MESH
     scenario, outdir = sys.argv[1], Path(sys.argv[2])
     RANK, WORLD, port = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=RANK,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=30),
-    )
+    start_gloo(RANK, WORLD, port, 30)
     MESH = init_device_mesh("cpu", (WORLD,))
-    try:
-        globals()[f"scenario_{scenario}"](outdir)
-    except Exception:
-        check("no unexpected exception", False, traceback.format_exc())
-    (outdir / f"rank{RANK}.json").write_text(json.dumps(CHECKS))
+    run_checked(lambda: globals()[f"scenario_{scenario}"](outdir), CHECKS, outdir, RANK)
     dist.barrier()  # no rank tears the group down while a peer still uses it
     dist.destroy_process_group()
 

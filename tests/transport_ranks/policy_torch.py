@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import datetime
-import json
 import pickle
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -17,6 +14,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gcodec.torch
 from gcodec.policy import Policy
 from gcodec.telemetry import Telemetry
+
+from ..procs import run_checked, start_gloo
 
 CHECKS: list[dict] = []
 
@@ -71,19 +70,8 @@ def run(rank: int) -> None:
 
 def main() -> None:
     outdir, rank, world, port = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=20),
-    )
-    try:
-        run(rank)
-    except Exception:
-        check("no unexpected exception", False, traceback.format_exc())
-    (outdir / f"rank{rank}.json").write_text(json.dumps(CHECKS))
+    start_gloo(rank, world, port, 20)
+    run_checked(lambda: run(rank), CHECKS, outdir, rank)
     dist.destroy_process_group()
 
 

@@ -6,13 +6,11 @@ scenarios, the loss curves and final parameters that tests/test_transport_torch.
 
 from __future__ import annotations
 
-import datetime
 import io
 import json
 import os
 import pickle
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gcodec
 import gcodec.torch
+
+from ..procs import run_checked, start_gloo
 
 CHECKS: list[dict] = []
 RANK = WORLD = 0
@@ -300,19 +300,8 @@ def main() -> None:
     global RANK, WORLD
     scenario, outdir = sys.argv[1], Path(sys.argv[2])
     RANK, WORLD, port = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=RANK,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=20),
-    )
-    try:
-        globals()[f"scenario_{scenario}"](outdir)
-    except Exception:
-        check("no unexpected exception", False, traceback.format_exc())
-    (outdir / f"rank{RANK}.json").write_text(json.dumps(CHECKS))
+    start_gloo(RANK, WORLD, port, 20)
+    run_checked(lambda: globals()[f"scenario_{scenario}"](outdir), CHECKS, outdir, RANK)
     if scenario not in ("kill",):
         dist.destroy_process_group()
 
