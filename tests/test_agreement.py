@@ -231,3 +231,39 @@ def test_gloo_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int, en
     codes = run_ranks("tests.transport_ranks.diverge_torch", [engine, str(tmp_path)], n, 240, tmp_path)
     assert codes == [0] * n
     assert len(checks_of(tmp_path, range(n))) == n * per_rank
+
+
+@pytest.mark.parametrize("size", [-1, 1 << 40])
+def test_a_peer_announcing_an_impossible_size_is_refused_before_anything_is_allocated(size: int) -> None:
+    fp = fingerprint(key="k")
+
+    def rank(comm: ThreadComm) -> Any:
+        ex = Exchange(comm, fp, None, "k", "test exchange")
+        if comm.rank == 1:
+            w = _good_words(comm, ex, BEGIN)
+            w[HEAD] = size
+            w[4] = 0  # no handshake asked for: the size itself must be refused
+            _control(comm, w)
+            return "sent"
+        try:
+            run_blocking(ex.sizes([10]))
+        except gcodec.LimitExceededError as e:
+            return e
+        return "accepted"
+
+    got = run_threads(2, rank)
+    assert isinstance(got[0], gcodec.LimitExceededError) and "rank 1" in str(got[0]), got
+
+
+def test_a_peer_sequence_number_at_the_end_of_int64_is_an_order_error_not_an_overflow() -> None:
+    def rank(comm: ThreadComm) -> Any:
+        comm._control_seq = (1 << 63) - 1 if comm.rank == 1 else 0  # type: ignore[attr-defined]
+        st = TransportState("fp16", error_feedback=False)
+        x = np.full(256, 2.0, np.float32)
+        try:
+            _allreduce(comm, st, x)
+        except gcodec.ProtocolOrderError:
+            pass
+        return float(_allreduce(comm, st, x)[0])  # both continue from the same (wrapped) number
+
+    assert run_threads(2, rank) == [2.0, 2.0]

@@ -51,7 +51,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from ..errors import GcodecError, ProtocolOrderError
+from ..errors import GcodecError, LimitExceededError, ProtocolOrderError
+from ..limits import get_limits
 from .collectives import error_code, raise_agreed
 from .comm import Communicator, Protocol, Work
 from .handshake import Agreement, compare_fingerprints
@@ -65,6 +66,10 @@ _KIND_NAMES = {BEGIN: "BEGIN", FINGERPRINT: "FINGERPRINT", SIZES: "SIZES", AGREE
 #: Words before the p sizes.
 HEAD = 5
 _WANT_HANDSHAKE = 1
+#: Sequence numbers wrap here, so that a peer's huge number cannot overflow the int64 word.
+_SEQ_MASK = (1 << 62) - 1
+#: The largest fingerprint a peer may announce (a DDP bucket's plan names every tensor).
+_FINGERPRINT_BYTES = 16 << 20
 
 
 def digest_of(text: str) -> int:
@@ -134,9 +139,10 @@ class Exchange:
         table = np.asarray(w.result()).reshape(p, HEAD + p)
         # Every rank saw the same table: all continue from the same sequence number, even after an
         # order error, so the exchanges after it line up again.
-        comm._control_seq = int(table[:, 1].max()) + 1  # type: ignore[attr-defined]
+        comm._control_seq = (int(table[:, 1].max()) + 1) & _SEQ_MASK  # type: ignore[attr-defined]
         self._check_order(table, kind)
         raise_agreed(table[:, 3], local, self.what)
+        self._check_sizes(table[:, HEAD:], kind)
         if kind == BEGIN:
             if bool((table[:, 2] != table[0, 2]).any()) or bool(table[:, 4].any()):
                 yield from self._handshake()
@@ -159,6 +165,18 @@ class Exchange:
             raise ProtocolOrderError(
                 f"{self.what}: ranks are at different messages of the protocol (expected "
                 f"{_KIND_NAMES[kind]}; {got}): the same collectives must run in the same order on every rank"
+            )
+
+    def _check_sizes(self, sizes: np.ndarray, kind: int) -> None:
+        """A peer's sizes are untrusted input: they become allocations, so they are bounded first
+        (every rank checks the same table and raises alike)."""
+        cap = _FINGERPRINT_BYTES if kind == FINGERPRINT else get_limits().max_payload_bytes
+        bad = np.argwhere((sizes < 0) | (sizes > cap))
+        if bad.size:
+            r, j = (int(v) for v in bad[0])
+            raise LimitExceededError(
+                f"{self.what}: rank {r} announced {int(sizes[r, j])} bytes in a {_KIND_NAMES[kind]} control "
+                f"message, outside [0, {cap}]"
             )
 
     def _handshake(self) -> Protocol:
