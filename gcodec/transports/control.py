@@ -70,6 +70,8 @@ _WANT_HANDSHAKE = 1
 _SEQ_MASK = (1 << 62) - 1
 #: The largest fingerprint a peer may announce (a DDP bucket's plan names every tensor).
 _FINGERPRINT_BYTES = 16 << 20
+#: Suffix of the key under which ``agreed`` keeps the shape of an agreement's summable first message.
+_FIRST = "#first"
 
 
 def digest_of(text: str) -> int:
@@ -118,40 +120,56 @@ class Exchange:
         self.what = what
         self.on_agree = on_agree
         self.begun = False
+        #: This rank's fingerprint is the one the ranks last agreed on for ``key``.
+        self.current = agreed is not None and agreed.get(key) == self.text
+        first = None if agreed is None else agreed.get(key + _FIRST)
+        #: The summable first message (values bytes, riders) the last agreement of ``key`` began with.
+        self.first: tuple[int, int] | None = None if first is None else tuple(json.loads(first))  # type: ignore[assignment]
 
     # ---- control messages --------------------------------------------------------------------
-    def _control(self, kind: int, sizes: Sequence[int], local: BaseException | None) -> Protocol:
-        """All-gather one control message; check order and codes; return the (p, p) sizes table."""
-        comm = self.comm
-        p = comm.size
+    def _words(self, kind: int, sizes: Sequence[int], local: BaseException | None) -> np.ndarray:
+        """This rank's control message."""
+        p = self.comm.size
         if len(sizes) > p:
             raise GcodecError(f"{self.what}: {len(sizes)} sizes do not fit a control message of {p} ranks")
         msg = np.zeros(HEAD + p, np.int64)
         msg[0] = TAG | kind
-        msg[1] = _seq(comm)
+        msg[1] = _seq(self.comm)
         msg[2] = self.digest
         msg[3] = error_code(local)
-        if kind == BEGIN and (self.agreed is None or self.agreed.get(self.key) != self.text):
+        if kind == BEGIN and not self.current:
             msg[4] = _WANT_HANDSHAKE
         msg[HEAD : HEAD + len(sizes)] = sizes
-        w = comm.allgather(msg)
-        yield w
-        table = np.asarray(w.result()).reshape(p, HEAD + p)
+        return msg
+
+    def _settle(self, table: np.ndarray, kind: int, local: BaseException | None) -> Protocol:
+        """Act on every rank's control words (the same table on every rank, so the same decision)."""
+        p = self.comm.size
         # Every rank saw the same table: all continue from the same sequence number, even after an
         # order error, so the exchanges after it line up again.
-        comm._control_seq = (int(table[:, 1].max()) + 1) & _SEQ_MASK  # type: ignore[attr-defined]
+        self.comm._control_seq = (int(table[:, 1].max()) + 1) & _SEQ_MASK  # type: ignore[attr-defined]
         self._check_order(table, kind)
         raise_agreed(table[:, 3], local, self.what)
         self._check_sizes(table[:, HEAD:], kind)
         if kind == BEGIN:
+            self.begun = True
             if bool((table[:, 2] != table[0, 2]).any()) or bool(table[:, 4].any()):
                 yield from self._handshake()
-            self.begun = True
+                return True
         elif kind != FINGERPRINT and bool((table[:, 2] != self.digest).any()):
             bad = [r for r in range(p) if table[r, 2] != self.digest]
             raise ProtocolOrderError(
                 f"{self.what}: rank(s) {bad} are in another exchange at this {_KIND_NAMES[kind]} message"
             )
+        return False
+
+    def _control(self, kind: int, sizes: Sequence[int], local: BaseException | None) -> Protocol:
+        """All-gather one control message; check order and codes; return the (p, p) sizes table."""
+        p = self.comm.size
+        w = self.comm.allgather(self._words(kind, sizes, local))
+        yield w
+        table = np.asarray(w.result()).reshape(p, HEAD + p)
+        yield from self._settle(table, kind, local)
         return table[:, HEAD:]
 
     def _check_order(self, table: np.ndarray, kind: int) -> None:
@@ -193,6 +211,8 @@ class Exchange:
         agreement = compare_fingerprints(parts, comm.rank, self.fp.get("key", self.key))
         if self.agreed is not None:
             self.agreed[self.key] = self.text
+            self.agreed.pop(self.key + _FIRST, None)  # what the new agreement begins with is not known yet
+            self.current = True
         if self.on_agree is not None:
             self.on_agree(agreement)
 
