@@ -41,6 +41,7 @@ __all__ = [
     "cases_for",
     "check_payload",
     "codec_from_header",
+    "declaring",
     "encode_case",
     "is_projection",
     "memory_bound",
@@ -243,6 +244,34 @@ def rebuild(
     if flags & 1:
         out += crc32c(body).to_bytes(4, "little")
     return out
+
+
+def declaring(
+    codec: str, shape: list[int], dtype: str = "float32", params: dict[str, Any] | None = None, **kw: Any
+) -> bytes:
+    """A valid payload of ``codec`` whose header declares ``shape`` and ``dtype``, every section zero.
+
+    The wire params are those ``codec`` (configured with ``kw``) writes for a small tensor, updated
+    with ``params`` (``k`` of a sparse codec, a nested codec's record); the sections are the ones the
+    codec's rules C2 and C3 require for that header. Zero sections are valid for every codec (zero
+    scales, codes, gaps and values), so such a payload can declare 2**27 elements in a few MiB (a
+    sparse or low-rank one) and be decoded: what the large tests and the memory measurements use.
+    """
+    cls = gcodec.codec_class(codec)
+    small = (8, 8) if codec == "powersgd" else (64,)
+    header, _ = parse_payload(bytes(gcodec.get_codec(codec, **kw).encode(sample_input(small), key="t", step=0)))
+    t = header["tensors"][0]
+    t["shape"], t["dtype"] = list(shape), dtype
+    t["params"].update(params or {})
+    entry = gcodec.format.TensorEntry(codec, t["version"], dtype, tuple(shape), t["params"], ())
+    secs, pos = [], 0
+    for name, dt, nb in cls._entry_sections(t["params"], entry):
+        pos = (pos + 7) // 8 * 8
+        secs.append([name, dt, pos, nb])
+        pos += nb
+    t["sections"] = secs
+    header["data_length"] = (pos + 7) // 8 * 8
+    return rebuild(header, bytes(header["data_length"]))
 
 
 def parse_payload(b: bytes) -> tuple[dict[str, Any], bytes]:
