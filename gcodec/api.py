@@ -332,7 +332,7 @@ def _info(p: ParsedPayload) -> PayloadInfo:
             )
             for e in p.header.tensors
         ),
-        meta=dict(p.header.meta),
+        meta=p.header.meta,  # the parsed map itself: the parsed payload is not kept
     )
 
 

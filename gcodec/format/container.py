@@ -93,7 +93,7 @@ class Header:
         if self.features:
             d["features"] = list(self.features)
         if self.meta:
-            d["meta"] = dict(self.meta)
+            d["meta"] = self.meta  # read only: packed (F11) or counted, never changed
         return d
 
 
@@ -386,7 +386,8 @@ def _parse_header(raw: Any, lim: Limits, *, strict_keys: bool) -> Header:
     lim.check("section count", nsec, "max_sections", "tensors[*].sections")
     total_out = sum(e.numel * _np_dtype(e.dtype).itemsize for e in entries)
     lim.check("decoded size in bytes", total_out, "max_output_bytes")
-    return Header(entries, data_length, tuple(features), dict(meta))
+    # the parsed map itself, not a copy: a header may be mostly meta
+    return Header(entries, data_length, tuple(features), meta)
 
 
 def _np_dtype(name: str) -> np.dtype:
