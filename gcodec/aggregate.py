@@ -34,9 +34,10 @@ from .codecs import compose
 from .codecs.base import Aggregation, EncodeContext
 from .codecs.randomk import RandomK, value_codec
 from .codecs.sparse import decode_values, key_bits, plan_values
-from .errors import ConfigError, FormatError, PayloadValueError
+from .errors import ConfigError, FormatError, PayloadValueError, SizeMismatchError
 from .format.container import PREAMBLE_SIZE, PendingTensor, read_payload
 from .limits import get_limits
+from .quote import short
 
 __all__ = [
     "add_values",
@@ -61,9 +62,11 @@ def _values_section(entry: Any) -> tuple[str, np.dtype]:
         nested = entry.params.get("values")
         if nested is None:  # raw values in the tensor's dtype
             return "values", DTYPES[entry.dtype]
-        if isinstance(nested, dict) and nested.get("codec") in _CAST_TYPES:
-            return "values.data", _CAST_TYPES[nested["codec"]]
-        raise ConfigError(f"randomk payload with {nested.get('codec')!r} values is not summable")
+        # Only the container is checked here (rules F1-F15), not C1: ``values`` may be anything.
+        cid = nested.get("codec") if isinstance(nested, dict) else nested
+        if isinstance(cid, str) and cid in _CAST_TYPES:
+            return "values.data", _CAST_TYPES[cid]
+        raise ConfigError(f"randomk payload with {short(cid)} values is not summable")
     raise ConfigError(f"codec {entry.codec!r} payloads are not summable; gather and decode them instead")
 
 
@@ -90,6 +93,8 @@ def summable_values(buf: Any, *, verify_checksum: bool = True) -> np.ndarray:
     """
     p, entry = _single_entry(buf, verify_checksum)
     name, dt = _values_section(entry)
+    if not any(s.name == name for s in entry.sections):
+        raise SizeMismatchError(f"C2: the {entry.codec} payload has no section {name!r} for its values")
     view = p.view(entry.section(name))
     if not view.flags.writeable:
         raise ConfigError("summable_values needs a writable payload buffer (e.g. the memoryview encode returns)")

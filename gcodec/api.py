@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels
+from . import alloc, kernels
 from .arrays import DTYPES, backend_of, dtype_name, intake
 from .codecs import base as _codec_base
 from .codecs.base import Codec, EncodeContext, EncodePlan
 from .codecs.registry import codec_class, get_codec
 from .codecs.state import CodecState
-from .errors import BufferTooSmallError, ConfigError, FormatError, LimitExceededError, UnsupportedVersionError
+from .errors import BufferTooSmallError, ConfigError, FormatError, UnsupportedVersionError
 from .format.container import (
     MAJOR,
     MINOR,
@@ -33,6 +33,7 @@ from .format.container import (
 )
 from .limits import Limits, get_limits
 from .outcheck import flat_out, refuse_overlaps
+from .quote import short
 from .resources import check_pending_resources, check_resources, staging_bytes
 from .sections import numel
 
@@ -331,7 +332,7 @@ def _info(p: ParsedPayload) -> PayloadInfo:
             )
             for e in p.header.tensors
         ),
-        meta=dict(p.header.meta),
+        meta=p.header.meta,  # the parsed map itself: the parsed payload is not kept
     )
 
 
@@ -358,16 +359,9 @@ def inspect_header(buf: Any, *, limits: Limits | None = None, verify_checksum: b
 _KERNEL_OUT = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """np.empty, but running out of memory is a LimitExceededError (the size came from a header)."""
-    try:
-        return np.empty(shape, dtype=dtype)
-    except MemoryError:
-        nbytes = numel(shape) * dtype.itemsize
-        raise LimitExceededError(
-            f"cannot allocate {nbytes} bytes for decoding; lower max_output_bytes and max_scratch_bytes to "
-            "refuse such payloads up front"
-        ) from None
+def _label(e: TensorEntry) -> str:
+    """How an allocation names its tensor: the bundle name, or the codec and shape."""
+    return short(e.name, 60) if e.name is not None else f"({e.codec}, {e.dtype}, shape {list(e.shape)})"
 
 
 def _decode_entry(
@@ -382,7 +376,7 @@ def _decode_entry(
     if out is None:
         if accumulate:
             raise ConfigError("accumulate=True needs out=")
-        result = _alloc(e.shape, dtype)
+        result = alloc.empty(f"the decoded tensor {_label(e)}", e.shape, dtype)
         flat = result.reshape(-1)
     else:
         flat = flat_out(out, e.numel, e.shape)
@@ -399,7 +393,7 @@ def _decode_entry(
                     cls.decode_scratch_bytes(params, e) + staging_bytes(e.numel, flat.dtype),
                     "max_scratch_bytes",
                 )
-            tmp = _alloc((flat.size,), np.dtype(np.float32))
+            tmp = alloc.empty(f"the float32 staging buffer of {_label(e)}", flat.size, np.float32)
             if accumulate:
                 tmp[...] = flat
             cls.decode_into(params, e, views, tmp, accumulate)

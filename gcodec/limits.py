@@ -51,8 +51,9 @@ class Limits:
         max_payload_bytes: largest payload accepted or produced.
         max_nesting: deepest nesting of maps and arrays inside the header (at most 1000).
         max_header_containers: most maps and arrays in one header (2**17). Each costs a Python object
-            of 60-80 bytes for one msgpack byte, so this bounds what parsing a hostile header can
-            allocate: at most about 20 x max_header_bytes + 80 x max_header_containers bytes.
+            of 60-250 bytes for one to a few msgpack bytes, so this bounds what parsing a hostile header
+            can allocate: at most 32 x max_header_bytes + 112 x max_header_containers bytes (the
+            header's part of the memory bound of docs/limits.md).
         max_decode_work: most multiply-adds the decode of one payload may take, all tensors together
             (numel per tensor; m*n*rank for a low-rank PowerSGD tensor).
         max_scratch_bytes: most bytes of temporaries (beyond the outputs) that decoding or validating

@@ -137,3 +137,20 @@ def test_sum_pair_is_the_accumulator_sum_bit_for_bit(dtype: type) -> None:
     neg0 = np.array([-0.0], dt)
     sum_pair(neg0, neg0.copy(), neg0)  # in place into the first operand
     assert not np.signbit(neg0[0].astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [5, "fp16", [[["fp16"]]], {"codec": ["fp16"]}, {"codec": "fp16", "params": {}, "version": 1}],
+    ids=["int", "string", "deep list", "codec a list", "fp16 without its sections"],
+)
+def test_summable_values_of_a_damaged_randomk_header_is_a_gcodec_error(values) -> None:
+    """summable_values checks the container only (F1-F15), so a randomk record's ``values`` can be any
+    msgpack value there: it must give a GcodecError, not AttributeError, TypeError or KeyError."""
+    from tests.fuzzkit import parse_payload, rebuild
+
+    b = bytes(gcodec.get_codec("randomk", k=2).encode(np.ones(8, np.float32)))
+    h, data = parse_payload(b)
+    h["tensors"][0]["params"]["values"] = values  # the sections stay those of raw values
+    with pytest.raises(gcodec.GcodecError):
+        summable_values(bytearray(rebuild(h, data)))

@@ -20,8 +20,8 @@ the crash directory:
 * ``validate`` success implies ``decode`` success, with the declared shape and dtype (and names,
   for bundles), and ``decode(out=zeros, accumulate=True)`` gives the same values;
 * a payload that fails to decode leaves an ``accumulate=True`` target untouched;
-* peak traced allocation <= 16 x payload bytes + 4 x declared decoded bytes + 1 MiB
-  (``fuzzkit.memory_bound``), and libFuzzer's ``-rss_limit_mb`` bounds the whole process;
+* the peak traced allocation of each call is within the memory bound of docs/limits.md
+  (``gcodec.resources.memory_bound``), and libFuzzer's ``-rss_limit_mb`` bounds the whole process;
 * no input takes longer than ``--timeout`` seconds (a hang is a crash).
 
 With ``--target encode`` the input is a tensor instead (tests/fuzzkit.py ``encoder_input``: a case of

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import kernels
+from .. import alloc, kernels
 from ..arrays import backend_of as kernels_backend
 from ..arrays import host_array
 from ..errors import ConfigError, HeaderError, PayloadValueError
@@ -118,9 +118,8 @@ def _product_ok(r: int, max_p: float, max_q: float, dtype_name: str) -> bool:
 
 
 def _max_abs(a: Any) -> float:
-    if kernels_backend(a) != "cpu":  # device factors: reduced on the device, one number back
-        return float(kernels.of(a).lowrank.max_abs(a))
-    return float(np.max(np.abs(a), initial=0.0))
+    # device factors are reduced on the device, one number back; host ones without a temporary
+    return float(kernels.of(a).lowrank.max_abs(a))
 
 
 def _device(a: Any) -> bool:
@@ -221,11 +220,25 @@ def decompress(p: np.ndarray, q: np.ndarray, out: np.ndarray, *, accumulate: boo
     if flat.shape[0] != m * n:
         raise ConfigError(f"out has {flat.shape[0]} elements; P Q^T has {m} x {n}")
     dt = flat.dtype
-    ps = p.astype(dt, copy=True) if scale != 1.0 else p.astype(dt, copy=False)
-    if scale != 1.0:
-        ps *= dt.type(scale)
     K = kernels.of(flat)
-    K.lowrank.reconstruct(np.ascontiguousarray(ps), np.ascontiguousarray(q.T.astype(dt, copy=False)), flat, accumulate)
+    if not (isinstance(p, np.ndarray) and isinstance(q, np.ndarray)):  # device factors
+        ps = p.astype(dt, copy=True) if scale != 1.0 else p.astype(dt, copy=False)
+        if scale != 1.0:
+            ps *= dt.type(scale)
+        qt = np.ascontiguousarray(q.T.astype(dt, copy=False))
+        K.lowrank.reconstruct(np.ascontiguousarray(ps), qt, flat, accumulate)
+        return
+    # Host factors, a payload's when decoding: their copies (P in the output's dtype and scaled, Q
+    # transposed) are sized by its header, so they come from the one allocator (gcodec/alloc.py).
+    ps = p
+    if scale != 1.0 or p.dtype != dt or not p.flags.c_contiguous:
+        ps = alloc.empty("PowerSGD's factor P in the output's dtype", p.shape, dt)
+        ps[...] = p
+        if scale != 1.0:
+            ps *= dt.type(scale)
+    qt = alloc.empty("PowerSGD's factor Q, transposed", (q.shape[1], n), dt)
+    qt[...] = q.T
+    K.lowrank.reconstruct(ps, qt, flat, accumulate)
 
 
 #: The slot of a :class:`~gcodec.codecs.state.CodecState` that holds each key's warm-start Q.

@@ -24,6 +24,7 @@ from ..layout.quant import RULE_L2, QuantLayout
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Codec, EncodeContext, EncodePlan, Param, binary32
 from .seeds import STREAM_PARAM
+from .valuecheck import first_bad, negative_or_nonfinite_f16, negative_or_nonfinite_f32
 
 __all__ = ["QuantLayout", "ScaledQuantizer"]
 
@@ -115,20 +116,16 @@ class ScaledQuantizer(Codec):
     def _check_scales(cls, lay: QuantLayout, views: Mapping[str, np.ndarray]) -> None:
         p = cls.rule_prefix
         if lay.scale_f16:
-            bits = views["scales"].view(np.uint16)
-            bad = ((bits & 0x8000) != 0) | ((bits & 0x7C00) == 0x7C00)
+            g = first_bad(views["scales"].view(np.uint16), negative_or_nonfinite_f16)
         else:
-            sc = views["scales"]
-            bad = ~np.isfinite(sc) | (sc.view(np.uint32) >> 31).astype(bool)
-        if bad.any():
-            g = int(np.flatnonzero(bad)[0])
+            g = first_bad(views["scales"], negative_or_nonfinite_f32)
+        if g >= 0:
             raise PayloadValueError(
                 f"{p}1: scale of group {g} is {views['scales'][g]!r}; scales must be finite and >= +0"
             )
         if not lay.scale_f16:  # float16 scales times qmax <= 127 never overflow float32
-            over = scale_overflows(views["scales"], lay.qmax)
-            if over.any():
-                g = int(np.flatnonzero(over)[0])
+            g = first_bad(views["scales"], lambda sc: scale_overflows(sc, lay.qmax))
+            if g >= 0:
                 raise PayloadValueError(
                     f"{p}1: scale of group {g} is {views['scales'][g]!r}; float32({lay.qmax} * scale) overflows, "
                     "so its largest code would decode to infinity"

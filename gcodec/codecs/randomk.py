@@ -57,7 +57,7 @@ def randomk_indices(n: int, k: int, seed: int, stream: int, *, backend: str = "c
         raise ConfigError(f"randomk: k={k} must lie in [0, numel={n}]")
     K = kernels.get(backend)
     words = K.philox.random_u32(seed, stream, 2 * k) if k < n else np.empty(0, np.uint32)
-    out = K.memory.empty(k, np.int64)
+    out = K.memory.empty(k, np.int64, "randomk indices")
     K.sparse.randomk_indices(n, k, words, out)
     return out
 
@@ -172,10 +172,11 @@ class RandomK(ValuesHost):
 
     @classmethod
     def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
-        """2k random words (uint32), k int64 indices, and the values."""
-        k = params["k"]
-        words = 8 * k if k < entry.numel else 0
-        return words + 8 * k + cls.values_scratch_bytes(params, entry)
+        """2k random words (uint32) and a bitmap of numel bits (uint64 words) when 0 < k < numel,
+        k int64 indices, and the values."""
+        k, n = params["k"], entry.numel
+        draws = 8 * k + 8 * ((n + 63) // 64) if 0 < k < n else 0
+        return draws + 8 * k + cls.values_scratch_bytes(params, entry)
 
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:

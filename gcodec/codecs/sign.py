@@ -23,6 +23,7 @@ from ..errors import PayloadValueError
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param, binary32
 from .registry import register_codec
+from .valuecheck import first_bad, negative_or_nonfinite_f32
 
 __all__ = ["Sign"]
 
@@ -110,9 +111,8 @@ class Sign(Codec):
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         sc = views["scales"]
-        bad = ~np.isfinite(sc) | (sc.view(np.uint32) >> 31).astype(bool)
-        if bad.any():
-            g = int(np.flatnonzero(bad)[0])
+        g = first_bad(sc, negative_or_nonfinite_f32)
+        if g >= 0:
             raise PayloadValueError(f"S1: scale of group {g} is {sc[g]!r}; scales must be finite and >= +0")
         used = entry.numel % 8
         bits = views["bits"]

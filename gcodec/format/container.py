@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
+from ..alloc import out_of_memory
 from ..arrays import backend_of, torch_view
 from ..checksum import crc32c
 from ..errors import (
@@ -92,7 +93,7 @@ class Header:
         if self.features:
             d["features"] = list(self.features)
         if self.meta:
-            d["meta"] = dict(self.meta)
+            d["meta"] = self.meta  # read only: packed (F11) or counted, never changed
         return d
 
 
@@ -272,13 +273,19 @@ def read_payload(buf: Any, *, limits: Limits | None = None, verify_checksum: boo
     got = crc32c(hbytes, crc32c(b[:12].tobytes()))
     if got != hcrc:
         raise ChecksumError(f"F7: header CRC32C mismatch @ byte 12: stored 0x{hcrc:08x}, computed 0x{got:08x}")
-    # F8-F11: header content.
-    raw = unpack_strict(hbytes, lim)
-    header = _parse_header(raw, lim, strict_keys=minor <= MINOR)
-    unknown = [f for f in header.features if f not in KNOWN_FEATURES]
-    if unknown:
-        raise UnsupportedFeatureError(f"F10: payload requires unknown feature(s) {short(unknown)}")
-    if minor <= MINOR and pack_canonical(header.to_wire()) != hbytes:
+    # F8-F11: header content. Its Python objects are many small allocations that the header limits
+    # bound (docs/limits.md, "The parsed header"); a process short of even that much memory gets the
+    # allocator's LimitExceededError, as for any buffer a payload sizes (gcodec/alloc.py).
+    try:
+        raw = unpack_strict(hbytes, lim)
+        header = _parse_header(raw, lim, strict_keys=minor <= MINOR)
+        unknown = [f for f in header.features if f not in KNOWN_FEATURES]
+        if unknown:
+            raise UnsupportedFeatureError(f"F10: payload requires unknown feature(s) {short(unknown)}")
+        canonical = minor > MINOR or pack_canonical(header.to_wire()) == hbytes
+    except MemoryError:
+        raise out_of_memory(f"the Python objects of a parsed {hlen}-byte header") from None
+    if not canonical:
         raise HeaderError("F11: header is not in canonical form (key order, integer or float width, or defaults)")
     # F12-F13: layout.
     _check_layout(header)
@@ -379,7 +386,8 @@ def _parse_header(raw: Any, lim: Limits, *, strict_keys: bool) -> Header:
     lim.check("section count", nsec, "max_sections", "tensors[*].sections")
     total_out = sum(e.numel * _np_dtype(e.dtype).itemsize for e in entries)
     lim.check("decoded size in bytes", total_out, "max_output_bytes")
-    return Header(entries, data_length, tuple(features), dict(meta))
+    # the parsed map itself, not a copy: a header may be mostly meta
+    return Header(entries, data_length, tuple(features), meta)
 
 
 def _np_dtype(name: str) -> np.dtype:

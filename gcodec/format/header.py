@@ -165,19 +165,25 @@ def _pack_len(n: int, fix: int, c16: bytes, c32: bytes, out: bytearray) -> None:
         raise HeaderError("header cannot be encoded: an array or map of 2**32 entries or more")
 
 
-def _sorted_items(d: dict[Any, Any]) -> list[tuple[Any, Any]]:
-    """§5 rule 2: keys are text, sorted by their UTF-8 bytes (not by code points' str order, which
-    differs from it only for surrogates, but the rule is the bytes)."""
-    keyed = []
-    for k, v in d.items():
+def _map_items(d: dict[Any, Any]) -> Any:
+    """§5 rule 2: a map's keys and values, alternately, keys sorted by their UTF-8 bytes.
+
+    For strings that can be encoded at all (no lone surrogates, which _pack_str refuses), UTF-8
+    byte order is code point order, which is how Python compares str: sorting the keys themselves
+    gives the canonical order without building their encodings (what F11 re-encodes can be a 1 MiB
+    header of small maps)."""
+    for k in d:
         if not isinstance(k, str):
             raise HeaderError(f"header map keys must be text, got {type(k).__name__}")
-        try:
-            keyed.append((k.encode("utf-8"), k, v))
-        except UnicodeEncodeError:
-            raise HeaderError("header cannot be encoded: a map key is not valid Unicode") from None
-    keyed.sort(key=lambda t: t[0])
-    return [(k, v) for _, k, v in keyed]
+    for k in sorted(d):
+        yield k
+        yield d[k]
+
+
+#: How many distinct strings :func:`pack_canonical` keeps the encoding of: the keys of tensor
+#: records, sections and params repeat in every record; a bound keeps a header of a million
+#: distinct strings from doubling its cost.
+_STRING_CACHE = 256
 
 
 def pack_canonical(obj: Any) -> bytes:
@@ -188,7 +194,7 @@ def pack_canonical(obj: Any) -> bytes:
     parses it; this also stops a container that holds itself) is a :class:`HeaderError`.
     """
     out = bytearray()
-    strings: dict[str, bytes] = {}  # the encodings of the strings seen so far: keys repeat per record
+    strings: dict[str, bytes] = {}  # encodings of the first strings seen: record keys repeat
     # Each entry: an iterator over what is still to be written at that level. A map's iterator
     # yields its keys and values alternately, in canonical key order.
     stack: list[Any] = [iter((obj,))]
@@ -197,11 +203,15 @@ def pack_canonical(obj: Any) -> bytes:
             t = type(o)
             if t is str:
                 enc = strings.get(o)
-                if enc is None:
+                if enc is not None:
+                    out += enc
+                elif len(strings) < _STRING_CACHE:
                     tmp = bytearray()
                     _pack_str(o, tmp)
                     enc = strings[o] = bytes(tmp)
-                out += enc
+                    out += enc
+                else:
+                    _pack_str(o, out)
             elif t is int:
                 if 0 <= o < 0x80:
                     out.append(o)
@@ -211,9 +221,8 @@ def pack_canonical(obj: Any) -> bytes:
                 if len(stack) > MSGPACK_MAX_DEPTH:
                     raise HeaderError(f"header cannot be encoded: nested deeper than {MSGPACK_MAX_DEPTH} levels")
                 if isinstance(o, dict):
-                    items = _sorted_items(o)
-                    _pack_len(len(items), 0x80, b"\xde", b"\xdf", out)
-                    stack.append(iter([x for kv in items for x in kv]))
+                    _pack_len(len(o), 0x80, b"\xde", b"\xdf", out)
+                    stack.append(_map_items(o))
                 else:
                     _pack_len(len(o), 0x90, b"\xdc", b"\xdd", out)
                     stack.append(iter(o))

@@ -270,3 +270,21 @@ def count_nonfinite(a):  # pragma: no cover - jitted
     for x in a.ravel():
         c += not np.isfinite(x)
     return c
+
+
+@njit(cache=True)
+def _max_abs_flat(a):  # pragma: no cover - jitted
+    best = 0.0
+    for x in a:
+        v = abs(np.float64(x))
+        if v != v:  # NaN, as np.max(np.abs(a)) gives
+            return v
+        if v > best:
+            best = v
+    return best
+
+
+def max_abs(a: np.ndarray) -> float:
+    """max |a| (0 for an empty array; NaN if ``a`` holds one), without the temporary ``np.abs(a)``
+    would make: ``a`` may be a payload's factor, sized by its header."""
+    return float(_max_abs_flat(a.reshape(-1))) if a.size else 0.0

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import alloc as _alloc
 from ...checksum import crc32c as _crc32c
 
 __all__ = ["alloc", "copy", "crc32c", "crc32c_store", "empty", "put", "result", "to_host", "view", "zero"]
@@ -28,9 +29,10 @@ def zero(buf: np.ndarray, lo: int, hi: int) -> None:
     buf[lo:hi] = 0
 
 
-def empty(n: int, dtype: Any) -> np.ndarray:
-    """An uninitialised array of ``n`` elements (codecs' temporaries: indices, values)."""
-    return np.empty(n, dtype)
+def empty(n: int, dtype: Any, what: str = "a codec's temporary") -> np.ndarray:
+    """An uninitialised array of ``n`` elements (codecs' temporaries: indices, values), from the one
+    allocator (gcodec/alloc.py: no memory is a LimitExceededError naming ``what``)."""
+    return _alloc.empty(what, n, dtype)
 
 
 def copy(dst: np.ndarray, src: np.ndarray, accumulate: bool = False) -> None:

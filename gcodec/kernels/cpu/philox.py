@@ -30,6 +30,7 @@ import sys
 import numpy as np
 from numba import njit
 
+from ... import alloc
 from ...rng import MASK64, split64
 from .threads import run_chunks
 
@@ -224,7 +225,7 @@ def random_u32(seed: int, stream: int, n: int, start: int = 0) -> np.ndarray:
     _check_u64("stream", stream)
     if start % 4 or start < 0:
         raise ValueError("start must be a non-negative multiple of 4")
-    out = np.empty(n, dtype=np.uint32)
+    out = alloc.empty("random words", n, np.uint32)  # n follows from a payload's k on decode (randomk)
     if n:
         sl, sh = split64(seed)
         tl, th = split64(stream)

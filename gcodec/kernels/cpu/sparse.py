@@ -35,6 +35,7 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
+from ... import alloc
 from ...layout.sparse import ERR_BYTES, ERR_NOT_MINIMAL, ERR_ORDER, ERR_PAD, ERR_RANGE, GAP_BLOCK, OK
 
 _SAMPLE = 1 << 14  # keys in the threshold sample
@@ -584,16 +585,29 @@ _DEBRUIJN = np.array(
 )  # fmt: skip
 
 
-@njit(cache=True)
-def randomk_indices(n, k, words, out):  # pragma: no cover - jitted
+def randomk_bitmap_words(n: int, k: int) -> int:
+    """uint64 words of the bitmap :func:`randomk_indices` needs (none when k is 0 or n)."""
+    return (n + 63) // 64 if 0 < k < n else 0
+
+
+def randomk_indices(n: int, k: int, words: np.ndarray, out: np.ndarray) -> None:
     """Robert Floyd's sampling of k distinct indices of [0, n), driven by Philox words.
 
     ``words`` holds words 0 .. 2k-1 of the payload's stream. Draw m (m = 0 .. k-1) reads words 2m
     (low half) and 2m+1 (high half) as a uint64 ``u``, sets ``j = n - k + m`` and
     ``t = floor(u * (j + 1) / 2**64)``; t joins the set unless it is already there, in which case
     j joins. ``out`` receives the set in increasing order. A bitmap of n bits is the only
-    temporary (n/8 bytes).
+    temporary (n/8 bytes), allocated here rather than in the kernel: its size comes from a payload's
+    numel, so it goes through gcodec's allocator (gcodec/alloc.py).
     """
+    bitmap = alloc.empty("the randomk index bitmap", randomk_bitmap_words(n, k), np.uint64)
+    bitmap[:] = 0
+    _randomk_fill(n, k, words, out, bitmap)
+
+
+@njit(cache=True)
+def _randomk_fill(n, k, words, out, bitmap):  # pragma: no cover - jitted
+    """:func:`randomk_indices` with its zeroed bitmap of (n + 63) // 64 words."""
     if k == n:
         for i in range(n):
             out[i] = i
@@ -601,7 +615,6 @@ def randomk_indices(n, k, words, out):  # pragma: no cover - jitted
     if k == 0:
         return
     nwords = (n + 63) // 64
-    bitmap = np.zeros(nwords, np.uint64)
     one = np.uint64(1)
     for m in range(k):
         u = (np.uint64(words[2 * m + 1]) << np.uint64(32)) | np.uint64(words[2 * m])

@@ -174,8 +174,9 @@ def zero(buf: Any, lo: int, hi: int) -> None:
         _zero[grid(hi - lo)](buf[lo:hi])
 
 
-def empty(n: int, dtype: Any) -> Any:
-    """An uninitialised device array of ``n`` elements (codecs' temporaries: indices, values)."""
+def empty(n: int, dtype: Any, what: str = "a codec's temporary") -> Any:
+    """An uninitialised device array of ``n`` elements (codecs' temporaries: indices, values).
+    ``what`` names it, as in the host backend's ``empty``."""
     return cuda.device_array(max(int(n), 1), np.dtype(dtype))[: int(n)]
 
 
