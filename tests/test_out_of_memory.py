@@ -23,25 +23,6 @@ from tests import oom_worker
 ROOT = Path(__file__).resolve().parents[1]
 HEADROOM = 48 << 20  # above what the calls need besides payload-sized buffers, below any of those
 
-#: Allocations still made with np.empty in two files another change owns; each makes the named
-#: call escape with MemoryError until it goes through gcodec.alloc.empty. strict: the test fails
-#: (XPASS) once they do, so that this list is emptied then.
-_IDX = "gcodec/codecs/sparse.py SparseIndexCodec._decode_indices: idx = np.empty(k, np.int64)"
-_VALS16 = "gcodec/codecs/sparse.py decode_values: out = np.empty(k, np.float32) for 16-bit raw values"
-_NESTED = "gcodec/codecs/compose.py decode_nested: out = np.empty(count, dtype=dtype)"
-PENDING = {
-    ("topk k=numel sign values", "validate"): _IDX,
-    ("topk k=numel sign values", "decode out="): _IDX,
-    ("topk bf16 raw k=numel/2", "validate"): _IDX,
-    ("randomk bf16 raw k=numel/2", "validate"): _VALS16,
-    ("threshold k=numel sign values", "validate"): _IDX,
-    ("threshold k=numel sign values", "decode out="): _IDX,
-    ("randomk k=numel-1 sign values", "validate"): _NESTED,
-    ("randomk k=numel-1 sign values", "decode out="): _NESTED,
-    ("powersgd sign factors", "validate"): _NESTED,
-    ("powersgd sign factors", "decode out="): _NESTED,
-}
-
 #: Calls whose payload-sized buffer cannot fit under the cap: they must be refused, naming it (so the
 #: cap really bites and the refusal says what was being allocated).
 REFUSED = {
@@ -51,7 +32,7 @@ REFUSED = {
     ("randomk raw k=numel/8", "decode out="): "random words",
     ("randomk bitmap", "decode out="): "the randomk index bitmap",
     ("powersgd f64 rank 64", "decode out="): "PowerSGD's factor P",
-    # the PENDING ones, once their allocations go through gcodec.alloc.empty
+    # the sparse codecs' index and value buffers, and the nested codecs' values
     ("topk k=numel sign values", "validate"): "topk indices",
     ("topk k=numel sign values", "decode out="): "topk indices",
     ("topk bf16 raw k=numel/2", "validate"): "topk indices",
@@ -96,10 +77,7 @@ def _params():
     out = []
     for case in oom_worker.CASES:
         for call in oom_worker.CALLS:
-            marks = []
-            if (case, call) in PENDING:
-                marks.append(pytest.mark.xfail(reason=PENDING[case, call], strict=True, raises=AssertionError))
-            out.append(pytest.param(case, call, id=f"{case}-{call}", marks=marks))
+            out.append(pytest.param(case, call, id=f"{case}-{call}"))
     return out
 
 

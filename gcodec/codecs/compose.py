@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import alloc
 from ..errors import ConfigError, HeaderError, UnknownCodecError, UnsupportedVersionError
 from ..quote import short
 from ..sections import SectionInfo, SectionSpec, TensorEntry
@@ -191,7 +192,7 @@ def decode_nested(
     role: str, spec: NestedSpec, host: TensorEntry, views: Mapping[str, np.ndarray], count: int, dtype: Any
 ) -> np.ndarray:
     """Decode the nested array (``count`` elements of float32/float64) into a fresh small array."""
-    out = np.empty(count, dtype=dtype)
+    out = alloc.empty(f"the values of the nested codec in role {role!r}", count, dtype)
     spec.cls.decode_into(spec.params, nested_entry(role, spec, host, count), nested_views(role, views), out, False)
     return out
 

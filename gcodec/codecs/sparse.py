@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import kernels
+from .. import alloc, kernels
 from ..arrays import DTYPES
 from ..errors import ConfigError, HeaderError, PayloadValueError
 from ..layout import sparse as slayout
@@ -156,11 +156,11 @@ def decode_values(params: dict[str, Any], entry: TensorEntry, views: Mapping[str
         return compose.decode_nested("values", spec, entry, views, k, wd)
     v = views["values"]
     if v.dtype == np.float16:
-        out = np.empty(k, np.float32)
+        out = alloc.empty("the decoded values of a sparse payload", k, np.float32)
         kernels.of(v.view(np.uint16)).cast.decode_f16(v.view(np.uint16), out, False)
         return out
     if v.dtype == np.uint16:
-        out = np.empty(k, np.float32)
+        out = alloc.empty("the decoded values of a sparse payload", k, np.float32)
         kernels.of(v).cast.decode_bf16(v, out, False)
         return out
     return v
@@ -324,7 +324,7 @@ class SparseIndexCodec(ValuesHost):
         r = cls.RULE
         k = params["k"]
         n = entry.numel
-        idx = np.empty(k, np.int64)
+        idx = alloc.empty(f"{cls.codec_id} indices", k, np.int64)
         if params["index_coding"] == "raw":
             code, where = kernels.of(views["indices"]).sparse.check_raw_indices(views["indices"], n)
             if code == slayout.ERR_ORDER:
