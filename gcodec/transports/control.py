@@ -70,8 +70,6 @@ _WANT_HANDSHAKE = 1
 _SEQ_MASK = (1 << 62) - 1
 #: The largest fingerprint a peer may announce (a DDP bucket's plan names every tensor).
 _FINGERPRINT_BYTES = 16 << 20
-#: Suffix of the key under which ``agreed`` keeps the shape of an agreement's summable first message.
-_FIRST = "#first"
 
 
 def digest_of(text: str) -> int:
@@ -122,9 +120,6 @@ class Exchange:
         self.begun = False
         #: This rank's fingerprint is the one the ranks last agreed on for ``key``.
         self.current = agreed is not None and agreed.get(key) == self.text
-        first = None if agreed is None else agreed.get(key + _FIRST)
-        #: The summable first message (values bytes, riders) the last agreement of ``key`` began with.
-        self.first: tuple[int, int] | None = None if first is None else tuple(json.loads(first))  # type: ignore[assignment]
 
     # ---- control messages --------------------------------------------------------------------
     def _words(self, kind: int, sizes: Sequence[int], local: BaseException | None) -> np.ndarray:
@@ -155,13 +150,11 @@ class Exchange:
             self.begun = True
             if bool((table[:, 2] != table[0, 2]).any()) or bool(table[:, 4].any()):
                 yield from self._handshake()
-                return True
         elif kind != FINGERPRINT and bool((table[:, 2] != self.digest).any()):
             bad = [r for r in range(p) if table[r, 2] != self.digest]
             raise ProtocolOrderError(
                 f"{self.what}: rank(s) {bad} are in another exchange at this {_KIND_NAMES[kind]} message"
             )
-        return False
 
     def _control(self, kind: int, sizes: Sequence[int], local: BaseException | None) -> Protocol:
         """All-gather one control message; check order and codes; return the (p, p) sizes table."""
@@ -211,7 +204,6 @@ class Exchange:
         agreement = compare_fingerprints(parts, comm.rank, self.fp.get("key", self.key))
         if self.agreed is not None:
             self.agreed[self.key] = self.text
-            self.agreed.pop(self.key + _FIRST, None)  # what the new agreement begins with is not known yet
             self.current = True
         if self.on_agree is not None:
             self.on_agree(agreement)
