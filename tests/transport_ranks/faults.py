@@ -43,6 +43,37 @@ def exact_inputs(rank: int, step: int) -> np.ndarray:
     return x
 
 
+def within(proto: str, y: np.ndarray, step: int, size: int) -> tuple[bool, str]:
+    """Whether ``y`` is the right mean of :func:`exact_inputs` at ``step``: summable and gather
+    carry the inputs exactly; two-phase re-encodes the mean (half a step of max|group| / 127 <=
+    127 / 127 / 2); PowerSGD is a rank-2 projection (finite; the callers check it is the same on
+    every rank)."""
+    m = np.mean([exact_inputs(r, step) for r in range(size)], axis=0)
+    err = float(np.max(np.abs(y - m)))
+    if proto in ("summable", "gather"):
+        return err == 0.0, f"max err {err}"
+    if proto == "two_phase":
+        return err <= 0.5, f"max err {err}"
+    return bool(np.all(np.isfinite(y))), "finite"
+
+
+def stopped_run(
+    rank: int, pids: list[int], proto: str, allreduce: Callable[[np.ndarray, str], np.ndarray]
+) -> tuple[list[str], list[np.ndarray], float]:
+    """40 exchanges of ``proto`` during which rank 0 stops rank 1 for 3 s: (the steps whose result
+    was wrong, the results, the seconds the run took)."""
+    t0, bad, ys = time.monotonic(), [], []
+    for step in range(40):
+        if rank == 0 and step == 5:  # rank 1 is stopped in one of the next exchanges
+            stopper(pids[1], after=0.01, hold=3.0)
+        y = allreduce(exact_inputs(rank, step), f"stop-{proto}")
+        ok, detail = within(proto, y, step, len(pids))
+        if not ok:
+            bad.append(f"step {step}: {detail}")
+        ys.append(y)
+    return bad, ys, time.monotonic() - t0
+
+
 def dying(base: type, target: int) -> type:
     """A subclass of communicator class ``base`` whose rank SIGKILLs itself before collective
     number ``target`` (counted from when :meth:`arm` is called)."""

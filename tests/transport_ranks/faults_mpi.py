@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import gcodec
 import gcodec.mpi
 from gcodec.transports import Serial
 
-from .faults import PROTOCOLS, dying, exact_inputs, soak, stopper
+from .faults import PROTOCOLS, dying, exact_inputs, soak, stopped_run, within
 
 COMM = MPI.COMM_WORLD
 ME, P = COMM.rank, COMM.size
@@ -40,23 +39,6 @@ def check(name: str, ok: bool, detail: str = "") -> None:
 def allreduce(proto: str, x: np.ndarray, key: str, ef: Any = None) -> np.ndarray:
     codec, mode, _ = PROTOCOLS[proto]
     return gcodec.mpi.allreduce(COMM, x, codec, key=key, mode=mode, ef=ef)
-
-
-def exact_mean(step: int) -> np.ndarray:
-    return np.mean([exact_inputs(r, step) for r in range(P)], axis=0)
-
-
-def within(proto: str, y: np.ndarray, step: int) -> tuple[bool, str]:
-    """Summable and gather carry the exact inputs exactly; two-phase re-encodes the mean (half a
-    step of max|group| / 127 <= 127 / 127 / 2); PowerSGD is a rank-2 projection (finite, and the
-    same on every rank, checked by the caller)."""
-    m = exact_mean(step)
-    err = float(np.max(np.abs(y - m)))
-    if proto in ("summable", "gather"):
-        return err == 0.0, f"max err {err}"
-    if proto == "two_phase":
-        return err <= 0.5, f"max err {err}"
-    return bool(np.all(np.isfinite(y))), "finite"
 
 
 def scenario_kill(proto: str, target: str) -> None:
@@ -73,16 +55,7 @@ def scenario_stop() -> None:
     pids = COMM.allgather(os.getpid())
     for proto in PROTOCOLS:
         COMM.Barrier()
-        t0, bad, ys = time.monotonic(), [], []
-        for step in range(40):
-            if ME == 0 and step == 5:  # rank 1 is stopped in one of the next exchanges
-                stopper(pids[1], after=0.01, hold=3.0)
-            y = allreduce(proto, exact_inputs(ME, step), f"stop-{proto}")
-            ok, detail = within(proto, y, step)
-            if not ok:
-                bad.append(f"step {step}: {detail}")
-            ys.append(y)
-        took = time.monotonic() - t0
+        bad, ys, took = stopped_run(ME, pids, proto, lambda x, key, proto=proto: allreduce(proto, x, key))
         same = all(np.array_equal(a, b) for a, b in zip(ys, COMM.bcast(ys, root=0)))
         check(
             f"stop {proto}: 40 results exact (or in bound) through a 3 s SIGSTOP", not bad and same, "; ".join(bad[:3])
@@ -118,7 +91,7 @@ def scenario_corrupt() -> None:
             adapter.armed = step == 5  # type: ignore[attr-defined]
             try:
                 y = allreduce(proto, exact_inputs(ME, step), f"corrupt-{proto}")
-                ok, detail = within(proto, y, step)
+                ok, detail = within(proto, y, step, P)
                 seen.append("ok" if ok else detail)
             except gcodec.GcodecError as e:
                 seen.append(type(e).__name__)

@@ -31,7 +31,7 @@ import gcodec.torch
 import gcodec.torch.comm as tcomm
 
 from ..procs import run_checked, start_gloo
-from .faults import PROTOCOLS, dying, exact_inputs, soak, stopper
+from .faults import PROTOCOLS, dying, exact_inputs, soak, stopped_run
 
 CHECKS: list[dict] = []
 RANK = WORLD = 0
@@ -98,26 +98,7 @@ def scenario_stop() -> None:
     dist.all_gather_object(pids, os.getpid())
     for proto in PROTOCOLS:
         dist.barrier()
-        t0, bad, ys = time.monotonic(), [], []
-        for step in range(40):
-            if RANK == 0 and step == 5:  # rank 1 is stopped in one of the next exchanges
-                stopper(pids[1], after=0.01, hold=3.0)
-            y = all_reduce(proto, exact_inputs(RANK, step), f"stop-{proto}")
-            m = np.mean([exact_inputs(r, step) for r in range(WORLD)], axis=0)
-            err = float(np.max(np.abs(y - m)))
-            # exact for summable and gather; two-phase re-encodes the mean (<= half a step of 1);
-            # PowerSGD's projection: finite (and the same on every rank, below)
-            ok = (
-                err == 0.0
-                if proto in ("summable", "gather")
-                else err <= 0.5
-                if proto == "two_phase"
-                else np.isfinite(err)
-            )
-            if not ok:
-                bad.append(f"step {step}: max err {err}")
-            ys.append(y)
-        took = time.monotonic() - t0
+        bad, ys, took = stopped_run(RANK, pids, proto, lambda x, key, proto=proto: all_reduce(proto, x, key))
         first = [torch.from_numpy(y) for y in ys]
         for t in first:
             dist.broadcast(t, 0)
