@@ -348,8 +348,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             items = [LowRankItem(names[i], to_numpy(grads[i]), to_numpy(grads[i])) for i in idx]
             for item in items:
                 sample_quality(ts, item.key, it, item.x)
-            gkey = f"powersgd:{names[idx[0]]}..{names[idx[-1]]}"
-            st = StepStats(gkey, it, mode, sum(i.x.nbytes for i in items))
+            st = StepStats(g.key, it, mode, sum(i.x.nbytes for i in items))
             yield from timed(st, lowrank_protocol(ex, ts, items, "mean", it, st, riders))
             ts.record(st)
             continue
@@ -376,8 +375,7 @@ class _Group:
     """The tensors ``idx`` of a bucket that one codec compresses, as one flat group ``key``."""
 
     key: str
-    codec: Codec
-    state: TransportState
+    state: TransportState  # the codec's (``state.codec``)
     mode: str
     idx: list[int]
 
@@ -426,7 +424,7 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int) -> _Plan:
             key = f"powersgd:{names[idx[0]]}..{names[idx[-1]]}"
         else:
             key = state._group_key(codec, [names[i] for i in idx], [grads[i].numel() for i in idx], p)
-        plan.groups.append(_Group(key, codec, state.state_for(codec), mode, idx))
+        plan.groups.append(_Group(key, state.state_for(codec), mode, idx))
     if plan.dense:
         plan.carrier = next((g for g in plan.groups if g.mode in ("summable", "powersgd")), None)
     plan.fingerprint = fingerprint(
@@ -434,7 +432,7 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int) -> _Plan:
         ef=state.error_feedback,
         dense=[[names[i], int(grads[i].numel())] for i in plan.dense],
         # one field per property, each a list over the groups, so a difference names what differs
-        codec=[g.codec.get_config() for g in plan.groups],
+        codec=[g.state.codec.get_config() for g in plan.groups],
         mode=[g.mode for g in plan.groups],
         groups=[g.key for g in plan.groups],
         tensors=[[[names[i], list(grads[i].shape), str(grads[i].dtype)] for i in g.idx] for g in plan.groups],

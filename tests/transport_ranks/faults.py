@@ -110,6 +110,31 @@ def dying(base: type, target: int) -> type:
     return Dying
 
 
+def corrupting(base: type) -> type:
+    """A subclass of communicator class ``base`` that, while ``armed``, flips a byte near the end of
+    every payload-sized buffer it sends (a fault in flight that the CRC must catch)."""
+
+    def flip(buf: Any) -> Any:
+        buf = buf.copy()
+        buf[-50] ^= 0xFF
+        return buf
+
+    class Corrupting(base):  # type: ignore[misc,valid-type]
+        armed = False
+
+        def allgatherv(self, buf: Any, counts: Any) -> Any:
+            if self.armed and buf.shape[0] > 1000:
+                buf = flip(buf)
+            return super().allgatherv(buf, counts)
+
+        def alltoallv(self, bufs: Any, recv_counts: Any) -> Any:
+            if self.armed:
+                bufs = [flip(b) if b.shape[0] > 1000 else b for b in bufs]
+            return super().alltoallv(bufs, recv_counts)
+
+    return Corrupting
+
+
 def stopper(pid: int, after: float, hold: float) -> threading.Thread:
     """Start a thread that stops ``pid`` after ``after`` seconds for ``hold`` seconds."""
 

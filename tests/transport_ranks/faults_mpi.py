@@ -25,7 +25,7 @@ import gcodec
 import gcodec.mpi
 from gcodec.transports import Serial
 
-from .faults import PROTOCOLS, dying, exact_inputs, soak, stopped_run, within
+from .faults import PROTOCOLS, corrupting, dying, exact_inputs, soak, stopped_run, within
 
 COMM = MPI.COMM_WORLD
 ME, P = COMM.rank, COMM.size
@@ -66,24 +66,7 @@ def scenario_stop() -> None:
 def scenario_corrupt() -> None:
     from gcodec.mpi import MPICommunicator
 
-    class Corrupting(MPICommunicator):
-        armed = False
-
-        def allgatherv(self, buf: Any, counts: Any) -> Any:
-            if self.armed and buf.shape[0] > 1000:
-                buf = buf.copy()
-                buf[-50] ^= 0xFF
-            return super().allgatherv(buf, counts)
-
-        def alltoallv(self, bufs: Any, recv_counts: Any) -> Any:
-            if self.armed:
-                bufs = [b.copy() for b in bufs]
-                for b in bufs:
-                    if b.shape[0] > 1000:
-                        b[-50] ^= 0xFF
-            return super().alltoallv(bufs, recv_counts)
-
-    adapter = Corrupting(COMM) if ME == 1 else MPICommunicator(COMM)
+    adapter = corrupting(MPICommunicator)(COMM) if ME == 1 else MPICommunicator(COMM)
     gcodec.mpi._adapters[id(COMM)] = (adapter, Serial())
     for proto in ("gather", "two_phase"):
         seen = []

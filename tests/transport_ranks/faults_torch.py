@@ -31,7 +31,7 @@ import gcodec.torch
 import gcodec.torch.comm as tcomm
 
 from ..procs import run_checked, start_gloo
-from .faults import PROTOCOLS, dying, exact_inputs, soak, stopped_run
+from .faults import PROTOCOLS, corrupting, dying, exact_inputs, soak, stopped_run
 
 CHECKS: list[dict] = []
 RANK = WORLD = 0
@@ -125,16 +125,7 @@ def scenario_corrupt() -> None:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     base = st.comm()
 
-    class Corrupting(type(base)):  # type: ignore[misc]
-        armed = False
-
-        def allgatherv(self, buf: Any, counts: Any) -> Any:
-            if self.armed and buf.shape[0] > 1000:
-                buf = buf.copy()
-                buf[-50] ^= 0xFF
-            return super().allgatherv(buf, counts)
-
-    comm = Corrupting(None) if RANK == 1 else base
+    comm = corrupting(type(base))(None) if RANK == 1 else base
     comm._control_seq = getattr(base, "_control_seq", 0)  # type: ignore[attr-defined]
     st._comm = comm
     failed_at, agreed = None, True
