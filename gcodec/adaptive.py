@@ -102,6 +102,7 @@ class AdaptiveController:
             raise ConfigError("the ladder needs at least one rung")
         self.ladder = [None if c is None else get_codec(c).get_config() for c in ladder]  # type: ignore[arg-type]
         self._keys = [json.dumps(c, sort_keys=True) for c in self.ladder]
+        self._low_rank = [c is not None and get_codec(c).low_rank for c in self.ladder]
         if not 0 <= start < len(self.ladder):
             raise ConfigError(f"start={start} is not a rung of a {len(self.ladder)}-rung ladder")
         if interval < 1 or warmup_steps < 0:
@@ -218,7 +219,7 @@ class AdaptiveController:
                 times.append(math.inf)
                 continue
             sp = CodecSpeed(figures[r], 0.0, figures[n + r], 0.0, figures[2 * n + r], 0.0)
-            if self.ladder[r] is not None and self.ladder[r]["id"] == "powersgd":  # type: ignore[index]
+            if self._low_rank[r]:  # its factors' sizes follow the shape: the calibration's model
                 sp = self._speed(r)
             times.append(predict(self.ladder[r], sp, [tuple(shape)], workers, link)["step_seconds"])
         best = min(range(n), key=lambda r: (times[r], r))

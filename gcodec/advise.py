@@ -145,7 +145,7 @@ def _time_codec(codec: Codec, x: np.ndarray, repeats: int) -> tuple[float, float
 
 def _sample(codec: Codec, n: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    if codec.codec_id == "powersgd":
+    if codec.low_rank:  # a matrix, the shape a low-rank codec compresses
         side = max(2, int(math.sqrt(n)))
         return rng.standard_normal((side, max(2, n // side)), dtype=np.float32)
     return rng.standard_normal(n, dtype=np.float32)
@@ -363,7 +363,7 @@ def advise(
     out = []
     for cand in candidates:
         cfg = None if cand is None else get_codec(cand).get_config()
-        if cfg is not None and cfg["id"] == "powersgd" and (model is None or not tensors):
+        if cfg is not None and get_codec(cfg).low_rank and (model is None or not tensors):
             continue
         key = json.dumps(cfg, sort_keys=True)
         speed = (speeds or {}).get(key) or measure_speed(cfg, threads=threads, repeats=repeats)

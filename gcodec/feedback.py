@@ -129,31 +129,29 @@ class ErrorFeedback:
         return buf
 
     def encode_values(self, x: np.ndarray, key: str, out: np.ndarray) -> None:
-        """For the cast codecs (fp16, bf16): write the 16-bit bits of ``x + residual[key]`` into
-        ``out`` (uint16, ``x.size`` elements) and keep the new residual, without a payload.
+        """For codecs with a values section (``codec.values_dtype``: fp16, bf16): write the values of
+        ``x + residual[key]`` into ``out`` (``x.size`` elements) and keep the new residual, without
+        a payload.
 
         The same arithmetic as :meth:`encode` (bit for bit, residual included): for transports that
         send the values alone (the FSDP reduce-scatter's values path). CPU arrays only. If the new
         residual is not finite, raises :class:`~gcodec.PayloadValueError` and keeps the old one.
         """
-        cid = self.codec.codec_id
-        if cid not in ("fp16", "bf16"):
-            raise ConfigError(f"encode_values needs the fp16 or bf16 codec, not {cid!r}")
+        codec = self.codec
+        if codec.values_dtype is None:
+            raise ConfigError(f"encode_values needs a codec with a values section (fp16, bf16), not {codec.codec_id!r}")
         arr = np.asarray(x)
         K = kernels.of(arr)
-        enc = K.cast.encode_f16 if cid == "fp16" else K.cast.encode_bf16
-        dec = K.cast.decode_f16 if cid == "fp16" else K.cast.decode_bf16
         if key in self._disabled:
             flat = arr.reshape(-1)
-            with K.threads_for(arr.size):
-                enc(flat if flat.dtype in (np.float32, np.float64) else flat.astype(np.float32), out)
+            codec.encode_values(flat if flat.dtype in (np.float32, np.float64) else flat.astype(np.float32), out)
             return
         wd, e, scratch = self._host_buffers(key, arr)
         corrected = self._corrected(arr, e, wd)
         self._scratch[key] = scratch
+        codec.encode_values(corrected.reshape(-1), out)
+        codec.decode_values(out, scratch.reshape(-1), False)
         with K.threads_for(arr.size):
-            enc(corrected.reshape(-1), out)
-            dec(out, scratch.reshape(-1), False)
             bad = K.feedback.residual_inplace(corrected.reshape(-1), scratch.reshape(-1))
         self._keep_residual(key, corrected, bad)
 
@@ -242,6 +240,15 @@ class ErrorFeedback:
         """The current residual of ``key`` (a copy, in the memory it lives in), or None when it has none yet."""
         e = self._residuals.get(key)
         return None if e is None else _copy(e)
+
+    def set_residual(self, key: str, residual: Any) -> None:
+        """Make ``residual`` (float32 or float64, any memory it lives in; kept as given, not copied)
+        the residual of ``key``: what a transport that re-lays residuals out (a bucket rebuild, a
+        codec switch) hands over. The next encode of ``key`` checks its shape as for any residual."""
+        if residual.dtype not in (np.float32, np.float64):
+            raise ConfigError(f"residual {key!r} has dtype {residual.dtype}; expected float32 or float64")
+        self._residuals[key] = residual
+        self._scratch.pop(key, None)
 
     def reset(self, key: str | None = None) -> None:
         """Forget the residual of ``key``, or of every key (the codec's streams carry on)."""

@@ -31,7 +31,7 @@ from .policy import Policy
 from .transports import Communicator, Serial, Task, TransportState, Work, allreduce_protocol
 from .transports.collectives import joined
 from .transports.control import failed_exchange
-from .transports.routed import PolicyState
+from .transports.router import PolicyState
 
 __all__ = ["MPICommunicator", "PolicyState", "Request", "State", "allreduce", "iallreduce"]
 

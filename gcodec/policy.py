@@ -44,10 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from .codecs import Codec, get_codec
-from .codecs.powersgd import matrix_shape
 from .errors import ConfigError, GcodecError
 
-__all__ = ["POLICY_VERSION", "Decision", "Policy", "Rule"]
+__all__ = ["POLICY_VERSION", "Decision", "Policy", "Rule", "Rules", "as_policy"]
 
 #: The ``version`` written by :meth:`Policy.to_dict`.
 POLICY_VERSION = 1
@@ -226,24 +225,25 @@ class Policy:
                 break
         if codec is None:
             return Decision(None, f"{reason}: dense")
-        if codec["id"] == "powersgd":
-            mn = matrix_shape(shape)
-            rank = int(codec.get("rank", 4))
-            need = max(self.powersgd_min_rate, float(codec.get("min_compression_rate", 2.0)))
-            if mn is None:
-                return Decision(None, f"{reason}: powersgd needs a matrix: dense")
-            m, n = mn
-            rate = m * n / ((m + n) * min(rank, m, n))
+        c = self._codec(codec)
+        rate = c.compression_rate(shape)
+        if rate is not None:  # a codec whose gain depends on the shape (low-rank)
+            need = max(self.powersgd_min_rate, float(c.params.get("min_compression_rate", 0.0)))
+            if rate == 0:
+                return Decision(None, f"{reason}: {c.codec_id} needs a matrix: dense")
             if rate < need:
-                return Decision(None, f"{reason}: powersgd rate {rate:.2f} < {need:g}: dense")
+                return Decision(None, f"{reason}: {c.codec_id} rate {rate:.2f} < {need:g}: dense")
+        if not c.compresses(shape):
+            return Decision(None, f"{reason}: {c.codec_id} would pass a {list(shape)} tensor through: dense")
         return Decision(codec, reason)
 
-    def codec_for(self, name: str, shape: Sequence[int], step: int = 0) -> Codec | None:
+    def codec_for(self, name: str, shape: Sequence[int], step: int = 0, tensor: Any = None) -> Codec | None:
         """Like :meth:`decide`, as a codec object (one instance per config, so stateful codecs keep
-        their state in it) or None for dense."""
+        their state in it) or None for dense. ``tensor`` (the engine's gradient) is not consulted."""
         cfg = self.decide(name, shape, step).codec
-        if cfg is None:
-            return None
+        return None if cfg is None else self._codec(cfg)
+
+    def _codec(self, cfg: dict[str, Any]) -> Codec:
         k = json.dumps(cfg, sort_keys=True)
         c = self._codecs.get(k)
         if c is None:
@@ -301,3 +301,91 @@ class Policy:
 
     def __repr__(self) -> str:
         return f"Policy({json.dumps(self.to_dict(), sort_keys=True)})"
+
+
+class Rules:
+    """The engines' shorthand policies, adapted into the policy language: a default codec, a
+    callable ``policy(name, tensor) -> codec or None`` or a dict ``{fnmatch pattern: codec or None}``
+    (first matching pattern wins; unmatched tensors take ``codec``), with the engine's size rules.
+
+    A tensor is dense when the choice is None, when it has fewer than ``min_numel`` elements, when it
+    is 1-D and ``dense_1d`` holds unless a callable or pattern named its codec explicitly (FSDP2's
+    rule; the DDP hook compresses 1-D tensors it is told to), and when the chosen codec would pass a
+    tensor of that shape through (``codec.compresses(shape)``: PowerSGD on a thin matrix).
+    ``decide``/``codec_for`` answer as :class:`Policy`'s do; ``tensor`` is what a callable is handed
+    (the gradient, or a meta tensor of the parameter's shape), the shape when the engine gives none.
+    """
+
+    def __init__(
+        self,
+        policy: Any = None,
+        *,
+        codec: Codec | str | Mapping[str, Any] | None = "fp16",
+        min_numel: int = 1024,
+        dense_1d: bool = False,
+    ) -> None:
+        if policy is not None and not callable(policy) and not isinstance(policy, Mapping):
+            raise ConfigError(f"a policy is a gcodec.policy.Policy, a callable or a dict, not {type(policy).__name__}")
+        self.policy = policy
+        self.default = None if codec is None else (codec if isinstance(codec, Codec) else get_codec(codec))
+        self.min_numel = int(_int(min_numel, "policy", "min_numel", allow_none=False))  # type: ignore[arg-type]
+        self.dense_1d = bool(dense_1d)
+        self._codecs: dict[str, Codec] = {}
+
+    def _choice(self, name: str, shape: tuple[int, ...], tensor: Any) -> tuple[Any, str]:
+        if callable(self.policy):
+            return self.policy(name, shape if tensor is None else tensor), "policy callable"
+        if isinstance(self.policy, Mapping):
+            for pattern, c in self.policy.items():
+                if fnmatch.fnmatchcase(name, pattern):
+                    return c, f"pattern {pattern!r}"
+        return self.default, "default"
+
+    def _codec(self, choice: Any, where: str) -> Codec:
+        if isinstance(choice, Codec):
+            return choice  # the caller's instance: a stateful codec keeps its state in it
+        cfg = _codec_config(choice, where)
+        k = json.dumps(cfg, sort_keys=True)
+        c = self._codecs.get(k)
+        if c is None:
+            c = self._codecs[k] = get_codec(cfg)
+        return c
+
+    def _decide(self, name: str, shape: Sequence[int], tensor: Any) -> tuple[Codec | None, str]:
+        shape = tuple(int(d) for d in shape)
+        choice, reason = self._choice(name, shape, tensor)
+        if choice is None:
+            return None, f"{reason}: dense"
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel < self.min_numel:
+            return None, f"{numel} elements < min_numel {self.min_numel}: dense"
+        if self.dense_1d and len(shape) <= 1 and reason == "default":
+            return None, "1-D tensor: dense"
+        codec = self._codec(choice, f"policy for {name!r}")
+        if not codec.compresses(shape):
+            return None, f"{reason}: {codec.codec_id} would pass a {list(shape)} tensor through: dense"
+        return codec, reason
+
+    def decide(self, name: str, shape: Sequence[int], step: int = 0, tensor: Any = None) -> Decision:
+        codec, reason = self._decide(name, shape, tensor)
+        return Decision(None if codec is None else codec.get_config(), reason)
+
+    def codec_for(self, name: str, shape: Sequence[int], step: int = 0, tensor: Any = None) -> Codec | None:
+        return self._decide(name, shape, tensor)[0]
+
+
+def as_policy(
+    policy: Any,
+    *,
+    codec: Codec | str | Mapping[str, Any] | None = "fp16",
+    min_numel: int = 1024,
+    dense_1d: bool = False,
+) -> Any:
+    """The one policy language of the engines: a :class:`Policy` (it decides alone), a chooser with
+    ``select()`` (an adaptive controller) or any object with ``codec_for(name, shape, step)`` as
+    given; a callable, a ``{pattern: codec}`` dict or None adapted into :class:`Rules`."""
+    if isinstance(policy, Policy) or hasattr(policy, "select") or hasattr(policy, "codec_for"):
+        return policy
+    return Rules(policy, codec=codec, min_numel=min_numel, dense_1d=dense_1d)

@@ -149,12 +149,28 @@ class Codec(ABC):
     * ``version``: bumped when the codec's wire layout changes incompatibly;
     * ``PARAMS``: the parameter schema (used for construction and for header checking);
     * ``aggregation``: a :class:`Aggregation`.
+
+    and what the transports may ask of it (its *capabilities*; no module outside ``gcodec.codecs``
+    compares codec ids):
+
+    * ``low_rank``: the codec compresses whole matrices with a protocol of its own (two allreduces
+      of factors, ``begin()``/``LowRankRound``), so it cannot run on flat chunks (two-phase, FSDP's
+      row chunks, parameter shards);
+    * ``fixed_size``: the payload's length follows from the configuration and the tensor's shape
+      alone (never from its values), so every rank knows every payload's size in advance;
+    * :attr:`values_dtype` and :meth:`encode_values`/:meth:`decode_values`: the payload is a header
+      and one section of numbers of that type, which the ranks can sum value by value;
+    * :meth:`compresses`: whether a tensor of a shape is worth compressing at all;
+    * :meth:`compression_rate`: the ratio of a shape's elements to what the codec keeps of it,
+      when the codec's gain depends on the shape (a low-rank codec's m·n / ((m+n)·r)).
     """
 
     codec_id: ClassVar[str]
     version: ClassVar[int] = 1
     PARAMS: ClassVar[dict[str, Param]] = {}
     aggregation: ClassVar[Aggregation] = Aggregation.GATHER
+    low_rank: ClassVar[bool] = False
+    fixed_size: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         self._params = check_params(self.PARAMS, params, ConfigError, f"{self.codec_id}: ", fill_defaults=True)
@@ -217,6 +233,32 @@ class Codec(ABC):
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         """Value-level rules (raise PayloadValueError). Decoding checks what it must anyway."""
+        return None
+
+    # ---- capabilities the transports ask about (class docstring) ------------------------------
+    @property
+    def values_dtype(self) -> np.dtype | None:
+        """The number type of the one values section a payload of this codec carries when the ranks
+        may sum payloads value by value without decoding them (fp16, bf16), else None."""
+        return None
+
+    def encode_values(self, flat: Any, out: Any) -> None:
+        """Write the values section an encode of the flat float array ``flat`` would carry into
+        ``out`` (of :attr:`values_dtype`'s width), without a header. Only where ``values_dtype`` is set."""
+        raise ConfigError(f"codec {self.codec_id!r} has no values section to encode alone")
+
+    def decode_values(self, values: Any, out: Any, accumulate: bool) -> None:
+        """Decode (or add, when ``accumulate``) a values section written by :meth:`encode_values`."""
+        raise ConfigError(f"codec {self.codec_id!r} has no values section to decode alone")
+
+    def compresses(self, shape: tuple[int, ...]) -> bool:
+        """Whether a tensor of this shape is compressed (a codec that would only pass it through
+        says False, and the engines keep such a tensor dense)."""
+        return True
+
+    def compression_rate(self, shape: tuple[int, ...]) -> float | None:
+        """Elements of ``shape`` per element the codec sends, when that depends on the shape (a
+        low-rank codec: m·n / ((m+n)·r), 0 for a tensor that is no matrix); None when it does not."""
         return None
 
     # ---- what a host codec asks of the codec nested in it (specs/codecs/hybrid.md §3.1) --------

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
+from ..arrays import BFLOAT16
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, binary32
 from .registry import register_codec
@@ -36,6 +37,7 @@ def _f32(bits: int) -> float:
 class _Cast16(Codec):
     PARAMS = {}
     aggregation = Aggregation.SUMMABLE
+    fixed_size = True
     _encode_kernel: str  # names in each backend's ``cast`` module
     _decode_kernel: str
     # The range of the 16-bit format, as its spec's encoding table gives it: binary32 magnitudes from
@@ -54,6 +56,21 @@ class _Cast16(Codec):
         if v >= self._overflow:
             return math.inf
         return min(self._largest, v * (1 + 2.0**-self._digits) + self._tiny)
+
+    _values: np.dtype
+
+    @property
+    def values_dtype(self) -> np.dtype:
+        return self._values
+
+    def encode_values(self, flat: Any, out: Any) -> None:
+        """The ``data`` section of an encode of ``flat`` (float32/float64), written into ``out``."""
+        K = kernels.of(flat)
+        with K.threads_for(flat.size):
+            getattr(K.cast, self._encode_kernel)(flat, out)
+
+    def decode_values(self, values: Any, out: Any, accumulate: bool) -> None:
+        getattr(kernels.of(out).cast, self._decode_kernel)(values, out, accumulate)
 
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = _as_kernel_input(x)
@@ -88,6 +105,7 @@ class FP16(_Cast16):
     codec_id = "fp16"
     _encode_kernel = "encode_f16"
     _decode_kernel = "decode_f16"
+    _values = np.dtype(np.float16)
     _overflow = 65520.0  # fp16.md §3: a >= 0x477FF000 gives ±infinity
     _largest = 65504.0
     _digits = 11
@@ -102,6 +120,7 @@ class BF16(_Cast16):
     codec_id = "bf16"
     _encode_kernel = "encode_bf16"
     _decode_kernel = "decode_bf16"
+    _values = BFLOAT16
     _overflow = _f32(0x7F7F8000)  # bf16.md §3: u >= 0x7F7F8000 in magnitude rounds to infinity
     _largest = _f32(0x7F7F0000)
     _digits = 8

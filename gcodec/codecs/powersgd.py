@@ -315,6 +315,7 @@ class PowerSGD(Codec):
 
     codec_id = "powersgd"
     aggregation = Aggregation.GATHER
+    low_rank = True  # two allreduces of factors (begin/LowRankRound): whole matrices only
     NESTED_ROLES = ("p", "q")
     PARAMS = {
         "rank": Param(int, 4, "rank of the approximation", min=1, max=1 << 16),
@@ -363,6 +364,14 @@ class PowerSGD(Codec):
         return mn is not None and should_compress(
             mn[0], mn[1], self._params["rank"], self._params["min_compression_rate"]
         )
+
+    def compression_rate(self, shape: tuple[int, ...]) -> float:
+        """m·n / ((m+n)·r) of the matrix view of ``shape`` (0 when it is no matrix)."""
+        mn = matrix_shape(tuple(shape))
+        if mn is None:
+            return 0.0
+        m, n = mn
+        return m * n / ((m + n) * min(self._params["rank"], m, n))
 
     def begin(
         self, x: Any, *, key: str | None = None, step: int | None = None, state: CodecState | None = None

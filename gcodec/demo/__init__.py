@@ -75,7 +75,7 @@ def warm_kernels(specs: list[dict[str, Any]]) -> None:
         if spec.get("hook") == "gcodec" and spec.get("codec") is not None:
             try:
                 codec = get_codec(spec["codec"])
-                if codec.codec_id != "powersgd":  # PowerSGD runs matrix products in the transport
+                if not codec.low_rank:  # a low-rank codec runs matrix products in the transport
                     buf = codec.encode(x, key="warm")
                     decode(buf)
                     # the transports sum into their buffers: the quantizers compile that kernel apart

@@ -54,7 +54,7 @@ def _dense(codec: Any, p: torch.Tensor, min_numel: int) -> bool:
     """Whether the hook leaves this parameter's gradient uncompressed (HookState's rule)."""
     if codec is None or p.numel() < min_numel:
         return True
-    return codec.codec_id == "powersgd" and not codec.compresses(tuple(p.shape))
+    return not codec.compresses(tuple(p.shape))
 
 
 def _wire_bytes_dense(run: dict[str, Any], params: Sequence[torch.Tensor], s: Settings) -> int:

@@ -22,8 +22,6 @@ flattened, unpadded parameter, so they survive a change of world size: see
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +33,7 @@ import torch.distributed as dist
 
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, GcodecError
-from ..transports import TransportState
+from ..transports import DENSE, Piece, Router, TransportState
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import allgather_protocol
 from ..transports.handshake import Agreement, fingerprint
@@ -60,10 +58,6 @@ _RANGE = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
 FORMAT = "gcodec.fsdp/1"
 #: Key prefix of :meth:`FSDPState.dcp_state_dict` (``"gcodec.fsdp.rank3/fc1.weight[0:2048]"``).
 DCP_PREFIX = "gcodec.fsdp.rank"
-
-
-def _codec_key(codec: Codec) -> str:
-    return json.dumps(codec.get_config(), sort_keys=True)
 
 
 def _op_scale(op: Any, p: int) -> tuple[str, float]:
@@ -103,9 +97,12 @@ class FSDPState:
 
     Args:
         codec: codec of compressed gradients (a codec, id or config). Default ``"fp16"``.
-        policy: per parameter: a callable ``policy(fqn, meta_tensor) -> codec or None`` (the tensor
-            has the parameter's full shape on the meta device) or ``{fnmatch pattern: codec or None}``
-            (first match wins); None means dense. Unmatched parameters use ``codec``.
+        policy: per parameter: a :class:`gcodec.policy.Policy` (it decides alone, by name, shape
+            and the module's reduce-scatter count as its step), a callable
+            ``policy(fqn, meta_tensor) -> codec or None`` (the tensor has the parameter's full shape
+            on the meta device) or ``{fnmatch pattern: codec or None}`` (first match wins; None
+            means dense; unmatched parameters use ``codec``), or an adaptive controller
+            (:class:`gcodec.adaptive.AdaptiveController`: one rung per module every few steps).
         start_iter: reduce-scatters per module left uncompressed first (FSDP's own reduce-scatter).
         min_numel: parameters with fewer elements stay dense.
         error_feedback: keep per-rank worker residuals (per parameter chunk and destination).
@@ -121,7 +118,7 @@ class FSDPState:
         self,
         codec: Codec | str | dict[str, Any] = "fp16",
         *,
-        policy: Policy | Mapping[str, Any] | None = None,
+        policy: Any = None,
         start_iter: int = 10,
         min_numel: int = 1024,
         error_feedback: bool = True,
@@ -130,60 +127,50 @@ class FSDPState:
     ) -> None:
         self.codec = get_codec(codec)
         self.all_gather = None if all_gather is None else get_codec(all_gather)
-        if self.all_gather is not None and self.all_gather.codec_id == "powersgd":
-            raise ConfigError("powersgd needs whole matrices; FSDP all-gathers flat shards")
+        if self.all_gather is not None and self.all_gather.low_rank:
+            raise ConfigError(f"{self.all_gather.codec_id} needs whole matrices; FSDP all-gathers flat shards")
         self.ag_iters: dict[str, int] = {}  # module FQN -> compressed all-gathers done
         self._ag = Stats()
-        if self.codec.codec_id == "powersgd":
-            raise ConfigError("powersgd needs whole matrices; FSDP's reduce-scatter sends row chunks")
+        if self.codec.low_rank:
+            raise ConfigError(f"{self.codec.codec_id} needs whole matrices; FSDP's reduce-scatter sends row chunks")
         self.policy = policy
         self.start_iter = int(start_iter)
         self.min_numel = int(min_numel)
         self.error_feedback = bool(error_feedback)
         self.num_threads = num_threads
         self.iters: dict[str, int] = {}  # module FQN -> reduce-scatters done
-        self._states: dict[str, TransportState] = {}
+        self.router = Router(
+            policy,
+            codec=self.codec,
+            min_numel=self.min_numel,
+            dense_1d=True,
+            error_feedback=self.error_feedback,
+            num_threads=num_threads,
+        )
         self._dense = Stats()
-        self._codec_cache: dict[str, Codec] = {}
         self._agreed: dict[str, str] = {}
         self._threads: int | None = num_threads
-        # codec key -> {group key -> (layout, segments of its parameters, p)}: to save residuals.
-        self._groups: dict[str, dict[str, tuple[_Layout, list[int]]]] = {}
-        self._pending: dict[str, np.ndarray] = {}  # fqn -> loaded flat residual, not yet placed
         self._shapes: dict[str, tuple[int, ...]] = {}
 
     # ---- policy ------------------------------------------------------------------------------
-    def codec_for(self, fqn: str, shape: Sequence[int]) -> Codec | None:
-        """The codec of a parameter, or None when it stays dense (policy, size, 1-D)."""
-        choice: Any = self.codec
-        explicit = False
-        if callable(self.policy):
-            choice, explicit = self.policy(fqn, torch.empty(tuple(shape), device="meta")), True
-        elif isinstance(self.policy, Mapping):
-            for pattern, c in self.policy.items():
-                if fnmatch.fnmatchcase(fqn, pattern):
-                    choice, explicit = c, True
-                    break
-        if choice is None:
-            return None
-        if int(np.prod(shape)) < self.min_numel or (len(shape) <= 1 and not explicit):
-            return None
-        if isinstance(choice, Codec):
-            codec = choice
+    def codec_for(self, fqn: str, shape: Sequence[int], step: int = 0, rung: Codec | None = None) -> Codec | None:
+        """The codec of a parameter at its module's ``step``, or None when it stays dense (policy,
+        size, 1-D); under an adaptive controller the module's ``rung`` unless the size rules keep
+        the parameter dense."""
+        shape = tuple(int(d) for d in shape)
+        if self.router.adaptive:
+            if rung is None or int(np.prod(shape)) < self.min_numel or len(shape) <= 1 or not rung.compresses(shape):
+                return None
+            codec: Codec | None = rung
         else:
-            ck = json.dumps(choice, sort_keys=True)
-            codec = self._codec_cache.get(ck) or self._codec_cache.setdefault(ck, get_codec(choice))
-        if codec.codec_id == "powersgd":
-            raise ConfigError(f"{fqn}: powersgd cannot compress FSDP's row chunks")
+            meta = torch.empty(shape, device="meta") if callable(self.policy) else None
+            codec = self.router.choose(fqn, shape, step, meta)
+        if codec is not None and codec.low_rank:
+            raise ConfigError(f"{fqn}: {codec.codec_id} cannot compress FSDP's row chunks (it needs whole matrices)")
         return codec
 
     def state_for(self, codec: Codec) -> TransportState:
-        k = _codec_key(codec)
-        st = self._states.get(k)
-        if st is None:
-            st = TransportState(codec, error_feedback=self.error_feedback, num_threads=self.num_threads)
-            self._states[k] = st
-        return st
+        return self.router.state_for(codec)
 
     def comm(self, group: Any) -> TorchCommunicator:
         return comm_for(group)
@@ -197,7 +184,7 @@ class FSDPState:
         """Per key (module and codec): bytes and seconds of the last step and totals, as the DDP
         hook's ``HookState.stats()``; dense traffic under ``"<module>:dense"`` with codec None."""
         out: dict[str, dict[str, Any]] = {k: {**v, "codec": None} for k, v in self._dense.as_dict().items()}
-        for st in self._states.values():
+        for st in self.router.states.values():
             for k, v in st.stats().items():
                 out[k] = {**v, "codec": st.codec.get_config()}
         if self.all_gather is not None:
@@ -209,39 +196,8 @@ class FSDPState:
     def reset_stats(self) -> None:
         self._ag.reset()
         self._dense.reset()
-        for st in self._states.values():
+        for st in self.router.states.values():
             st.reset_stats()
-
-    # ---- groups and residual placement -------------------------------------------------------
-    def _place_pending(self, ts: TransportState, key: str, layout: _Layout, idx: list[int]) -> None:
-        """Give a new group the residuals loaded for its parameters (any element ranges)."""
-        ef = ts.worker
-        if ef is None or not any(layout.entries[i][0] in self._pending for i in idx):
-            return
-        if any(ef.residual(f"{key}[{j}/{layout.p}]") is not None for j in range(layout.p)):
-            return
-        sd = ef.state_dict()
-        n = sum(layout.entries[i][3] for i in idx)
-        for j in range(layout.p):
-            r = np.zeros(n, np.float32)
-            pos = 0
-            for i in idx:
-                fqn, _shape, _, clen = layout.entries[i]
-                full = self._pending.get(fqn)
-                if full is not None:
-                    a, b = j * clen, min((j + 1) * clen, full.shape[0])
-                    if b > a:
-                        r[pos : pos + b - a] = full[a:b]
-                pos += clen
-            sd["residuals"][f"{key}[{j}/{layout.p}]"] = r
-        ef.load_state_dict(sd)
-        for i in idx:
-            self._pending.pop(layout.entries[i][0], None)
-
-    def _remember(self, ts: TransportState, key: str, layout: _Layout, idx: list[int]) -> None:
-        self._groups.setdefault(_codec_key(ts.codec), {})[key] = (layout, idx)
-        for i in idx:
-            self._shapes[layout.entries[i][0]] = layout.entries[i][1]
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -250,26 +206,7 @@ class FSDPState:
 
         Tensors, ints, floats and strings only: ``torch.load(weights_only=True)`` reads it.
         """
-        residuals: dict[str, torch.Tensor] = {}
-        for ck, groups in self._groups.items():
-            ef = self._states[ck].worker
-            if ef is None:
-                continue
-            for key, (layout, idx) in groups.items():
-                for j in range(layout.p):
-                    r = ef.residual(f"{key}[{j}/{layout.p}]")
-                    if r is None:
-                        continue
-                    pos = 0
-                    for i in idx:
-                        fqn, shape, _, clen = layout.entries[i]
-                        numel = int(np.prod(shape))
-                        a, b = j * clen, min((j + 1) * clen, numel)
-                        if b > a:
-                            residuals[f"{fqn}[{a}:{b}]"] = torch.from_numpy(r[pos : pos + b - a].astype(np.float32))
-                        pos += clen
-        for fqn, full in self._pending.items():  # loaded, not yet used: keep them
-            residuals[f"{fqn}[0:{full.shape[0]}]"] = torch.from_numpy(full.copy())
+        residuals = {k: torch.from_numpy(v.astype(np.float32)) for k, v in self.router.ranges().items()}
         return {
             "format": FORMAT,
             "codec": json.dumps(self.codec.get_config(), sort_keys=True),
@@ -291,11 +228,9 @@ class FSDPState:
             raise ConfigError(f"state was saved with codec {sd['codec']}, not {self.codec.get_config()}")
         self.iters = {str(k): int(v) for k, v in sd["iters"].items()}
         self._shapes = {str(k): tuple(int(d) for d in v) for k, v in sd["shapes"].items()}
-        self._pending = _assemble(sd["residuals"], self._shapes)
-        for st in self._states.values():
-            if st.worker is not None:
-                st.worker.reset()
-        self._groups.clear()
+        pending = _assemble(sd["residuals"], self._shapes)
+        self.router.clear_residuals()
+        self.router.hold({f"{fqn}[0:{full.shape[0]}]": full for fqn, full in pending.items()})
         self._agreed.clear()
 
     # ---- torch.distributed.checkpoint ---------------------------------------------------------
@@ -514,6 +449,14 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             if not async_op:
                 st._dense.record(s)
             return work
+        rung: Codec | None = None
+        if st.router.adaptive:
+            # One rung per module, from what its reduce-scatters measured; the controller's
+            # figures allreduce is an exchange of its own, queued in order with the others.
+            cstep = st.router.steps.get(self.name, 0)
+            st.router.steps[self.name] = cstep + 1
+            rung = queue_for(group).run(st.router.select(comm, self.name, (max(n // p, 1),), cstep))
+            st.router.note_choice(self.name, cstep, rung)
         try:
             opname, scale = _op_scale(op, p)
             if n % p or output_tensor.numel() != n // p:
@@ -521,7 +464,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             layout = self._layout(n // p, p)
             x = to_numpy(input_tensor).reshape(p, n // p)
             out = to_numpy(output_tensor).reshape(-1)
-            groups = self._groups(layout, it)
+            groups = self._groups(layout, it, x, rung)
         except GcodecError as e:  # take part, so that the peers raise too instead of waiting
             queue_for(group).run(failed_exchange(comm, e, f"compressed reduce-scatter of {self.name!r}"))
             raise
@@ -537,23 +480,24 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             "size": p,
             "ef": st.error_feedback,
         }
-        proto = self._protocol(comm, x, out, groups, scale, fingerprint(**fields))
+        proto = self._protocol(comm, x, out, groups, scale, fingerprint(**fields), rung)
         if async_op:
             return FutureWork(queue_for(group).submit(proto))
         queue_for(group).run(proto)  # FSDP2 waits for it anyway
         return None
 
-    def _groups(self, layout: _Layout, it: int) -> list[RSGroup]:
+    def _groups(self, layout: _Layout, it: int, x: np.ndarray, rung: Codec | None) -> list[RSGroup]:
         st = self.state
+        router = st.router
         by_codec: dict[str, list[int]] = {}
         codecs: dict[str, Codec] = {}
         dense: list[int] = []
         for i, (fqn, shape, _, _) in enumerate(layout.entries):
-            c = None if "#shard" in fqn else st.codec_for(fqn, shape)
+            c = None if "#shard" in fqn else st.codec_for(fqn, shape, it, rung)
             if c is None:
                 dense.append(i)
             else:
-                k = _codec_key(c)
+                k = json.dumps(c.get_config(), sort_keys=True)
                 by_codec.setdefault(k, []).append(i)
                 codecs[k] = c
         groups: list[RSGroup] = []
@@ -568,29 +512,65 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
                     out.append((a, a + clen))
             return out
 
+        def rows(idx: list[int]) -> list[list[Piece]]:
+            """Per destination j, the element ranges of the parameters ``idx`` its row carries."""
+            out = []
+            for j in range(layout.p):
+                v = []
+                for i in idx:
+                    fqn, shape, _, clen = layout.entries[i]
+                    numel = int(np.prod(shape))
+                    v.append(Piece(fqn, min(j * clen, numel), min((j + 1) * clen, numel), clen))
+                out.append(v)
+            return out
+
+        def add_rows(idx: list[int], vals: list[np.ndarray | None]) -> None:
+            """Add residuals laid out as ``rows(idx)`` into the input's columns of ``idx``."""
+            for j, v in enumerate(vals):
+                if v is None:
+                    continue
+                pos = 0
+                for i in idx:
+                    _, _, a, clen = layout.entries[i]
+                    x[j, a : a + clen] += v[pos : pos + clen].astype(x.dtype)
+                    pos += clen
+
         if dense:
+            taken = router.take(rows(dense))  # parameters that left a codec send what it still owed
+            if taken is not None:
+                add_rows(dense, taken)
             groups.append(RSGroup(f"{self.name}:dense", segs(dense), None, it))
         for k, idx in by_codec.items():
             codec = codecs[k]
             ts = st.state_for(codec)
-            names = "\0".join(layout.entries[i][0] for i in idx)
-            digest = hashlib.sha1(f"{names}|{layout.p}".encode()).hexdigest()[:8]
-            key = f"{self.name}:{codec.codec_id}:{digest}"
-            st._place_pending(ts, key, layout, idx)
-            st._remember(ts, key, layout, idx)
+            names = [layout.entries[i][0] for i in idx]
+            key = router.group_key(f"{self.name}:", codec, names, layout.p)
+            flush = router.place(ts, key, "rows", rows(idx))
+            if flush is not None:  # no feedback in this codec: send it now
+                add_rows(idx, flush)
+            for i in idx:
+                st._shapes[layout.entries[i][0]] = layout.entries[i][1]
             groups.append(RSGroup(key, segs(idx), ts, ts.next_step(key)))
         return groups
 
     def _protocol(
-        self, comm: TorchCommunicator, x: np.ndarray, out: np.ndarray, groups: list[RSGroup], scale: float, fp: Any
+        self,
+        comm: TorchCommunicator,
+        x: np.ndarray,
+        out: np.ndarray,
+        groups: list[RSGroup],
+        scale: float,
+        fp: Any,
+        rung: Codec | None = None,
     ) -> Any:
         st = self.state
+        states = st.router.states
 
         def on_agree(agreement: Agreement) -> None:
-            for ts in st._states.values():
+            for ts in states.values():
                 ts.agreed_on(self.name, agreement.local_ranks)
             if st._threads is None:
-                st._threads = next(iter(st._states.values())).threads if st._states else None
+                st._threads = next(iter(states.values())).threads if states else None
 
         what = f"compressed reduce-scatter of {self.name!r}"
         ex = Exchange(comm, fp, st._agreed, self.name, what, on_agree)
@@ -598,6 +578,15 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         for g in groups:
             assert g.stats is not None
             (g.state.record if g.state is not None else st._dense.record)(g.stats)
+        if st.router.adaptive:  # what the controller reads of this module's step
+            vals: dict[str, float] = {}
+            for g in groups:
+                if g.state is not None or rung is None:
+                    for f, v in g.stats.values.items():  # type: ignore[union-attr]
+                        vals[f] = vals.get(f, 0) + v
+            step = st.router.steps[self.name] - 1
+            codec = DENSE if rung is None else rung.get_config()
+            st.router.record(self.name, {"step": step, "mode": "reduce_scatter", **vals, "codec": codec})
         return None
 
 

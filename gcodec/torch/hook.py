@@ -18,17 +18,20 @@ Per bucket, the hook sorts the gradients into three kinds, in the spirit of torc
 Results are decoded into the bucket's buffer in place, and the returned future is chained on the
 asynchronous collectives: nothing blocks inside the hook.
 
-State is keyed by *parameter*, not by bucket index: DDP rebuilds its buckets after the first
-iteration (their sizes change with ``bucket_cap_mb``), so a residual kept per bucket index would
-meet a tensor of another size. Error-feedback residuals of a flat group are carried over, slice by
-slice, to the new group that holds the same parameters; PowerSGD's residuals and warm-start Q are
-per parameter already.
+Codec choice, group keys and residuals are the router's (:class:`gcodec.transports.Router`), as
+for FSDP2, ``all_reduce`` and ``gcodec.mpi``. Residuals are kept by *parameter* and element range,
+not by bucket index: DDP rebuilds its buckets after the first iteration (their sizes change with
+``bucket_cap_mb``), and a policy or an adaptive controller may move a parameter to another codec;
+the router re-slices every pending residual into the new group's layout. PowerSGD's residuals and
+warm-start Q are per parameter already.
+
+An adaptive controller (``policy=gcodec.adaptive.AdaptiveController(...)``) picks one rung of its
+ladder per bucket every few steps, from what the bucket's exchanges measured, the same on every
+rank; the size rules (``min_numel``, a codec that would pass a shape through) keep their tensors dense.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,7 +46,7 @@ from ..codecs import Codec, get_codec
 from ..errors import ConfigError, GcodecError
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
-from ..transports import LowRankItem, TransportState, lowrank_protocol, resolve_mode
+from ..transports import DENSE, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
 from ..transports.common import timed
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import gather_protocol
@@ -51,7 +54,7 @@ from ..transports.handshake import Agreement, fingerprint
 from ..transports.quality import sample_quality
 from ..transports.stats import StepStats
 from ..transports.summable import summable_protocol
-from ..transports.two_phase import owner_bounds, two_phase_protocol
+from ..transports.two_phase import two_phase_protocol
 from .comm import TorchCommunicator, comm_for, queue_for
 from .convert import to_numpy
 
@@ -63,10 +66,6 @@ Policy = Callable[[str, torch.Tensor], "Codec | str | dict[str, Any] | None"]
 _POLICY_MARK = "gcodec.policy.Policy"  # how a pickled HookState tells a Policy from a pattern dict
 
 _FLAT = {"summable": summable_protocol, "gather": gather_protocol, "two_phase": two_phase_protocol}
-
-
-def _codec_key(codec: Codec) -> str:
-    return json.dumps(codec.get_config(), sort_keys=True)
 
 
 class HookState:
@@ -87,7 +86,9 @@ class HookState:
             step; it then decides alone, ``min_numel`` and ``codec`` unused), a callable
             ``policy(name, grad) -> codec or None`` or a dict ``{fnmatch pattern: codec or None}``
             (first matching pattern wins; unmatched tensors use ``codec``). ``None`` means dense.
-            Names come from ``module``.
+            Or an adaptive controller (:class:`gcodec.adaptive.AdaptiveController`): one rung of
+            its ladder per bucket, chosen every few steps from what the bucket's exchanges
+            measured. Names come from ``module``.
         module: the model (or the DDP wrapper), used only to name parameters for the policy and for
             statistics. Without it, parameters are named ``param0``, ``param1``, ... in the order DDP
             first hands them to the hook (the same order in every run).
@@ -105,7 +106,7 @@ class HookState:
         min_numel: int = 1024,
         error_feedback: bool = True,
         mode: str = "auto",
-        policy: CodecPolicy | Policy | Mapping[str, Any] | None = None,
+        policy: Any = None,
         module: torch.nn.Module | None = None,
         num_threads: int | None = None,
         telemetry: Telemetry | None = None,
@@ -124,11 +125,17 @@ class HookState:
         if module is not None:
             self._names = {id(p): n for n, p in module.named_parameters()}
         self._named_by_order = module is None
-        self._states: dict[str, TransportState] = {}
-        self._groups: dict[str, list[tuple[str, int]]] = {}  # flat-group key -> [(param name, numel)]
-        self._owner: dict[str, str] = {}  # param name -> the flat group that holds its residual now
+        self.router = Router(
+            policy,
+            codec=self.codec,
+            min_numel=self.min_numel,
+            dense_1d=False,
+            error_feedback=self.error_feedback,
+            mode=mode,
+            num_threads=num_threads,
+            telemetry=telemetry,
+        )
         self._comm: TorchCommunicator | None = None
-        self._codec_cache: dict[str, Codec] = {}
         self._agreed: dict[str, str] = {}  # bucket -> the plan its exchange last agreed on
 
     # ---- names, codecs, states ---------------------------------------------------------------
@@ -139,44 +146,18 @@ class HookState:
             self._names[id(p)] = name
         return name
 
-    def _codec_for(self, name: str, grad: torch.Tensor, step: int = 0) -> Codec | None:
-        if isinstance(self.policy, CodecPolicy):  # the policy decides everything, min_numel included
-            return self.policy.codec_for(name, tuple(grad.shape), step)
-        choice: Any = self.codec
-        if callable(self.policy):
-            choice = self.policy(name, grad)
-        elif isinstance(self.policy, Mapping):
-            for pattern, c in self.policy.items():
-                if fnmatch.fnmatchcase(name, pattern):
-                    choice = c
-                    break
-        if choice is None:
+    def _codec_for(self, name: str, grad: torch.Tensor, step: int, rung: Any = None) -> Codec | None:
+        """The codec of one gradient at ``step``: the policy's, or under a controller the bucket's
+        rung unless the size rules keep the tensor dense."""
+        if not self.router.adaptive:
+            return self.router.choose(name, tuple(grad.shape), step, grad)
+        if rung is None or grad.numel() < self.min_numel or not rung.compresses(tuple(grad.shape)):
             return None
-        if isinstance(choice, Codec):
-            codec = choice
-        else:  # one instance per config: stateful codecs keep their state in it
-            ck = json.dumps(choice, sort_keys=True)
-            codec = self._codec_cache.get(ck) or self._codec_cache.setdefault(ck, get_codec(choice))
-        if grad.numel() < self.min_numel:
-            return None
-        if codec.codec_id == "powersgd" and not codec.compresses(tuple(grad.shape)):  # type: ignore[attr-defined]
-            return None  # 1-D tensors and matrices too thin to gain: dense, as torch's hook does
-        return codec
+        return rung  # type: ignore[no-any-return]
 
     def state_for(self, codec: Codec) -> TransportState:
         """The transport state (residuals, statistics) of one codec of this hook."""
-        k = _codec_key(codec)
-        st = self._states.get(k)
-        if st is None:
-            st = TransportState(
-                codec,
-                error_feedback=self.error_feedback,
-                mode=self.mode,
-                num_threads=self.num_threads,
-                telemetry=self.telemetry,
-            )
-            self._states[k] = st
-        return st
+        return self.router.state_for(codec)
 
     def comm(self) -> TorchCommunicator:
         if self._comm is None:
@@ -187,29 +168,21 @@ class HookState:
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per key (parameter group) and codec: bytes and seconds of the last step and totals."""
         out: dict[str, dict[str, Any]] = {}
-        for st in self._states.values():
+        for st in self.router.states.values():
             for k, v in st.stats().items():
                 out[k] = {**v, "codec": st.codec.get_config()}
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Iteration, parameter names and every codec's residuals and factors, as tensors, ints and
-        strings only (``torch.load(weights_only=True)`` accepts it)."""
-        return {
-            "iter": self.iter,
-            "groups": {k: [[n, c] for n, c in v] for k, v in self._groups.items()},
-            "owners": dict(self._owner),
-            "states": {k: tensors_from_arrays(st.state_dict()) for k, st in self._states.items()},
-        }
+        """Iteration and the router's state (every codec's steps and factors, the residuals by
+        parameter and element range, a controller's figures), as tensors, ints and strings only
+        (``torch.load(weights_only=True)`` accepts it)."""
+        return {"iter": self.iter, "router": tensors_from_arrays(self.router.state_dict())}
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         self._agreed.clear()  # agree again after a restore: the peers may have changed
         self.iter = int(sd["iter"])
-        self._groups = {str(k): [(str(n), int(c)) for n, c in v] for k, v in sd.get("groups", {}).items()}
-        self._owner = {str(k): str(v) for k, v in sd.get("owners", {}).items()}
-        for saved in sd["states"].values():
-            s = _to_arrays(saved)
-            self.state_for(get_codec(s["codec"])).load_state_dict(s)
+        self.router.load_state_dict(_to_arrays(sd["router"]))
 
     def __getstate__(self) -> dict[str, Any]:
         # Like torch's PowerSGDState: the configuration and the state, not the process group (nor
@@ -244,60 +217,6 @@ class HookState:
         )
         self.load_state_dict(d["state"])
 
-    # ---- the flat groups and their residual carry-over ---------------------------------------
-    def _group_key(self, codec: Codec, names: list[str], numels: list[int], size: int) -> str:
-        digest = hashlib.sha1("\0".join(names).encode()).hexdigest()[:8]
-        key = f"{names[0]}..{names[-1]} ({len(names)} tensors, {codec.codec_id}, {digest})"
-        layout = list(zip(names, numels))
-        # The parameters' latest residuals live under the group that last held them; when that is
-        # another group (DDP rebuilt its buckets, or rebuilt them back), gather them into this one.
-        if any(self._owner.get(n, key) != key for n in names):
-            self._carry_over(codec, key, layout, size)
-        self._groups[key] = layout
-        for n in names:
-            self._owner[n] = key
-        return key
-
-    def _carry_over(self, codec: Codec, key: str, layout: list[tuple[str, int]], size: int) -> None:
-        """Build the worker residual of ``key`` from the residuals of the groups that held its
-        parameters last (after a bucket rebuild). Two-phase residuals are kept per owner chunk."""
-        st = self.state_for(codec)
-        ef = st.worker
-        if ef is None:
-            return
-        chunked = resolve_mode(codec, self.mode, size) == "two_phase"
-
-        def residual_of(k: str) -> np.ndarray | None:
-            if not chunked:
-                return ef.residual(k)
-            parts = [ef.residual(f"{k}[{j}/{size}]") for j in range(size)]
-            return None if any(q is None for q in parts) else np.concatenate([q.reshape(-1) for q in parts])  # type: ignore[union-attr]
-
-        pieces: dict[str, np.ndarray] = {}
-        for old_key in {self._owner[n] for n, _ in layout if n in self._owner}:
-            res = residual_of(old_key)
-            if res is None or old_key not in self._groups:
-                continue
-            pos = 0
-            for n, c in self._groups[old_key]:
-                if self._owner.get(n) == old_key:
-                    pieces[n] = res.reshape(-1)[pos : pos + c]
-                pos += c
-        new = np.zeros(sum(c for _, c in layout), np.float32)
-        pos = 0
-        for n, c in layout:
-            if n in pieces and pieces[n].shape[0] == c:
-                new[pos : pos + c] = pieces[n]
-            pos += c
-        sd = ef.state_dict()
-        if chunked:
-            b = owner_bounds(new.shape[0], size)
-            for j in range(size):
-                sd["residuals"][f"{key}[{j}/{size}]"] = new[b[j] : b[j + 1]].copy()
-        else:
-            sd["residuals"][key] = new
-        ef.load_state_dict(sd)
-
 
 def _to_arrays(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
@@ -314,11 +233,25 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     buf = bucket.buffer()
     p = comm.size
     what = f"DDP hook, bucket {bucket.index()} at iteration {it}"
+    router = state.router
+    rung: Codec | None = None
+    ckey: str | None = None
+    if router.adaptive and it >= state.start_iter:
+        # The controller decides per bucket (its compressible tensors predicted as one), from the
+        # figures the bucket's earlier exchanges measured; its figures allreduce is an exchange of
+        # its own, so every rank takes the same rung at the same step.
+        names = [state._name(q) for q in bucket.parameters()]
+        ckey = f"bucket:{names[0]}..{names[-1]}"
+        cstep = router.steps.get(ckey, 0)
+        router.steps[ckey] = cstep + 1
+        numel = sum(g.numel() for g in bucket.gradients() if g.numel() >= state.min_numel)
+        rung = yield from router.select(comm, ckey, (max(numel, 1),), cstep)
+        router.note_choice(ckey, cstep, rung)
     # The bucket's plan (which tensors go dense, which codec and mode each group takes) is decided
     # locally, then agreed in the bucket's exchange: its fingerprint travels in full the first time
     # and as a digest in the first message of every later step (see gcodec.transports.control).
     try:
-        plan = _plan(state, bucket, it, p)
+        plan = _plan(state, bucket, it, p, rung)
     except GcodecError as e:  # take part, so that the peers raise too instead of waiting
         yield from failed_exchange(comm, e, what)
     ex = Exchange(comm, plan.fingerprint, state._agreed, f"bucket{bucket.index()}", what, plan.on_agree)
@@ -326,16 +259,29 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         # Warm-up, or everything dense this step (a policy's choice): plain average of the whole
         # bucket, in its own dtype, as torch's allreduce hook.
         yield from ex.begin()
-        yield comm.allreduce_tensor(buf)
+        if plan.carried:
+            for i, r in plan.carried.items():
+                to_numpy(plan.grads[i]).reshape(-1)[...] += r.astype(to_numpy(plan.grads[i]).dtype)
+        st = StepStats(ckey or f"bucket{bucket.index()}:dense", it, DENSE, buf.nbytes)
+        st.add("payload_bytes", buf.nbytes)
+        st.add("wire_bytes", 2 * (p - 1) * buf.nbytes // p)
+        yield from timed(st, _one(comm.allreduce_tensor(buf)))
         buf.div_(p)
+        if ckey is not None:
+            router.record(ckey, {"step": router.steps[ckey] - 1, "mode": DENSE, **st.values, "codec": DENSE})
         return buf
     grads, names = plan.grads, plan.names
     # Dense tensors: their concatenation (in float32) is summed uncompressed, riding with the
     # bucket's first summable or PowerSGD group when it has one (no round of their own; see
-    # summable_protocol and lowrank_protocol), else in an allreduce of its own.
-    flat = (
-        np.concatenate([to_numpy(grads[i]).reshape(-1).astype(np.float32) for i in plan.dense]) if plan.dense else None
-    )
+    # summable_protocol and lowrank_protocol), else in an allreduce of its own. A residual a
+    # parameter kept from a codec it has left goes with it.
+    flat = None
+    if plan.dense:
+        parts = [to_numpy(grads[i]).reshape(-1).astype(np.float32) for i in plan.dense]
+        for j, i in enumerate(plan.dense):
+            if i in plan.carried:
+                parts[j] = parts[j] + plan.carried[i].astype(np.float32)
+        flat = np.concatenate(parts)
     if flat is not None and plan.carrier is None:
         yield from ex.begin()
         yield comm.allreduce(flat, "sum")
@@ -346,15 +292,22 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         riders = flat if g is plan.carrier else None
         if mode == "powersgd":
             items = [LowRankItem(names[i], to_numpy(grads[i]), to_numpy(grads[i])) for i in idx]
+            if g.flush is not None:
+                for item, r in zip(items, g.flush):
+                    if r is not None:
+                        item.x.reshape(-1)[...] += r.astype(item.x.dtype)
             for item in items:
                 sample_quality(ts, item.key, it, item.x)
             st = StepStats(g.key, it, mode, sum(i.x.nbytes for i in items))
             yield from timed(st, lowrank_protocol(ex, ts, items, "mean", it, st, riders))
             ts.record(st)
+            g.stats = st
             continue
         span = _span(buf, grads, idx)
         whole = span is not None  # the group lies back to back in the bucket: work on it in place
         x = span if span is not None else np.concatenate([to_numpy(grads[i]).reshape(-1) for i in idx])
+        if g.flush is not None and g.flush[0] is not None:  # no feedback in this codec: send it now
+            x[...] += g.flush[0].astype(x.dtype)
         step = ts.next_step(g.key)
         sample_quality(ts, g.key, step, x)
         st = StepStats(g.key, step, mode, x.nbytes)
@@ -363,11 +316,38 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         proto = _FLAT[mode](ex, ts, x.reshape(-1), out.reshape(-1), g.key, "mean", step, st, **extra)
         yield from timed(st, proto)
         ts.record(st)
+        g.stats = st
         if not whole:
             _scatter(grads, idx, out)
     if flat is not None and plan.carrier is not None:
         _write_dense(grads, plan.dense, flat, p)
+    if ckey is not None and rung is not None:
+        _record_rung(router, ckey, rung, plan)
     return buf
+
+
+def _one(work: Any) -> Any:
+    yield work
+
+
+def _record_rung(router: Router, ckey: str, rung: Codec, plan: _Plan) -> None:
+    """What the bucket's compressed groups measured this step, as the controller reads a key's
+    record (its rung's seconds and bytes, and the telemetry when it sampled the group)."""
+    vals: dict[str, float] = {}
+    quality = None
+    for g in plan.groups:
+        if g.stats is None:
+            continue
+        for f, v in g.stats.values.items():
+            vals[f] = vals.get(f, 0) + v
+        q = g.state.telemetry.records().get(g.key) if g.state.telemetry is not None else None
+        if q is not None and q["step"] == g.stats.step:
+            quality = q
+    rec: dict[str, Any] = {"step": router.steps[ckey] - 1, "mode": plan.groups[0].mode, **vals}
+    rec["codec"] = rung.get_config()
+    if quality is not None:
+        rec["quality"] = quality
+    router.record(ckey, rec)
 
 
 @dataclass
@@ -378,6 +358,8 @@ class _Group:
     state: TransportState  # the codec's (``state.codec``)
     mode: str
     idx: list[int]
+    flush: list[np.ndarray | None] | None = None  # residual to send now (a codec without feedback)
+    stats: StepStats | None = None
 
 
 @dataclass
@@ -391,14 +373,16 @@ class _Plan:
     groups: list[_Group] = field(default_factory=list)
     carrier: _Group | None = None
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    carried: dict[int, np.ndarray] = field(default_factory=dict)  # dense tensor -> residual it brings
 
     def on_agree(self, agreement: Agreement) -> None:
         for g in self.groups:
             g.state.agreed_on(g.key, agreement.local_ranks)
 
 
-def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int) -> _Plan:
+def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Codec | None = None) -> _Plan:
     buf = bucket.buffer()
+    router = state.router
     # Name parameters on every call, warm-up included: without a module, names follow the order in
     # which DDP first hands parameters over, which is the same in every fresh DDP (before rebuild).
     names = [state._name(q) for q in bucket.parameters()]
@@ -410,22 +394,33 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int) -> _Plan:
     by_codec: dict[str, list[int]] = {}
     codecs: dict[str, Codec] = {}
     for i, (n, g) in enumerate(zip(names, grads)):
-        c = state._codec_for(n, g, it)
+        c = state._codec_for(n, g, it, rung)
         if c is None:
             plan.dense.append(i)
         else:
-            k = _codec_key(c)
+            k = json.dumps(c.get_config(), sort_keys=True)
             by_codec.setdefault(k, []).append(i)
             codecs[k] = c
     for k, idx in by_codec.items():
         codec = codecs[k]
         mode = resolve_mode(codec, state.mode, p)
+        ts = state.state_for(codec)
+        gnames = [names[i] for i in idx]
         if mode == "powersgd":
-            key = f"powersgd:{names[idx[0]]}..{names[idx[-1]]}"
+            key = router.group_key("powersgd:", codec, gnames)
+            vectors = [[Piece.whole(names[i], grads[i].numel())] for i in idx]
+            flush = router.place(ts, key, "lowrank", vectors, [tuple(grads[i].shape) for i in idx])
         else:
-            key = state._group_key(codec, [names[i] for i in idx], [grads[i].numel() for i in idx], p)
-        plan.groups.append(_Group(key, state.state_for(codec), mode, idx))
+            key = router.group_key("", codec, gnames)
+            vectors = [[Piece.whole(names[i], grads[i].numel()) for i in idx]]
+            n = sum(grads[i].numel() for i in idx)
+            split = mode == "two_phase"
+            flush = router.place(ts, key, "split" if split else "flat", vectors, [(p,) if split else (n,)])
+        plan.groups.append(_Group(key, ts, mode, idx, flush))
     if plan.dense:
+        taken = router.take([[Piece.whole(names[i], grads[i].numel())] for i in plan.dense])
+        if taken is not None:
+            plan.carried = {i: r for i, r in zip(plan.dense, taken) if r is not None}
         plan.carrier = next((g for g in plan.groups if g.mode in ("summable", "powersgd")), None)
     plan.fingerprint = fingerprint(
         phase="compressed",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .comm import Communicator, DoneWork, Protocol, Serial, Task, Work, run_blocking
 from .exchange import OPS, allreduce_protocol
 from .lowrank import LowRankItem, lowrank_protocol
-from .routed import DENSE, PolicyState
+from .router import DENSE, Piece, PolicyState, Router
 from .state import GATHER_MAX_RANKS, MODES, TransportState, resolve_mode
 from .threads import job_threads, kernel_threads
 
@@ -22,8 +22,10 @@ __all__ = [
     "Communicator",
     "DoneWork",
     "LowRankItem",
+    "Piece",
     "PolicyState",
     "Protocol",
+    "Router",
     "Serial",
     "Task",
     "TransportState",

@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import kernels
 from ..aggregate import add_values
 from ..arrays import BFLOAT16
 from ..errors import GcodecError
@@ -96,28 +95,24 @@ def _as_float(part: np.ndarray, dtype: np.dtype) -> np.ndarray:
 #: Bytes of the error code in front of each rank's block on the values path.
 _CODE = 8
 
-#: Codecs whose payload is a header and one values section of fixed size, summed by adding values.
-_CAST_VALUES = {"fp16": np.dtype(np.float16), "bf16": BFLOAT16}
-
-
 def _values_dtypes(groups: Sequence[RSGroup], dtype: np.dtype) -> list[np.dtype] | None:
     """Per group, the number type of what travels on the values path; None when some group's
-    payload size is not known in advance (any codec but fp16/bf16) or the input is float64."""
+    payload is not one values section the ranks can sum (``codec.values_dtype``) or the input is float64."""
     if work_dtype(dtype) != np.float32:
         return None
     out: list[np.dtype] = []
     for g in groups:
         if g.state is None:
             out.append(BFLOAT16 if dtype == BFLOAT16 else np.dtype(dtype))
-        elif g.state.codec.codec_id in _CAST_VALUES:
-            out.append(_CAST_VALUES[g.state.codec.codec_id])
+        elif g.state.codec.values_dtype is not None:
+            out.append(g.state.codec.values_dtype)
         else:
             return None
     return out
 
 
 def _cast_values(ts: TransportState, x: np.ndarray, key: str, out: np.ndarray) -> None:
-    """The 16-bit values ``encode`` would put in an fp16/bf16 payload of ``x`` (with the worker's
+    """The values ``encode`` would put in the payload of ``x`` (``codec.values_dtype``) (with the worker's
     residual when error feedback is on), written into ``out``."""
     if ts.worker is not None:
         ts.worker.encode_values(x, key, out)
@@ -125,9 +120,7 @@ def _cast_values(ts: TransportState, x: np.ndarray, key: str, out: np.ndarray) -
     flat = x.reshape(-1)
     if flat.dtype not in (np.float32, np.float64):
         flat = flat.astype(np.float32)  # 16-bit inputs widen exactly, as the codec does
-    K = kernels.of(flat)
-    with K.threads_for(flat.size):
-        (K.cast.encode_f16 if ts.codec.codec_id == "fp16" else K.cast.encode_bf16)(flat, out)
+    ts.codec.encode_values(flat, out)
 
 
 def _values_protocol(

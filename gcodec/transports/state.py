@@ -37,7 +37,7 @@ def resolve_mode(codec: Codec, mode: str, size: int) -> str:
     """The protocol a codec runs under ``mode`` on ``size`` ranks (ConfigError when it cannot)."""
     if mode not in MODES:
         raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
-    lowrank = codec.codec_id == "powersgd"
+    lowrank = codec.low_rank
     if mode == "auto":
         if lowrank:
             return "powersgd"
@@ -47,7 +47,7 @@ def resolve_mode(codec: Codec, mode: str, size: int) -> str:
     if mode == "summable" and codec.aggregation is not Aggregation.SUMMABLE:
         raise ConfigError(f"codec {codec.codec_id!r} is not summable; use mode 'gather' or 'two_phase'")
     if mode == "powersgd" and not lowrank:
-        raise ConfigError(f"mode 'powersgd' needs the powersgd codec, not {codec.codec_id!r}")
+        raise ConfigError(f"mode 'powersgd' needs a low-rank codec (powersgd), not {codec.codec_id!r}")
     if mode == "two_phase" and lowrank:
         raise ConfigError("powersgd cannot run two-phase (its chunks are not matrices); use 'powersgd' or 'gather'")
     return mode

@@ -1,0 +1,516 @@
+"""The router: per parameter and step, which codec, under which group key, with which residual.
+
+Every engine adapter (the DDP hook, FSDP2's reduce-scatter, ``gcodec.torch.all_reduce``,
+``gcodec.mpi``) hands its tensors to one :class:`Router` and keeps only what is its own: a DDP
+bucket's items, FSDP's row layout. The router owns
+
+* the one policy language (:func:`gcodec.policy.as_policy`: a :class:`~gcodec.policy.Policy`,
+  an adaptive controller, or a callable / ``{pattern: codec}`` dict adapted into
+  :class:`~gcodec.policy.Rules`), asked per parameter and step (:meth:`Router.choose`), or per key
+  with collectives for a controller (:meth:`Router.select`);
+* one codec instance per configuration and one :class:`TransportState` per codec;
+* readable group keys (:meth:`Router.group_key`);
+* the error-feedback residuals, keyed by (parameter name, element range).
+
+**Residual placement.** A group's residual is stored in its codec's state in one of four *forms*
+(``flat``: one residual under the key, in the tensor's shape; ``split``: one flat vector kept as
+the two-phase owners' chunks ``key[j/p]``; ``rows``: one vector per destination ``key[j/n]``, as
+FSDP's reduce-scatter keeps them; ``lowrank``: one matrix per parameter, PowerSGD's). Each stored
+vector is described by its *pieces*: (parameter, first element, last element + 1, slots), laid end
+to end, slots beyond the elements being padding. When a group is formed (:meth:`Router.place`) and
+any of its parameters' residual lives elsewhere (DDP rebuilt its buckets, FSDP resharded, a policy
+or controller moved the parameter to another codec, a checkpoint was loaded at another world size),
+the router copies every element range into the new layout: nothing a codec dropped is lost. A
+parameter that goes dense, or to a codec without error feedback, gets its pending residual back to
+send with this step (:meth:`Router.take`). Two-phase *server* residuals, a second-order correction,
+start again from zero.
+
+The chooser must decide the same on every rank; the exchange that follows agrees on the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..arrays import dtype_name
+from ..codecs import Codec, get_codec
+from ..errors import ConfigError
+from ..policy import Rules, as_policy
+from .comm import Communicator, Protocol, Work
+from .common import timed, work_dtype
+from .control import Exchange
+from .exchange import allreduce_protocol
+from .handshake import fingerprint
+from .state import MODES, TransportState, resolve_mode
+from .stats import StepStats
+from .two_phase import owner_bounds
+
+__all__ = ["DENSE", "FORMS", "Piece", "PolicyState", "Router", "codec_key"]
+
+#: The name of the uncompressed path in statistics and switch records.
+DENSE = "dense"
+
+#: How a group's residual is stored in its codec's state (module docstring).
+FORMS = ("flat", "split", "rows", "lowrank")
+
+
+def codec_key(codec: Codec) -> str:
+    """A codec's configuration as canonical JSON: one state and one instance per key."""
+    return json.dumps(codec.get_config(), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Elements [start, stop) of the flattened parameter ``name``, in ``slots`` places of a stored
+    vector (slots > stop - start: the rest is padding, as FSDP pads dim 0)."""
+
+    name: str
+    start: int
+    stop: int
+    slots: int
+
+    @staticmethod
+    def whole(name: str, numel: int) -> Piece:
+        return Piece(name, 0, numel, numel)
+
+
+@dataclass
+class _Store:
+    """Where one group's residual lives: state ``ck`` (None: held by the router after a load),
+    storage ``key``, its form and the pieces of each stored vector."""
+
+    ck: str | None
+    key: str
+    form: str
+    vectors: tuple[tuple[Piece, ...], ...]
+    shape: tuple[int, ...] | None = None  # the flat form's residual shape
+    held: list[np.ndarray | None] | None = None
+
+    @property
+    def names(self) -> set[str]:
+        return {pc.name for v in self.vectors for pc in v}
+
+
+def _collective(work: Work) -> Protocol:
+    yield work
+
+
+class Router:
+    """Codec choice, states, group keys and residual placement for one engine (module docstring).
+
+    Args:
+        chooser: a :class:`gcodec.policy.Policy`, an adaptive controller, a callable or a
+            ``{pattern: codec}`` dict (adapted with ``codec``, ``min_numel`` and ``dense_1d``), or
+            None for ``codec`` everywhere.
+        codec, min_numel, dense_1d: the shorthand's default codec and size rules
+            (:class:`gcodec.policy.Rules`); a Policy decides alone.
+        error_feedback, mode, num_threads, telemetry: as for :class:`TransportState`, applied to
+            the state of every codec the chooser picks.
+    """
+
+    def __init__(
+        self,
+        chooser: Any = None,
+        *,
+        codec: Codec | str | Mapping[str, Any] | None = "fp16",
+        min_numel: int = 0,
+        dense_1d: bool = False,
+        error_feedback: bool = True,
+        mode: str = "auto",
+        num_threads: int | None = None,
+        telemetry: Any = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
+        self.chooser = as_policy(chooser, codec=codec, min_numel=min_numel, dense_1d=dense_1d)
+        self.error_feedback, self.mode = bool(error_feedback), mode
+        self.num_threads, self.telemetry = num_threads, telemetry
+        self.states: dict[str, TransportState] = {}
+        self.current: dict[str, str] = {}  # key -> codec json, or DENSE
+        self.steps: dict[str, int] = {}
+        #: (key, step, from, to) for every codec change, from/to as codec configs or "dense".
+        self.switches: list[tuple[str, int, Any, Any]] = []
+        self._last: dict[str, dict[str, Any]] = {}
+        self._codecs: dict[str, Codec] = {}
+        self.agreed: dict[str, str] = {}  # agreements of exchanges that are no codec's own
+        self._stores: dict[tuple[str | None, str], _Store] = {}
+        self._owner: dict[str, tuple[str | None, str]] = {}  # parameter -> the store holding its residual
+
+    # ---- codecs and states ---------------------------------------------------------------------
+    @property
+    def adaptive(self) -> bool:
+        """Whether the chooser runs collectives of its own to decide (an adaptive controller)."""
+        return hasattr(self.chooser, "select")
+
+    def codec(self, choice: Any) -> Codec | None:
+        """One codec instance per configuration (None stays None: dense)."""
+        if choice is None:
+            return None
+        c = choice if isinstance(choice, Codec) else get_codec(choice)
+        return self._codecs.setdefault(codec_key(c), c)
+
+    def state_for(self, codec: Codec) -> TransportState:
+        """The transport state (residuals, steps, statistics) of one codec of this router."""
+        k = codec_key(codec)
+        st = self.states.get(k)
+        if st is None:
+            st = self.states[k] = TransportState(
+                codec,
+                error_feedback=self.error_feedback,
+                mode=self.mode,
+                num_threads=self.num_threads,
+                telemetry=self.telemetry,
+            )
+        return st
+
+    def choose(self, name: str, shape: Sequence[int], step: int, tensor: Any = None) -> Codec | None:
+        """The policy's codec for parameter ``name`` at ``step`` (None: dense). Not for a controller,
+        which decides per key with collectives (:meth:`select`)."""
+        if self.adaptive:
+            raise ConfigError("an adaptive controller decides per key through Router.select, not choose")
+        if isinstance(self.chooser, Rules):  # a callable policy is handed the engine's tensor
+            return self.codec(self.chooser.codec_for(name, tuple(shape), step, tensor))
+        return self.codec(self.chooser.codec_for(name, tuple(shape), step))
+
+    def select(self, comm: Communicator, key: str, shape: tuple[int, ...], step: int) -> Protocol:
+        """The codec of ``key`` at ``step``, as a protocol: a controller may run collectives first
+        (the same on every rank); a policy answers at once."""
+        select = getattr(self.chooser, "select", None)
+        if select is not None:
+            choice = yield from select(comm, self, key, shape, step)
+        else:
+            choice = self.chooser.codec_for(key, shape, step)
+        return self.codec(choice)
+
+    def note_choice(self, key: str, step: int, codec: Codec | None) -> bool:
+        """Record ``key``'s codec at ``step``; True when it changed (a switch is logged)."""
+        new = DENSE if codec is None else codec_key(codec)
+        old = self.current.get(key)
+        self.current[key] = new
+        if old is None or old == new:
+            return False
+        self.switches.append(
+            (key, step, DENSE if old == DENSE else json.loads(old), DENSE if codec is None else codec.get_config())
+        )
+        return True
+
+    @staticmethod
+    def group_key(prefix: str, codec: Codec, names: Sequence[str], *salt: object) -> str:
+        """A readable key for the group of parameters ``names`` under ``codec``: the first and last
+        names, the count, the codec id and a digest of every name (and ``salt``), so that two groups
+        never share a key."""
+        digest = hashlib.sha1("\0".join([*names, *map(str, salt)]).encode()).hexdigest()[:8]
+        span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+        return f"{prefix}{span} ({len(names)} tensors, {codec.codec_id}, {digest})"
+
+    # ---- records -------------------------------------------------------------------------------
+    def record(self, key: str, rec: dict[str, Any]) -> None:
+        """Keep ``key``'s last step record (what :meth:`last` gives a controller)."""
+        self._last[key] = rec
+
+    def last(self, key: str) -> dict[str, Any] | None:
+        """``key``'s last record (as in :meth:`stats`, not copied), or None before its first step."""
+        return self._last.get(key)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per key: the last step's record (bytes, seconds, mode, ``codec``: config or "dense", and
+        ``quality`` when telemetry sampled it)."""
+        return {k: dict(v) for k, v in self._last.items()}
+
+    def residual_norm(self, key: str) -> float:
+        """The norm of ``key``'s pending residual (0 when none)."""
+        got = self._read_names({key})
+        parts = [v for (_, _, v) in got.get(key, [])]
+        return float(np.sqrt(sum(float(np.dot(v.astype(np.float64), v.astype(np.float64))) for v in parts)))
+
+    # ---- residual placement --------------------------------------------------------------------
+    def _vector(self, store: _Store, j: int) -> np.ndarray | None:
+        """Stored vector ``j`` of ``store``, flat (None when the state holds none yet)."""
+        if store.held is not None:
+            return store.held[j]
+        ts = self.states.get(store.ck or "")
+        if ts is None:
+            return None
+        if store.form == "lowrank":
+            r = ts.lowrank_residuals.get(store.vectors[j][0].name)
+            return None if r is None else np.asarray(r).reshape(-1)
+        ef = ts.worker
+        if ef is None:
+            return None
+        if store.form == "flat":
+            r = ef.residual(store.key)
+        elif store.form == "rows":
+            r = ef.residual(f"{store.key}[{j}/{len(store.vectors)}]")
+        else:  # split: the owners' chunks of one vector
+            p = store.shape[0] if store.shape else 1
+            parts = [ef.residual(f"{store.key}[{i}/{p}]") for i in range(p)]
+            if any(q is None for q in parts):
+                return None
+            r = np.concatenate([np.asarray(q).reshape(-1) for q in parts])  # type: ignore[union-attr]
+        return None if r is None else np.asarray(r).reshape(-1)
+
+    def _read_names(self, names: set[str]) -> dict[str, list[tuple[int, int, np.ndarray]]]:
+        """Every pending element range of ``names``: {name: [(start, stop, values)]}."""
+        out: dict[str, list[tuple[int, int, np.ndarray]]] = {}
+        for sid in {self._owner[n] for n in names if n in self._owner}:
+            store = self._stores.get(sid)
+            if store is None:
+                continue
+            for j, pieces in enumerate(store.vectors):
+                v = self._vector(store, j)
+                if v is None:
+                    continue
+                pos = 0
+                for pc in pieces:
+                    if pc.name in names and self._owner.get(pc.name) == sid:
+                        out.setdefault(pc.name, []).append((pc.start, pc.stop, v[pos : pos + pc.stop - pc.start]))
+                    pos += pc.slots
+        return out
+
+    @staticmethod
+    def _fill(pieces: Sequence[Piece], got: Mapping[str, list[tuple[int, int, np.ndarray]]]) -> np.ndarray | None:
+        """A vector laid out as ``pieces`` from the element ranges ``got`` (None when none overlaps)."""
+        v: np.ndarray | None = None
+        wide = any(vals.dtype == np.float64 for parts in got.values() for _, _, vals in parts)
+        pos = 0
+        for pc in pieces:
+            for a, b, vals in got.get(pc.name, ()):
+                lo, hi = max(a, pc.start), min(b, pc.stop)
+                if hi > lo:
+                    if v is None:
+                        v = np.zeros(sum(q.slots for q in pieces), np.float64 if wide else np.float32)
+                    v[pos + lo - pc.start : pos + hi - pc.start] = vals[lo - a : hi - a]
+            pos += pc.slots
+        return v
+
+    def _release(self, names: set[str]) -> None:
+        """Drop the stores none of whose parameters they hold any more."""
+        live = set(self._owner.values())
+        for sid in [s for s in self._stores if s not in live]:
+            store = self._stores.pop(sid)
+            ts = self.states.get(store.ck or "")
+            if ts is None:
+                continue
+            if store.form == "lowrank":
+                for v in store.vectors:
+                    ts.lowrank_residuals.pop(v[0].name, None)
+            elif ts.worker is not None:
+                n = len(store.vectors) if store.form == "rows" else 0
+                if store.form == "split" and store.shape:
+                    n = store.shape[0]
+                for k in [store.key, *(f"{store.key}[{j}/{n}]" for j in range(n))]:
+                    ts.worker.reset(k)
+
+    def place(
+        self,
+        ts: TransportState,
+        key: str,
+        form: str,
+        vectors: Sequence[Sequence[Piece]],
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> list[np.ndarray | None] | None:
+        """Make ``ts`` hold the pending residuals of the group ``key`` laid out as ``vectors``.
+
+        ``form`` is one of :data:`FORMS`; ``shapes`` gives the residual's shape per vector (flat:
+        the tensor's; lowrank: each matrix's), and for ``split`` the number of owners as ``[(p,)]``.
+        Costs nothing in a steady job (the group already holds them). Returns None, or, when ``ts``
+        keeps no residuals (no error feedback), the vectors to add to what is sent this step.
+        """
+        if form not in FORMS:
+            raise ConfigError(f"residual form {form!r} is not one of {list(FORMS)}")
+        sid = (codec_key(ts.codec), key)
+        layout = tuple(tuple(v) for v in vectors)
+        shape = None if not shapes else tuple(shapes[0])
+        store = self._stores.get(sid)
+        names = {pc.name for v in layout for pc in v}
+        if store is not None and store.vectors == layout and all(self._owner.get(n) == sid for n in names):
+            return None
+        got = self._read_names(names)
+        fresh = _Store(sid[0], key, form, layout, shape if form != "lowrank" else None)
+        for n in names:
+            self._owner.pop(n, None)
+        self._stores.pop(sid, None)
+        self._release(names)
+        filled = [self._fill(v, got) for v in layout]
+        if ts.worker is None:
+            return filled if any(f is not None for f in filled) else None
+        self._stores[sid] = fresh
+        for n in names:
+            self._owner[n] = sid
+        for j, v in enumerate(filled):
+            if v is None:
+                continue
+            if form == "lowrank":
+                ts.lowrank_residuals[layout[j][0].name] = v.reshape(shapes[j] if shapes else v.shape)
+            elif form == "flat":
+                ts.worker.set_residual(key, v.reshape(shape) if shape else v)
+            elif form == "rows":
+                ts.worker.set_residual(f"{key}[{j}/{len(layout)}]", v)
+            else:
+                p = shape[0] if shape else 1
+                b = owner_bounds(v.shape[0], p)
+                for i in range(p):
+                    ts.worker.set_residual(f"{key}[{i}/{p}]", v[b[i] : b[i + 1]].copy())
+        return None
+
+    def take(self, vectors: Sequence[Sequence[Piece]]) -> list[np.ndarray | None] | None:
+        """The pending residuals of parameters about to go dense, laid out as ``vectors`` and
+        forgotten (the caller sends them with this step); None when there are none."""
+        names = {pc.name for v in vectors for pc in v}
+        if not any(n in self._owner for n in names):
+            return None
+        got = self._read_names(names)
+        for n in names:
+            self._owner.pop(n, None)
+        self._release(names)
+        filled = [self._fill(v, got) for v in vectors]
+        return filled if any(f is not None for f in filled) else None
+
+    def clear_residuals(self) -> None:
+        """Forget every pending residual (every codec's and the held ones)."""
+        for ts in self.states.values():
+            if ts.worker is not None:
+                ts.worker.reset()
+            ts.lowrank_residuals.clear()
+        self._stores.clear()
+        self._owner.clear()
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def ranges(self) -> dict[str, np.ndarray]:
+        """Every pending residual as ``{"name[start:stop]": values}`` (float32, or float64 for
+        float64 tensors), whatever its layout."""
+        out: dict[str, np.ndarray] = {}
+        for name, parts in self._read_names(set(self._owner)).items():
+            for a, b, v in parts:
+                if b > a:  # a destination that holds only padding of this parameter has none
+                    out[f"{name}[{a}:{b}]"] = np.array(v, np.float64 if v.dtype == np.float64 else np.float32)
+        return out
+
+    def hold(self, ranges: Mapping[str, Any]) -> None:
+        """Take residuals saved as :meth:`ranges` gave them; each reaches its parameter's group when
+        that group is next formed (:meth:`place`), at any layout and world size."""
+        pieces: list[Piece] = []
+        vals: list[np.ndarray | None] = []
+        for k, v in ranges.items():
+            name, a, b = _parse_range(k)
+            arr = np.asarray(v).reshape(-1)
+            if arr.dtype not in (np.float32, np.float64):
+                raise ConfigError(f"residual {k!r} has dtype {arr.dtype}; expected float32 or float64")
+            if arr.shape[0] != b - a:
+                raise ConfigError(f"residual {k!r} has {arr.shape[0]} values, not {b - a}")
+            pieces.append(Piece(name, a, b, b - a))
+            vals.append(arr)
+        for i, (pc, v) in enumerate(zip(pieces, vals)):
+            sid = (None, f"held:{pc.name}[{pc.start}:{pc.stop}]#{i}")
+            self._stores[sid] = _Store(None, sid[1], "rows", ((pc,),), held=[v])
+            self._owner_add(pc.name, sid)
+
+    def _owner_add(self, name: str, sid: tuple[str | None, str]) -> None:
+        """A parameter may be held in several loaded ranges: keep them all readable under one owner."""
+        old = self._owner.get(name)
+        if old is None or old[0] is not None:
+            self._owner[name] = sid
+            return
+        a, b = self._stores[old], self._stores.pop(sid)
+        merged = _Store(None, a.key, "rows", a.vectors + b.vectors, held=[*(a.held or []), *(b.held or [])])
+        self._stores[old] = merged
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every codec's state (steps, warm starts, server residuals), the residuals by parameter
+        and element range, each key's current codec and step, and the chooser's own state (plain
+        arrays, ints, strings, dicts)."""
+        chooser_sd = getattr(self.chooser, "state_dict", None)
+        states = {}
+        for k, ts in self.states.items():
+            sd = ts.state_dict()
+            if sd["worker"] is not None:
+                sd["worker"]["residuals"] = {}  # kept by range below, placed again on load
+            sd["lowrank_residuals"] = {}
+            states[k] = sd
+        return {
+            "states": states,
+            "residuals": self.ranges(),
+            "current": dict(self.current),
+            "steps": dict(self.steps),
+            "chooser": chooser_sd() if callable(chooser_sd) else None,
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (the chooser must be configured as it was)."""
+        for k, part in sd["states"].items():
+            self.state_for(self.codec(json.loads(k))).load_state_dict(part)  # type: ignore[arg-type]
+        self.clear_residuals()
+        self.hold(sd.get("residuals", {}))
+        self.agreed.clear()  # agree again after a restore: the peers may have changed
+        self.current = {str(k): str(v) for k, v in sd["current"].items()}
+        self.steps = {str(k): int(v) for k, v in sd["steps"].items()}
+        loader = getattr(self.chooser, "load_state_dict", None)
+        if sd.get("chooser") is not None and callable(loader):
+            loader(sd["chooser"])
+
+    # ---- one key's allreduce (gcodec.mpi, gcodec.torch.all_reduce) ------------------------------
+    def protocol(self, comm: Communicator, x: np.ndarray, out: np.ndarray, key: str, op: str) -> Protocol:
+        """Choose ``key``'s codec for this step, move its residual on a change, exchange."""
+        step = self.steps.get(key, 0)
+        self.steps[key] = step + 1
+        codec = yield from self.select(comm, key, tuple(x.shape), step)
+        self.note_choice(key, step, codec)
+        whole = [[Piece.whole(key, int(x.size))]]
+        if codec is None:
+            carried = self.take(whole)
+            yield from self._dense(comm, x, out, key, op, step, None if carried is None else carried[0])
+            return out
+        ts = self.state_for(codec)
+        mode = resolve_mode(codec, ts.mode, comm.size)
+        form = {"powersgd": "lowrank", "two_phase": "split"}.get(mode, "flat")
+        shapes = [(comm.size,)] if form == "split" else [tuple(x.shape)]
+        flush = self.place(ts, key, form, whole, shapes)
+        if flush is not None and flush[0] is not None:  # no feedback in the new codec: send it now
+            x = (x.reshape(-1).astype(work_dtype(x.dtype)) + flush[0]).astype(x.dtype).reshape(x.shape)
+        yield from allreduce_protocol(comm, ts, x, out, key, op, self.mode)
+        rec = dict(ts._stats._last[key])
+        rec["codec"] = codec.get_config()
+        q = ts.telemetry.records().get(key) if ts.telemetry is not None else None
+        if q is not None and q["step"] == ts.steps[key] - 1:
+            rec["quality"] = q
+        self.record(key, rec)
+        return out
+
+    def _dense(
+        self, comm: Communicator, x: np.ndarray, out: np.ndarray, key: str, op: str, step: int, carried: Any
+    ) -> Protocol:
+        p = comm.size
+        fp = fingerprint(key=key, codec=DENSE, shape=list(x.shape), dtype=dtype_name(x.dtype), op=op, size=p)
+        ex = Exchange(comm, fp, self.agreed, key, f"dense allreduce of {key!r}")
+        yield from ex.begin()  # the sum's size follows from the configuration: agree on it first
+        buf = x.reshape(-1).astype(work_dtype(x.dtype))
+        if carried is not None and carried.size == buf.size:
+            buf += carried.astype(buf.dtype)
+        st = StepStats(key, step, DENSE, x.nbytes)
+        st.add("payload_bytes", buf.nbytes)
+        st.add("wire_bytes", 2 * (p - 1) * buf.nbytes // p)
+        yield from timed(st, _collective(comm.allreduce(buf, "sum")))
+        if op == "mean":
+            buf *= buf.dtype.type(1.0 / p)
+        out.reshape(-1)[...] = buf
+        self.record(key, {"step": step, "mode": DENSE, **st.values, "codec": DENSE})
+
+
+#: The router under the name ``gcodec.mpi`` has always given it (a per-key chooser's state).
+PolicyState = Router
+
+
+def _parse_range(k: str) -> tuple[str, int, int]:
+    if not k.endswith("]") or "[" not in k:
+        raise ConfigError(f"residual key {k!r} is not 'name[start:stop]'")
+    name, _, rng = k[:-1].rpartition("[")
+    a, sep, b = rng.partition(":")
+    if not sep or not a.isdigit() or not b.isdigit() or int(b) < int(a):
+        raise ConfigError(f"residual key {k!r} is not 'name[start:stop]'")
+    return name, int(a), int(b)
