@@ -327,7 +327,13 @@ class Rules:
         if policy is not None and not callable(policy) and not isinstance(policy, Mapping):
             raise ConfigError(f"a policy is a gcodec.policy.Policy, a callable or a dict, not {type(policy).__name__}")
         self.policy = policy
-        self.default = None if codec is None else (codec if isinstance(codec, Codec) else get_codec(codec))
+        self.default = (
+            None
+            if codec is None
+            else (
+                codec if isinstance(codec, Codec) else get_codec(dict(codec) if isinstance(codec, Mapping) else codec)
+            )
+        )
         self.min_numel = int(_int(min_numel, "policy", "min_numel", allow_none=False))  # type: ignore[arg-type]
         self.dense_1d = bool(dense_1d)
         self._codecs: dict[str, Codec] = {}
@@ -348,7 +354,7 @@ class Rules:
         k = json.dumps(cfg, sort_keys=True)
         c = self._codecs.get(k)
         if c is None:
-            c = self._codecs[k] = get_codec(cfg)
+            c = self._codecs[k] = get_codec(cfg)  # type: ignore[arg-type]  # not None: the caller checked
         return c
 
     def _decide(self, name: str, shape: Sequence[int], tensor: Any) -> tuple[Codec | None, str]:

@@ -171,6 +171,27 @@ def test_two_mpi_ranks_switch_at_the_same_step_and_the_loss_keeps_falling(tmp_pa
     assert all(b < a for a, b in itertools.pairwise(windows)), windows
 
 
+def test_controller_drives_the_ddp_hook_and_fsdp2_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """The same controller through the router of the DDP hook (one rung per bucket) and of FSDP2's
+    reduce-scatter (one rung per module): on a slow link it leaves dense, on a fast one it comes
+    back, both ranks take the same decisions at the same steps, and training still converges
+    with the replicas' parameters bit-identical (DDP's are replicas; FSDP's full parameters are
+    gathered on both ranks)."""
+    pytest.importorskip("torch")
+    from tests.procs import checks_of, run_ranks
+
+    codes = run_ranks("tests.transport_ranks.adaptive_torch", [str(tmp_path)], 2, 300, tmp_path)
+    assert codes == [0, 0]
+    checks = checks_of(tmp_path, range(2))
+    assert len(checks) == 2 * 10
+    res = [json.loads((tmp_path / f"decisions{r}.json").read_text()) for r in range(2)]
+    for engine in ("ddp", "fsdp"):
+        assert res[0][engine]["switches"] == res[1][engine]["switches"], engine
+        assert res[0][engine]["decisions"] == res[1][engine]["decisions"], engine
+        assert res[0][engine]["params"] == res[1][engine]["params"], engine
+    assert {d[0] for d in res[0]["fsdp"]["decisions"]} >= {"0", "1"}  # each FSDP module decides for itself
+
+
 def test_one_slow_step_does_not_move_a_key_off_its_rung() -> None:
     """A rank descheduled once (a 100x slower encode on a busy machine) must not poison the rung's
     figures: seconds are the median of the last 5 samples, so one spike among steady ones is dropped

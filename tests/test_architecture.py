@@ -107,3 +107,53 @@ def test_nested_codecs_keep_their_own_state():
         info = gcodec.validate(gcodec.encode(X, c, key="w", state=st))
         assert info.params["values"]["params"]["stream"] == i
     assert st.child("values").next_stream("w/values") == 3 and st.next_stream("w") == 0
+
+
+# ---- codec capabilities: what the transports ask a codec instead of comparing ids ------------------
+def test_no_module_outside_the_codecs_compares_codec_ids():
+    """Transports, engines, advise and the demo ask a codec's capabilities (``low_rank``,
+    ``fixed_size``, ``values_dtype``, ``compresses``, ``compression_rate``); an id comparison there
+    would silently leave a new codec with the same capability out."""
+    import re
+    from pathlib import Path
+
+    pkg = Path(gcodec.__file__).parent
+    pattern = re.compile(
+        r"""codec_id\s*(==|!=|in\b|not in\b)|\[["']id["']\]\s*(==|!=|in\b)|get\(["']id["']\)\s*(==|!=)"""
+    )
+    found = [
+        f"{p.relative_to(pkg)}:{i}: {line.strip()}"
+        for p in sorted(pkg.rglob("*.py"))
+        if "codecs" not in p.relative_to(pkg).parts
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("cid", [c for c in gcodec.list_codecs() if gcodec.codec_class(c).fixed_size])
+def test_a_fixed_size_codec_writes_the_same_length_whatever_the_values(cid):
+    codec = gcodec.get_codec(cid)
+    for shape in [(1,), (7,), (33, 5), (1000,)]:
+        rng = np.random.default_rng(len(shape))
+        inputs = [np.zeros(shape, np.float32), rng.standard_normal(shape).astype(np.float32) * 1e3]
+        inputs.append(np.where(rng.random(shape) < 0.5, 0.0, 1e-30).astype(np.float32))
+        sizes = {len(codec.encode(x, step=0)) for x in inputs}
+        assert len(sizes) == 1, (shape, sizes)
+
+
+@pytest.mark.parametrize("cid", [c for c in gcodec.list_codecs() if gcodec.get_codec(c).values_dtype is not None])
+def test_a_values_section_encodes_and_decodes_alone_as_in_a_payload(cid):
+    from gcodec.aggregate import summable_values
+
+    codec = gcodec.get_codec(cid)
+    x = np.random.default_rng(1).standard_normal(301).astype(np.float32)
+    vals = np.empty(301, codec.values_dtype)
+    codec.encode_values(x, vals)
+    payload = codec.encode(x)
+    assert vals.tobytes() == summable_values(bytearray(payload)).tobytes()
+    out = np.zeros(301, np.float32)
+    codec.decode_values(vals, out, False)
+    np.testing.assert_array_equal(out, gcodec.decode(payload))
+    codec.decode_values(vals, out, True)
+    np.testing.assert_array_equal(out, 2 * gcodec.decode(payload))

@@ -30,6 +30,11 @@ def _as_kernel_input(x: np.ndarray) -> np.ndarray:
     return flat.astype(np.float32)
 
 
+def _bits(a: Any) -> Any:
+    """A 16-bit values array as the uint16 bits the kernels read and write (no copy)."""
+    return a if a.dtype == np.uint16 else a.view(np.uint16)
+
+
 def _f32(bits: int) -> float:
     return float(np.array(bits, np.uint32).view(np.float32))
 
@@ -64,13 +69,14 @@ class _Cast16(Codec):
         return self._values
 
     def encode_values(self, flat: Any, out: Any) -> None:
-        """The ``data`` section of an encode of ``flat`` (float32/float64), written into ``out``."""
+        """The ``data`` section of an encode of ``flat`` (float32/float64), written into ``out``
+        (any 2-byte type: the kernels write the bits)."""
         K = kernels.of(flat)
         with K.threads_for(flat.size):
-            getattr(K.cast, self._encode_kernel)(flat, out)
+            getattr(K.cast, self._encode_kernel)(flat, _bits(out))
 
     def decode_values(self, values: Any, out: Any, accumulate: bool) -> None:
-        getattr(kernels.of(out).cast, self._decode_kernel)(values, out, accumulate)
+        getattr(kernels.of(out).cast, self._decode_kernel)(_bits(values), out, accumulate)
 
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = _as_kernel_input(x)

@@ -18,7 +18,8 @@ import torch
 
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, GcodecError
-from ..transports import TransportState, allreduce_protocol
+from ..policy import Policy as CodecPolicy
+from ..transports import Router, TransportState, allreduce_protocol
 from ..transports.control import failed_exchange
 from .comm import FutureQueue, FutureWork, TorchCommunicator, comm_for, queue_for, synchronize
 from .convert import to_numpy, to_tensor
@@ -33,6 +34,7 @@ __all__ = [
     "Policy",
     "QuantizedAllGather",
     "ReduceScatter",
+    "Router",
     "TorchCommunicator",
     "TransportState",
     "all_reduce",
@@ -45,6 +47,7 @@ __all__ = [
 ]
 
 _states: dict[tuple[int, str, str], TransportState] = {}
+_routers: dict[tuple[int, int], Router] = {}
 
 
 #: What ``all_reduce(..., async_op=True)`` returns, like torch's ``Work``.
@@ -53,31 +56,53 @@ AllReduceWork = FutureWork
 
 def all_reduce(
     tensor: torch.Tensor,
-    codec: Codec | str | dict[str, Any],
+    codec: Codec | str | dict[str, Any] | CodecPolicy | None,
     op: str = "mean",
     group: Any = None,
     async_op: bool = False,
     *,
     key: str | None = None,
     mode: str = "auto",
-    state: TransportState | None = None,
+    state: TransportState | Router | None = None,
 ) -> AllReduceWork | None:
     """Compressed allreduce of a CPU tensor, in place (the result overwrites ``tensor``).
 
     Args:
         tensor: a contiguous CPU tensor (float32, float64, float16 or bfloat16).
-        codec: a codec, its id or config; the same on every rank (the handshake checks).
+        codec: a codec, its id or config; the same on every rank (the handshake checks). A
+            :class:`gcodec.policy.Policy` picks the codec per key and step through a router (dense
+            when it says None); None when ``state`` is a :class:`~gcodec.transports.Router`.
         op: ``"mean"`` or ``"sum"``.
         group: the process group (None: the default group).
         async_op: return a work object instead of waiting (as ``torch.distributed.all_reduce``).
         key: names the tensor for its state (residuals, streams, statistics).
         mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"powersgd"``.
         state: a :class:`TransportState` for error feedback and statistics; by default a shared
-            state without error feedback, per group and codec.
+            state without error feedback, per group and codec. Or a
+            :class:`~gcodec.transports.Router` (a policy or an adaptive controller choosing per key
+            and step, residuals that follow a key across codec changes), as ``gcodec.mpi``'s
+            ``PolicyState``.
     """
     comm = comm_for(group)
+    if isinstance(state, Router) or isinstance(codec, CodecPolicy):
+        try:
+            got = state if isinstance(state, Router) else _routers.get((id(group), id(codec)))
+            if got is None or (got.chooser is not codec and not isinstance(state, Router)):
+                got = _routers[(id(group), id(codec))] = Router(codec, error_feedback=False, mode=mode)
+            router = got
+            arr = to_numpy(tensor)
+        except GcodecError as e:
+            queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
+            raise
+        work = AllReduceWork(queue_for(group).submit(router.protocol(comm, arr, arr, key or "tensor", op)))
+        if async_op:
+            return work
+        work.wait()
+        return None
     try:
-        c = get_codec(codec)
+        if codec is None:
+            raise ConfigError("all_reduce needs a codec (or a Router as state=)")
+        c = get_codec(codec)  # type: ignore[arg-type]
         if state is None:
             k = (id(group), repr(c), mode)
             state = _states.get(k)

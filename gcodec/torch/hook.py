@@ -293,9 +293,9 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         if mode == "powersgd":
             items = [LowRankItem(names[i], to_numpy(grads[i]), to_numpy(grads[i])) for i in idx]
             if g.flush is not None:
-                for item, r in zip(items, g.flush):
-                    if r is not None:
-                        item.x.reshape(-1)[...] += r.astype(item.x.dtype)
+                for item, owed in zip(items, g.flush):
+                    if owed is not None:
+                        item.x.reshape(-1)[...] += owed.astype(item.x.dtype)
             for item in items:
                 sample_quality(ts, item.key, it, item.x)
             st = StepStats(g.key, it, mode, sum(i.x.nbytes for i in items))
@@ -413,9 +413,9 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
         else:
             key = router.group_key("", codec, gnames)
             vectors = [[Piece.whole(names[i], grads[i].numel()) for i in idx]]
-            n = sum(grads[i].numel() for i in idx)
+            total = sum(grads[i].numel() for i in idx)
             split = mode == "two_phase"
-            flush = router.place(ts, key, "split" if split else "flat", vectors, [(p,) if split else (n,)])
+            flush = router.place(ts, key, "split" if split else "flat", vectors, [(p,) if split else (total,)])
         plan.groups.append(_Group(key, ts, mode, idx, flush))
     if plan.dense:
         taken = router.take([[Piece.whole(names[i], grads[i].numel())] for i in plan.dense])

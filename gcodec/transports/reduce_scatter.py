@@ -95,6 +95,7 @@ def _as_float(part: np.ndarray, dtype: np.dtype) -> np.ndarray:
 #: Bytes of the error code in front of each rank's block on the values path.
 _CODE = 8
 
+
 def _values_dtypes(groups: Sequence[RSGroup], dtype: np.dtype) -> list[np.dtype] | None:
     """Per group, the number type of what travels on the values path; None when some group's
     payload is not one values section the ranks can sum (``codec.values_dtype``) or the input is float64."""

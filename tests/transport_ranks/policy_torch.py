@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gcodec.torch
 from gcodec.policy import Policy
 from gcodec.telemetry import Telemetry
+from gcodec.transports import Router
 
 from ..procs import run_checked, start_gloo
 
@@ -66,6 +67,26 @@ def run(rank: int) -> None:
     check("no warning on a healthy run", tel.warnings == [], str(tel.warnings))
     back = pickle.loads(pickle.dumps(state))
     check("policy survives pickling", isinstance(back.policy, Policy) and back.policy == policy, repr(back.policy))
+
+    # all_reduce through a router: a Policy switching codec at step 2, residual carried over
+    switch = Policy(
+        [{"until_step": 2, "codec": {"id": "topk", "ratio": 0.1}}], default={"id": "uniform", "bits": 8}, min_numel=0
+    )
+    router = Router(switch, error_feedback=True)
+    gen = torch.Generator().manual_seed(7 + rank)
+    same = True
+    for _ in range(4):
+        t = torch.randn(64, 64, generator=gen)
+        gcodec.torch.all_reduce(t, None, key="w", state=router)
+        top = t.clone()
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        same = same and torch.equal(top, t)  # every rank holds the same bits
+    sw = [(k, step, a["id"], b["id"]) for k, step, a, b in router.switches]
+    check("all_reduce with a Router switches codec at the policy's step", sw == [("w", 2, "topk", "uniform")], str(sw))
+    check("and every rank gets the same result", same)
+    t = torch.ones(8, 8) * (rank + 1)
+    gcodec.torch.all_reduce(t, Policy(default="fp16", min_numel=0), key="p")  # a Policy given directly
+    check("all_reduce with a Policy averages", torch.equal(t, torch.full((8, 8), 1.5)), str(t[0, :3]))
 
 
 def main() -> None:

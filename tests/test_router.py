@@ -1,0 +1,181 @@
+"""The router's residual placement: every element range a codec still owes reaches the new layout
+exactly (a DDP bucket rebuild, a two-phase split, FSDP's rows at another world size, a codec switch,
+a parameter going dense, a checkpoint), and the engines' policy forms all speak one language."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gcodec
+from gcodec.errors import ConfigError
+from gcodec.policy import Policy, Rules, as_policy
+from gcodec.transports import Piece, Router
+from gcodec.transports.two_phase import owner_bounds
+
+U8 = {"id": "uniform", "bits": 8}
+
+
+def _res(n: int, seed: int, dtype: type = np.float32) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n).astype(dtype)
+
+
+def _flat(router: Router, codec: dict, key: str, names: list[tuple[str, int]]) -> np.ndarray | None:
+    ts = router.state_for(router.codec(codec))  # type: ignore[arg-type]
+    router.place(ts, key, "flat", [[Piece.whole(n, c) for n, c in names]], [(sum(c for _, c in names),)])
+    return ts.worker.residual(key)  # type: ignore[union-attr]
+
+
+def test_a_bucket_rebuild_moves_every_parameter_slice() -> None:
+    r = Router(codec=U8)
+    ts = r.state_for(r.codec(U8))  # type: ignore[arg-type]
+    assert _flat(r, U8, "A", [("w1", 5), ("w2", 7)]) is None  # a new group owes nothing
+    a = _res(12, 0)
+    ts.worker.set_residual("A", a.copy())  # type: ignore[union-attr]  # what an encode left
+    # DDP rebuilds: w2 now first in a group with w3, w1 alone
+    b = _flat(r, U8, "B", [("w2", 7), ("w3", 4)])
+    c = _flat(r, U8, "C", [("w1", 5)])
+    np.testing.assert_array_equal(b, np.concatenate([a[5:], np.zeros(4, np.float32)]))
+    np.testing.assert_array_equal(c, a[:5])
+    assert ts.worker.residual("A") is None  # type: ignore[union-attr]  # nothing left behind twice
+    # steady: placing the same layout again changes nothing
+    ts.worker.set_residual("B", b * 2)  # type: ignore[union-attr]
+    np.testing.assert_array_equal(_flat(r, U8, "B", [("w2", 7), ("w3", 4)]), b * 2)
+
+
+def test_two_phase_chunks_and_flat_groups_exchange_residuals() -> None:
+    r = Router(codec=U8)
+    ts = r.state_for(r.codec(U8))  # type: ignore[arg-type]
+    vec = [[Piece.whole("w", 10), Piece.whole("v", 3)]]
+    r.place(ts, "G", "split", vec, [(3,)])
+    a = _res(13, 1)
+    b = owner_bounds(13, 3)
+    for j in range(3):
+        ts.worker.set_residual(f"G[{j}/3]", a[b[j] : b[j + 1]].copy())  # type: ignore[union-attr]
+    got = _flat(r, U8, "H", [("v", 3), ("w", 10)])
+    np.testing.assert_array_equal(got, np.concatenate([a[10:], a[:10]]))
+    assert all(ts.worker.residual(f"G[{j}/3]") is None for j in range(3))  # type: ignore[union-attr]
+
+
+def _rows(name: str, numel: int, p: int) -> list[list[Piece]]:
+    clen = -(-numel // p)
+    return [[Piece(name, min(j * clen, numel), min((j + 1) * clen, numel), clen)] for j in range(p)]
+
+
+def test_fsdp_rows_saved_on_4_ranks_are_placed_on_2() -> None:
+    """FSDP pads dim 0: 10 elements on 4 ranks are rows of 3 (the last holds 1 and 2 of padding);
+    saved by element range, they fill rows of 5 on 2 ranks."""
+    r4 = Router(codec=U8)
+    ts = r4.state_for(r4.codec(U8))  # type: ignore[arg-type]
+    r4.place(ts, "M", "rows", _rows("fc", 10, 4))
+    full = _res(10, 2)
+    for j in range(4):
+        row = np.zeros(3, np.float32)
+        part = full[3 * j : 3 * j + 3]
+        row[: part.shape[0]] = part
+        ts.worker.set_residual(f"M[{j}/4]", row)  # type: ignore[union-attr]
+    saved = r4.ranges()
+    assert sorted(saved) == ["fc[0:3]", "fc[3:6]", "fc[6:9]", "fc[9:10]"]
+    r2 = Router(codec=U8)
+    r2.hold(saved)
+    ts2 = r2.state_for(r2.codec(U8))  # type: ignore[arg-type]
+    r2.place(ts2, "M2", "rows", _rows("fc", 10, 2))
+    np.testing.assert_array_equal(ts2.worker.residual("M2[0/2]"), full[:5])  # type: ignore[union-attr]
+    np.testing.assert_array_equal(ts2.worker.residual("M2[1/2]"), full[5:])  # type: ignore[union-attr]
+    assert r2.ranges().keys() == {"fc[0:5]", "fc[5:10]"}
+
+
+def test_a_codec_switch_and_a_dense_step_lose_nothing() -> None:
+    r = Router(codec=U8)
+    tu = r.state_for(r.codec(U8))  # type: ignore[arg-type]
+    r.place(tu, "k", "flat", [[Piece.whole("w", 6)]], [(2, 3)])
+    a = _res(6, 3).reshape(2, 3)
+    tu.worker.set_residual("k", a.copy())  # type: ignore[union-attr]
+    topk = {"id": "topk", "ratio": 0.5}
+    tt = r.state_for(r.codec(topk))  # type: ignore[arg-type]
+    r.place(tt, "k", "flat", [[Piece.whole("w", 6)]], [(2, 3)])
+    np.testing.assert_array_equal(tt.worker.residual("k"), a)  # type: ignore[union-attr]  # the tensor's shape
+    assert tu.worker.residual("k") is None  # type: ignore[union-attr]
+    # PowerSGD keeps it as the parameter's matrix
+    tp = r.state_for(r.codec({"id": "powersgd", "rank": 1}))  # type: ignore[arg-type]
+    r.place(tp, "p", "lowrank", [[Piece.whole("w", 6)]], [(2, 3)])
+    np.testing.assert_array_equal(tp.lowrank_residuals["w"], a)
+    assert tt.worker.residual("k") is None  # type: ignore[union-attr]
+    assert r.residual_norm("w") == pytest.approx(float(np.linalg.norm(a)), rel=1e-6)
+    taken = r.take([[Piece.whole("w", 6)]])
+    assert taken is not None
+    np.testing.assert_array_equal(taken[0], a.reshape(-1))
+    assert "w" not in tp.lowrank_residuals and r.take([[Piece.whole("w", 6)]]) is None
+    assert r.ranges() == {}
+
+
+def test_a_codec_without_feedback_gets_the_pending_residual_to_send() -> None:
+    r = Router(codec=U8, error_feedback=False)
+    a = _res(8, 4, np.float64)  # float64 residuals stay float64 through every move
+    r.hold({"w[0:8]": a})
+    ts = r.state_for(r.codec(U8))  # type: ignore[arg-type]
+    flush = r.place(ts, "k", "flat", [[Piece.whole("w", 8)]], [(8,)])
+    assert flush is not None and flush[0] is not None and flush[0].dtype == np.float64
+    np.testing.assert_array_equal(flush[0], a)
+    assert r.place(ts, "k", "flat", [[Piece.whole("w", 8)]], [(8,)]) is None  # sent once, not twice
+
+
+def test_a_checkpoint_of_the_router_restores_every_range() -> None:
+    r = Router(codec=U8)
+    ts = r.state_for(r.codec(U8))  # type: ignore[arg-type]
+    r.place(ts, "A", "flat", [[Piece.whole("w1", 4), Piece.whole("w2", 4)]], [(8,)])
+    a = _res(8, 5)
+    ts.worker.set_residual("A", a.copy())  # type: ignore[union-attr]
+    sd = r.state_dict()
+    back = Router(codec=U8)
+    back.load_state_dict(sd)
+    got = _flat(back, U8, "A", [("w1", 4), ("w2", 4)])
+    np.testing.assert_array_equal(got, a)
+
+
+@pytest.mark.parametrize("bad", ["w", "w[3:1]", "w[a:2]", "w[0:2"])
+def test_held_ranges_are_checked(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        Router().hold({bad: np.zeros(2, np.float32)})
+    with pytest.raises(ConfigError):
+        Router().hold({"w[0:3]": np.zeros(2, np.float32)})  # 2 values for 3 elements
+    with pytest.raises(ConfigError):
+        Router().hold({"w[0:2]": np.zeros(2, np.int32)})
+
+
+def test_the_engines_policy_forms_speak_one_language() -> None:
+    p = Policy([{"name": "a.*", "codec": U8}], default="bf16", min_numel=4)
+    assert as_policy(p) is p
+    rules = as_policy({"a.*": U8, "b.*": None}, codec="fp16", min_numel=4, dense_1d=True)
+    assert isinstance(rules, Rules)
+    assert rules.codec_for("a.weight", (4, 4)).get_config() == gcodec.get_codec(U8).get_config()  # type: ignore[union-attr]
+    assert rules.codec_for("b.weight", (4, 4)) is None  # the pattern says dense
+    assert rules.codec_for("c.weight", (1, 2)) is None  # under min_numel
+    assert rules.codec_for("c.bias", (16,)) is None  # 1-D, not named explicitly
+    assert rules.codec_for("a.bias", (16,)) is not None  # 1-D, named by a pattern
+    assert rules.codec_for("c.weight", (4, 4)).codec_id == "fp16"  # type: ignore[union-attr]
+    seen = []
+    call = as_policy(lambda name, t: seen.append(t) or "bf16", codec="fp16", min_numel=0)
+    assert call.codec_for("w", (3, 3), 0, "TENSOR").codec_id == "bf16"  # the engine's tensor is handed over
+    assert seen == ["TENSOR"]
+    # a codec that would pass a shape through keeps it dense (PowerSGD on a thin matrix)
+    thin = as_policy(None, codec={"id": "powersgd", "rank": 4}, min_numel=0)
+    assert thin.codec_for("w", (4, 2)) is None and thin.codec_for("w", (256, 256)) is not None
+    with pytest.raises(ConfigError):
+        Rules(42)
+
+
+def test_fsdp_state_follows_a_policy() -> None:
+    """FSDP2 asks its router, which takes a Policy as it is (it once took only callables and
+    pattern dicts, and compressed every tensor with the default codec under a Policy)."""
+    pytest.importorskip("torch")
+    from gcodec.torch import FSDPState
+
+    p = Policy([{"name": "0.*", "codec": U8}], default="bf16", min_numel=64, warmup_steps=2)
+    st = FSDPState(policy=p)
+    assert st.codec_for("0.weight", (64, 128), step=0) is None  # the policy's warm-up
+    assert st.codec_for("0.weight", (64, 128), step=2).codec_id == "uniform"  # type: ignore[union-attr]
+    assert st.codec_for("1.weight", (64, 64), step=2).codec_id == "bf16"  # type: ignore[union-attr]
+    assert st.codec_for("1.bias", (64,), step=2) is None
+    with pytest.raises(ConfigError, match="row chunks"):
+        FSDPState(policy=Policy(default={"id": "powersgd"}, min_numel=0)).codec_for("w", (64, 64), step=0)
