@@ -156,7 +156,7 @@ def test_ddp_hook_takes_a_policy_and_telemetry(tmp_path: Path) -> None:
     codes = run_ranks("tests.transport_ranks.policy_torch", [str(tmp_path)], 2, 150, tmp_path)
     assert codes == [0, 0]
     checks = checks_of(tmp_path, range(2))
-    assert len(checks) == 2 * 10
+    assert len(checks) == 2 * 11
 
 
 def test_policy_state_checkpoint_resumes_identically() -> None:

@@ -77,6 +77,12 @@ class HookState:
         start_iter: iterations averaged uncompressed before compression starts. Early gradients are
             large and change fast; compressing them hurts more than later (torch's PowerSGD uses
             10 warm-up steps by default; 0 compresses from the start).
+        warmup_codec: the codec of the warm-up iterations instead of the uncompressed average, e.g.
+            ``{"id": "uniform", "bits": 8}`` with error feedback, or ``"fp16"``: a light codec that
+            keeps early gradients almost exact at a fraction of the bytes, where a slow link makes
+            dense warm-up steps the longest part of a short job. The size rules apply as after it
+            (``min_numel``, a codec that would pass a shape through); residuals carry into the
+            codec that follows. None (default): dense, as torch's hooks.
         min_numel: tensors with fewer elements stay dense. Small tensors gain nothing on the wire and
             cost a fixed encode/decode overhead each. 1024 is a good floor on CPU.
         error_feedback: keep what compression drops and add it to the next step's gradient. Needed
@@ -110,6 +116,7 @@ class HookState:
         module: torch.nn.Module | None = None,
         num_threads: int | None = None,
         telemetry: Telemetry | None = None,
+        warmup_codec: Codec | str | dict[str, Any] | None = None,
     ) -> None:
         self.codec = get_codec(codec)
         self.telemetry = telemetry
@@ -137,6 +144,7 @@ class HookState:
         )
         self._comm: TorchCommunicator | None = None
         self._agreed: dict[str, str] = {}  # bucket -> the plan its exchange last agreed on
+        self.warmup_codec = self.router.codec(warmup_codec)
 
     # ---- names, codecs, states ---------------------------------------------------------------
     def _name(self, p: torch.Tensor) -> str:
@@ -147,9 +155,9 @@ class HookState:
         return name
 
     def _codec_for(self, name: str, grad: torch.Tensor, step: int, rung: Any = None) -> Codec | None:
-        """The codec of one gradient at ``step``: the policy's, or under a controller the bucket's
-        rung unless the size rules keep the tensor dense."""
-        if not self.router.adaptive:
+        """The codec of one gradient at ``step``: the policy's, or under a controller (or in a
+        compressed warm-up) the bucket's rung unless the size rules keep the tensor dense."""
+        if rung is None and step >= self.start_iter and not self.router.adaptive:
             return self.router.choose(name, tuple(grad.shape), step, grad)
         if rung is None or grad.numel() < self.min_numel or not rung.compresses(tuple(grad.shape)):
             return None
@@ -200,6 +208,7 @@ class HookState:
             "mode": self.mode,
             "policy": policy,
             "num_threads": self.num_threads,
+            "warmup_codec": None if self.warmup_codec is None else self.warmup_codec.get_config(),
             "state": self.state_dict(),
         }
 
@@ -214,6 +223,7 @@ class HookState:
             mode=d["mode"],
             policy=d["policy"],
             num_threads=d["num_threads"],
+            warmup_codec=d.get("warmup_codec"),
         )
         self.load_state_dict(d["state"])
 
@@ -387,8 +397,10 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
     # which DDP first hands parameters over, which is the same in every fresh DDP (before rebuild).
     names = [state._name(q) for q in bucket.parameters()]
     common = {"bucket": bucket.index(), "numel": int(buf.numel()), "dtype": str(buf.dtype), "size": p}
-    if it < state.start_iter:
+    if it < state.start_iter and state.warmup_codec is None:
         return _Plan(True, names, [], fingerprint=fingerprint(phase="warm-up", **common))
+    if it < state.start_iter:
+        rung = state.warmup_codec
     grads = bucket.gradients()
     plan = _Plan(False, names, grads)
     by_codec: dict[str, list[int]] = {}

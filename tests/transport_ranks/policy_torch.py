@@ -68,6 +68,22 @@ def run(rank: int) -> None:
     back = pickle.loads(pickle.dumps(state))
     check("policy survives pickling", isinstance(back.policy, Policy) and back.policy == policy, repr(back.policy))
 
+    # a compressed warm-up: fp16 for the first 3 iterations, then the hook's codec
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 96), torch.nn.Tanh(), torch.nn.Linear(96, 8))
+    wstate = gcodec.torch.HookState({"id": "uniform", "bits": 8}, start_iter=3, warmup_codec="fp16", min_numel=64)
+    wddp = DDP(net)
+    wddp.register_comm_hook(wstate, gcodec.torch.comm_hook)
+    wopt = torch.optim.SGD(wddp.parameters(), lr=0.2)
+    for _ in range(5):
+        wopt.zero_grad()
+        torch.nn.functional.mse_loss(wddp(x), y).backward()
+        wopt.step()
+    steps: dict[str, int] = {}
+    for v in wstate.stats().values():  # DDP's bucket rebuild after the first step renames a group
+        steps[v["codec"]["id"]] = steps.get(v["codec"]["id"], 0) + v["steps"]
+    check("a warm-up codec runs the first start_iter steps", steps == {"fp16": 3, "uniform": 2}, str(steps))
+
     # all_reduce through a router: a Policy switching codec at step 2, residual carried over
     switch = Policy(
         [{"until_step": 2, "codec": {"id": "topk", "ratio": 0.1}}], default={"id": "uniform", "bits": 8}, min_numel=0
