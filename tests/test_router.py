@@ -179,3 +179,16 @@ def test_fsdp_state_follows_a_policy() -> None:
     assert st.codec_for("1.bias", (64,), step=2) is None
     with pytest.raises(ConfigError, match="row chunks"):
         FSDPState(policy=Policy(default={"id": "powersgd"}, min_numel=0)).codec_for("w", (64, 64), step=0)
+
+
+def test_changing_the_engine_settings_takes_effect_at_the_next_choice() -> None:
+    r = Router(codec=U8, min_numel=10)
+    assert r.choose("w", (4, 4), 0).codec_id == "uniform"  # type: ignore[union-attr]
+    r.configure(min_numel=100)
+    assert r.choose("w", (4, 4), 0) is None
+    r.configure(codec="bf16", min_numel=0)
+    assert r.choose("w", (4, 4), 0).codec_id == "bf16"  # type: ignore[union-attr]
+    r.policy = {"w": None}
+    assert r.choose("w", (4, 4), 0) is None and r.choose("v", (4, 4), 0).codec_id == "bf16"  # type: ignore[union-attr]
+    with pytest.raises(ConfigError):
+        r.configure(bits=3)

@@ -153,6 +153,36 @@ class FSDPState:
         self._shapes: dict[str, tuple[int, ...]] = {}
 
     # ---- policy ------------------------------------------------------------------------------
+    @property
+    def codec(self) -> Codec:
+        return self._codec
+
+    @codec.setter
+    def codec(self, value: Codec | str | dict[str, Any]) -> None:
+        self._codec = get_codec(value)
+        if isinstance(getattr(self, "router", None), Router):
+            self.router.configure(codec=self._codec)
+
+    @property
+    def min_numel(self) -> int:
+        return self._min_numel
+
+    @min_numel.setter
+    def min_numel(self, value: int) -> None:
+        self._min_numel = int(value)
+        if isinstance(getattr(self, "router", None), Router):
+            self.router.configure(min_numel=self._min_numel)
+
+    @property
+    def policy(self) -> Any:
+        return self._policy
+
+    @policy.setter
+    def policy(self, value: Any) -> None:
+        self._policy = value
+        if isinstance(getattr(self, "router", None), Router):
+            self.router.policy = value
+
     def codec_for(self, fqn: str, shape: Sequence[int], step: int = 0, rung: Codec | None = None) -> Codec | None:
         """The codec of a parameter at its module's ``step``, or None when it stays dense (policy,
         size, 1-D); under an adaptive controller the module's ``rung`` unless the size rules keep

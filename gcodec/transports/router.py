@@ -128,7 +128,8 @@ class Router:
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
-        self.chooser = as_policy(chooser, codec=codec, min_numel=min_numel, dense_1d=dense_1d)
+        self._shorthand: dict[str, Any] = {"codec": codec, "min_numel": min_numel, "dense_1d": dense_1d}
+        self.policy = chooser
         self.error_feedback, self.mode = bool(error_feedback), mode
         self.num_threads, self.telemetry = num_threads, telemetry
         self.states: dict[str, TransportState] = {}
@@ -141,6 +142,27 @@ class Router:
         self.agreed: dict[str, str] = {}  # agreements of exchanges that are no codec's own
         self._stores: dict[tuple[str | None, str], _Store] = {}
         self._owner: dict[str, tuple[str | None, str]] = {}  # parameter -> the store holding its residual
+
+    # ---- the policy --------------------------------------------------------------------------
+    @property
+    def policy(self) -> Any:
+        """What the engine was given (a Policy, a controller, a callable, a dict or None); setting it
+        (or :meth:`configure`) takes effect from the next choice, the same on every rank or the
+        exchange that follows refuses it."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, value: Any) -> None:
+        self._policy = value
+        self.chooser = as_policy(value, **self._shorthand)
+
+    def configure(self, **shorthand: Any) -> None:
+        """Change the shorthand's ``codec``, ``min_numel`` or ``dense_1d`` (see :class:`Router`)."""
+        unknown = set(shorthand) - set(self._shorthand)
+        if unknown:
+            raise ConfigError(f"unknown router setting(s) {sorted(unknown)}")
+        self._shorthand.update(shorthand)
+        self.policy = self._policy
 
     # ---- codecs and states ---------------------------------------------------------------------
     @property
