@@ -26,8 +26,9 @@ arithmetic), only its wall time does. So:
 2. at every rate, every contender trains ``--timed-steps`` steps after a 2-step warm-up, and its
    median step time (forward, backward with the hook, optimizer step) is measured, all contenders
    of a rate in one short job (with ``--quick``, the runs of step 1 give the one rate's timings);
-3. time to accuracy at a rate = warm-up steps x that rate's uncompressed step time + the remaining
-   steps to the target x the contender's step time. A contender that never reaches the target in
+3. time to accuracy at a rate = warm-up steps x that rate's uncompressed step time (or, for a
+   contender with a ``warmup_codec``, the step time of the contender named by its ``warmup_like``)
+   + the remaining steps to the target x the contender's step time. A contender that never reaches the target in
    the schedule shows "not reached".
 
 **gcodec advise.** The comparison with ``gcodec advise``'s predicted break-even bandwidths is a hook
@@ -80,8 +81,17 @@ CONTENDERS: list[dict[str, Any]] = [
     # what a job keeps running when gcodec advise says no codec pays: the hook stays registered and
     # its policy sends every tensor dense
     {**run_spec(ALL_DENSE, {"id": "fp16"}, False), "policy": {"*": None}},
+    # warm-up as a policy decision: the first steps through fp16 (half the dense bytes, early
+    # gradients kept to 11 bits), then top-k; its warm-up steps cost what "gcodec fp16" steps cost
+    {
+        **run_spec("gcodec top-k 1% + EF, fp16 warm-up", {"id": "topk", "ratio": 0.01}, True),
+        "warmup_codec": {"id": "fp16"},
+        "warmup_like": "gcodec fp16",
+    },
 ]
-QUICK = [0, 1, 3]  # indices into CONTENDERS for --quick: plain DDP, torch fp16, gcodec fp16
+#: indices into CONTENDERS for --quick: plain DDP, torch fp16, gcodec fp16, top-k with and without
+#: a compressed warm-up
+QUICK = [0, 1, 3, 7, 11]
 
 
 class NoNamespace(RuntimeError):
@@ -293,7 +303,9 @@ def run(
         }
         for rate in args.rates:
             t = timed[rate].get(c["label"], {})
-            dense = timed[rate].get(contenders[0]["label"], {}).get("step_ms")
+            # the warm-up steps cost a dense step, or the step of the contender running the
+            # warm-up codec (``warmup_like``)
+            dense = timed[rate].get(c.get("warmup_like") or contenders[0]["label"], {}).get("step_ms")
             step_ms = t.get("step_ms") if t.get("ok") else None
             tta = None
             if n is not None and step_ms is not None and dense is not None:

@@ -192,6 +192,7 @@ def _wrap(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm)
             error_feedback=run["error_feedback"],
             policy=run.get("policy"),
             module=model,
+            warmup_codec=run.get("warmup_codec"),
         )
         ddp.register_comm_hook(hook_state, gcodec.torch.comm_hook)
     elif hook == "torch-fp16":
