@@ -49,38 +49,33 @@ _E4M3_VALUES = values_table(_E4M3)
 @njit(cache=True, inline="always")
 def _mag_code(ub, k, MB, EMIN, MAXC, INT, STOCH, r):  # pragma: no cover - jitted
     """The magnitude code of the finite binary32 magnitude with bits ``ub`` (sign clear) divided by
-    ``2^k``, rounded (nearest-even, or stochastically with the 16-bit draw ``r``) and saturated."""
-    ev = np.int64(ub >> np.uint32(23))
-    s = np.int64(ub & np.uint32(0x7FFFFF))
-    if ev == 0:
-        if s == 0:
-            return np.int64(0)
-        e = np.int64(-126)
-        while s < (1 << 23):  # a binary32 subnormal: normalise the significand
-            s <<= 1
-            e -= 1
-    else:
-        s |= 1 << 23
-        e = ev - 127
-    et = e - k
+    ``2^k``, rounded (nearest-even, or stochastically with the 16-bit draw ``r``) and saturated.
+
+    Written without data-dependent branches so that LLVM vectorises the element loop: a binary32
+    subnormal is first scaled by 2^64 (exact) with ``k`` raised by 64, so the significand always
+    has its leading bit at 23; a quotient far below one quantum (``shift`` capped at 41, where the
+    fraction is below 2^-17, the smallest draw) rounds to 0 both ways."""
+    sub = ub < np.uint32(0x00800000)
+    big = np.float32(np.uint32(ub).view(np.float32) * np.float32(18446744073709551616.0)).view(np.uint32)
+    a = big if sub else ub
+    kk = np.int64(k) + (np.int64(64) if sub else np.int64(0))
+    s = np.int64(a & np.uint32(0x7FFFFF)) | np.int64(1 << 23)
+    et = np.int64(a >> np.uint32(23)) - 127 - kk
     eb = max(et, np.int64(EMIN))
-    qe = np.int64(EMIN - MB) if INT else eb - MB
-    shift = 23 + qe - et
-    if shift <= 0:
-        return np.int64(MAXC)
-    if shift > 41:  # below 2^-18 quanta: rounds to 0 either way (the smallest u is 2^-17)
-        q = np.int64(0)
+    if INT:
+        shift = min(max(np.int64(23 + EMIN - MB) - et, np.int64(1)), np.int64(41))
     else:
-        fl = s >> shift
-        rem = s & ((np.int64(1) << shift) - 1)
-        if STOCH:
-            up = ((np.int64(2) * np.int64(r) + 1) << shift) < (rem << 17)
-        else:
-            half = np.int64(1) << (shift - 1)
-            up = (rem > half) | ((rem == half) & ((fl & 1) == 1))
-        q = fl + np.int64(up)
+        shift = min(np.int64(23 - MB) + (eb - et), np.int64(41))
+    fl = s >> shift
+    rem = s & ((np.int64(1) << shift) - 1)
+    if STOCH:
+        up = ((np.int64(2) * np.int64(r) + 1) << shift) < (rem << 17)
+    else:
+        up = rem + (fl & 1) > (np.int64(1) << (shift - 1))
+    q = fl + np.int64(up)
     code = q if INT else ((eb - EMIN) << MB) + q
-    return min(code, np.int64(MAXC))
+    code = min(code, np.int64(MAXC))
+    return np.int64(0) if ub == np.uint32(0) else code
 
 
 @njit(cache=True, inline="always")
@@ -141,23 +136,34 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL):  # type
             b1 = min(b0 + SB, c1)
             if STOCH:
                 fill_blocks(rb, b0 // 8, (b1 - b0 + 7) // 8, seeds[2], seeds[3], ks)
-            for i in range(b0, b1):
-                gi = i // G
-                j = i - b0
-                r = r16[j] if STOCH else np.uint16(0)
+            for gi in range(b0 // G, (b1 - 1) // G + 1):
+                lo = max(gi * G, b0)
+                hi = min(gi * G + G, b1)
                 if SCALE == 1:
-                    c = _code(xb[i], np.int64(sc8[gi]) - 127, BITS, MB, EMIN, MAXC, INT, STOCH, r)
+                    k = np.int64(sc8[gi]) - 127
+                    for i in range(lo, hi):
+                        j = i - b0
+                        r = r16[j] if STOCH else np.uint16(0)
+                        c = _code(xb[i], k, BITS, MB, EMIN, MAXC, INT, STOCH, r)
+                        if BITS == 8:
+                            codes[i] = np.uint8(c)
+                        else:
+                            cb[j] = np.uint8(c)
                 else:
-                    s = sc32[gi]
-                    if s == np.float32(0.0):  # a zero (or underflowed) scale: zero codes, signs kept
-                        c = np.int64(0) if INT else np.int64(xb[i] >> np.uint32(31)) << (BITS - 1)
-                    else:
+                    sg = sc32[gi]
+                    zero = sg == np.float32(0.0)  # a zero (or underflowed) scale: zero codes, signs kept
+                    s = np.float32(1.0) if zero else sg
+                    for i in range(lo, hi):
+                        j = i - b0
+                        r = r16[j] if STOCH else np.uint16(0)
                         t = np.float32(x[i] / s)
                         c = _code(t.view(np.uint32), 0, BITS, MB, EMIN, MAXC, INT, STOCH, r)
-                if BITS == 8:
-                    codes[i] = np.uint8(c)
-                else:
-                    cb[j] = np.uint8(c)
+                        if zero:
+                            c = np.int64(0) if INT else np.int64(xb[i] >> np.uint32(31)) << (BITS - 1)
+                        if BITS == 8:
+                            codes[i] = np.uint8(c)
+                        else:
+                            cb[j] = np.uint8(c)
             if BITS == 4:
                 o = b0 // 2
                 m = b1 - b0
@@ -291,33 +297,36 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
     def _decode_range(codes, sc32, sc8, out, G, tscale, table, c0, c1):  # pragma: no cover - jitted
         setting = (BITS, SCALE, ACC)  # noqa: F841 - the cache key
         bad = 0
-        for i in range(c0, c1):
-            gi = i // G
-            if BITS == 8:
-                c = codes[i]
-            elif BITS == 4:
-                c = (codes[i >> 1] >> np.uint8(4 * (i & 1))) & np.uint8(0xF)
-            else:
-                p = (i >> 2) * 3
-                w = np.uint32(codes[p])
-                if p + 1 < codes.shape[0]:
-                    w |= np.uint32(codes[p + 1]) << 8
-                if p + 2 < codes.shape[0]:
-                    w |= np.uint32(codes[p + 2]) << 16
-                c = np.uint8((w >> np.uint32(6 * (i & 3))) & np.uint32(0x3F))
-            v = table[c]
-            bad += np.isnan(v)
+        nbytes = codes.shape[0]
+        for gi in range(c0 // G, (c1 - 1) // G + 1):
+            lo = max(gi * G, c0)
+            hi = min(gi * G + G, c1)
             if SCALE == 1:
-                s = np.float32(math.ldexp(1.0, np.int64(sc8[gi]) - 127))
+                s = np.uint32(np.int64(sc8[gi]) << 23).view(np.float32) if sc8[gi] > 0 else np.float32(2.0**-127)
             elif SCALE == 0:
                 s = sc32[gi]
             else:
-                s = table_e4m3(sc8[gi]) * tscale
-            y = v * s
-            if ACC:
-                out[i] += y
-            else:
-                out[i] = y
+                s = np.float32(table_e4m3(sc8[gi]) * tscale)
+            for i in range(lo, hi):
+                if BITS == 8:
+                    c = codes[i]
+                elif BITS == 4:
+                    c = (codes[i >> 1] >> np.uint8(4 * (i & 1))) & np.uint8(0xF)
+                else:
+                    p = (i >> 2) * 3
+                    w = np.uint32(codes[p])
+                    if p + 1 < nbytes:
+                        w |= np.uint32(codes[p + 1]) << 8
+                    if p + 2 < nbytes:
+                        w |= np.uint32(codes[p + 2]) << 16
+                    c = np.uint8((w >> np.uint32(6 * (i & 3))) & np.uint32(0x3F))
+                v = table[c]
+                bad += np.isnan(v)
+                y = np.float32(v * s)
+                if ACC:
+                    out[i] += y
+                else:
+                    out[i] = y
         return bad
 
     return njit(cache=True, nogil=True)(_decode_range)
