@@ -415,3 +415,105 @@ def test_stochastic_draws_follow_the_stream_and_seed():
     a, b = bytes(c.encode(x, step=1)), bytes(c.encode(x, step=1))
     assert a == b and bytes(c.encode(x, step=2)) != a
     assert gcodec.validate(a).params["stream"] == 1
+
+
+# --------------------------------------------------------------------------------------------
+# the raw element codes, error feedback, nesting
+
+
+@pytest.mark.parametrize(
+    "cid,params,dtype",
+    [
+        ("fp8", {}, "float8_e4m3fn"),
+        ("fp8", {"element": "e5m2"}, "float8_e5m2"),
+        ("mx", {"element": "e4m3"}, "float8_e4m3fn"),
+    ],
+)
+def test_element_codes_are_zero_copy_views_of_the_payload(cid, params, dtype):
+    x = random_inputs(100, 4)
+    buf = bytearray(gcodec.get_codec(cid, **params).encode(x))
+    ec = gcodec.element_codes(buf)
+    assert ec.elements.dtype == np.dtype(getattr(ml_dtypes, dtype)) and ec.elements.size == x.size
+    assert np.shares_memory(ec.elements, np.frombuffer(buf, np.uint8))
+    sc = ec.scales.astype(np.float32) if ec.scales.dtype != np.float32 else ec.scales
+    y = ec.elements.astype(np.float32) * np.repeat(sc, ec.group_size)[: x.size]
+    assert same_bits(y.astype(F32), gcodec.decode(buf))
+    assert ec.safetensors_dtype == {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}[dtype]
+    assert ec.dlpack_code == {"float8_e4m3fn": 10, "float8_e5m2": 12}[dtype]
+    if _torch is not None:
+        t = ec.torch()
+        assert t.dtype == getattr(_torch, dtype) and t.numel() == x.size
+        assert (t.view(_torch.uint8).numpy() == ec.elements.view(np.uint8)).all()
+
+
+def test_element_codes_of_packed_and_two_level_payloads():
+    x = random_inputs(50, 6)
+    ec = gcodec.element_codes(gcodec.get_codec("nvfp4").encode(x))
+    assert ec.elements.dtype == np.uint8 and ec.elements.size == 25 and ec.tensor_scale > 0
+    assert ec.scales.dtype == np.dtype(ml_dtypes.float8_e4m3fn) and ec.group_size == 16
+    assert ec.safetensors_dtype == "F4" and ec.dlpack_code == 17
+    ec = gcodec.element_codes(gcodec.get_codec("mx", element="e3m2").encode(x))
+    assert ec.scales.dtype == np.dtype(ml_dtypes.float8_e8m0fnu) and ec.dlpack_code == 16
+    with pytest.raises(gcodec.ConfigError):
+        ec.torch()  # torch has no FP6 dtype
+    with pytest.raises(gcodec.ConfigError):
+        gcodec.element_codes(gcodec.get_codec("uniform").encode(x))
+
+
+@pytest.mark.parametrize(
+    "cid,params",
+    [("fp8", {}), ("mx", {}), ("mx", {"element": "int8"}), ("nvfp4", {}), ("mx", {"rounding": "stochastic"})],
+)
+def test_error_feedback_carries_the_rounding_error(cid, params):
+    """With error feedback the sum of decoded steps tracks the sum of inputs: the residual is the
+    last step's error, so |sum(decoded) - sum(x)| stays within one step's error instead of growing."""
+    rng = np.random.default_rng(1)
+    ef = gcodec.ErrorFeedback(gcodec.get_codec(cid, **params))
+    xs = [rng.standard_normal(500).astype(F32) for _ in range(30)]
+    total = np.zeros(500)
+    for s, x in enumerate(xs):
+        total += gcodec.decode(ef.encode(x, key="w", step=s))
+    gap = np.abs(total - np.sum(xs, axis=0)).max()
+    one_step = np.abs(gcodec.decode(gcodec.get_codec(cid, **params).encode(xs[0], step=0)) - xs[0]).max()
+    assert gap <= 2 * one_step + 1e-3
+
+
+@pytest.mark.parametrize("cfg", [{"id": "fp8"}, {"id": "mx"}, {"id": "nvfp4"}, {"id": "mx", "element": "e5m2"}])
+def test_nested_in_hybrids(cfg):
+    x = random_inputs(400, 9)
+    for host in (gcodec.get_codec("topk", k=40, values=cfg), gcodec.get_codec("randomk", ratio=0.1, values=cfg)):
+        y = gcodec.decode(host.encode(x, step=0))
+        assert y.shape == x.shape and np.isfinite(y).all()
+
+
+def test_magnitude_bound_holds():
+    x = random_inputs(4000, 12)
+    m = float(np.abs(x).max())
+    for cid, params in [
+        ("fp8", {}),
+        ("fp8", {"scale_dtype": "e8m0"}),
+        ("mx", {}),
+        ("mx", {"element": "int8"}),
+        ("nvfp4", {}),
+        ("nvfp4", {"rounding": "stochastic"}),
+    ]:
+        c = gcodec.get_codec(cid, **params)
+        y = gcodec.decode(c.encode(x, step=1))
+        assert float(np.abs(y).max()) <= c.magnitude_bound(m, x.size), (cid, params)
+
+
+def test_inspect_names_the_element_dtypes():
+    from gcodec.cli import inspect_payload
+
+    x = random_inputs(64, 13)
+    for cid, params, st, dl in [
+        ("fp8", {"element": "e5m2"}, "F8_E5M2", 12),
+        ("mx", {}, "F4", 17),
+        ("mx", {"element": "e2m3"}, "F6_E2M3", 15),
+        ("nvfp4", {}, "F4", 17),
+    ]:
+        buf = np.frombuffer(bytes(gcodec.get_codec(cid, **params).encode(x)), np.uint8)
+        el = inspect_payload(buf)["payload"]["tensors"][0]["elements"]
+        assert (el["safetensors"], el["dlpack_code"]) == (st, dl)
+    buf = np.frombuffer(bytes(gcodec.get_codec("uniform").encode(x)), np.uint8)
+    assert "elements" not in inspect_payload(buf)["payload"]["tensors"][0]

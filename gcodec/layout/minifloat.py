@@ -50,8 +50,9 @@ class Element:
     finite_below: int  # magnitude codes >= this are NaN or infinite (refused); 1 << (bits - 1) when all are finite
     integer: bool = False
     ml_dtypes_name: str = ""  # the matching ml_dtypes type
-    torch_name: str = ""  # the matching torch dtype, when torch has one for single elements
+    torch_name: str = ""  # the matching torch dtype (for e2m1: two elements per byte)
     safetensors: str = ""  # the safetensors dtype of the element codes, when it has one
+    dlpack_code: int = -1  # the DLPack (v1.1) DLDataTypeCode of one element (kDLInt for int8)
 
     @property
     def sign_bit(self) -> int:
@@ -91,6 +92,7 @@ ELEMENTS: dict[str, Element] = {
             ml_dtypes_name="float8_e4m3fn",
             torch_name="float8_e4m3fn",
             safetensors="F8_E4M3",
+            dlpack_code=10,
         ),
         Element(
             "e5m2",
@@ -103,12 +105,25 @@ ELEMENTS: dict[str, Element] = {
             ml_dtypes_name="float8_e5m2",
             torch_name="float8_e5m2",
             safetensors="F8_E5M2",
+            dlpack_code=12,
         ),
-        Element("e2m3", 6, 3, 0, 2, 0x1F, 0x20, ml_dtypes_name="float6_e2m3fn"),
-        Element("e3m2", 6, 2, -2, 4, 0x1F, 0x20, ml_dtypes_name="float6_e3m2fn"),
-        Element("e2m1", 4, 1, 0, 2, 0x7, 0x8, ml_dtypes_name="float4_e2m1fn", safetensors="F4"),
+        Element("e2m3", 6, 3, 0, 2, 0x1F, 0x20, ml_dtypes_name="float6_e2m3fn", safetensors="F6_E2M3", dlpack_code=15),
+        Element("e3m2", 6, 2, -2, 4, 0x1F, 0x20, ml_dtypes_name="float6_e3m2fn", safetensors="F6_E3M2", dlpack_code=16),
+        Element(
+            "e2m1",
+            4,
+            1,
+            0,
+            2,
+            0x7,
+            0x8,
+            ml_dtypes_name="float4_e2m1fn",
+            torch_name="float4_e2m1fn_x2",
+            safetensors="F4",
+            dlpack_code=17,
+        ),
         # MXINT8: codes -127 .. 127 (the pattern 0x80, -2.0, is refused: mx.md rule MX3)
-        Element("int8", 8, 6, 0, 0, 127, 128, integer=True, safetensors="I8"),
+        Element("int8", 8, 6, 0, 0, 127, 128, integer=True, torch_name="int8", safetensors="I8", dlpack_code=0),
     )
 }
 
