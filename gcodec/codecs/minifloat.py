@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import PayloadValueError
-from ..layout.minifloat import ELEMENTS, SCALE_E4M3, SCALE_E8M0, SCALE_F32, BlockLayout, Element, values_table
+from ..layout.minifloat import ELEMENTS, SCALE_E8M0, SCALE_F32, BlockLayout, Element, values_table
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Codec, EncodeContext, EncodePlan, Param, binary32
 from .seeds import PER_WORKER_SEED, STREAM_PARAM
@@ -27,10 +27,6 @@ __all__ = ["ROUNDING_PARAM", "SEED_PARAM", "BlockFloat", "e8m0_limit"]
 
 ROUNDING_PARAM = Param(str, "nearest", "rounding rule", choices=("nearest", "stochastic"))
 SEED_PARAM = PER_WORKER_SEED
-
-#: NVIDIA's two-level scheme: the tensor scale maps the tensor's largest magnitude to
-#: 448 (E4M3's largest) times 6 (E2M1's largest), nvfp4.md §4.
-NV_TENSOR_DIVISOR = 448.0 * 6.0
 
 
 def e8m0_limit(el: Element) -> int:
@@ -75,51 +71,32 @@ class BlockFloat(Codec):
             stream = ctx.take_stream()
             params["stream"] = stream
         n = flat.size
-        ng = lay.ngroups(n)
         name = self.codec_id
         el = ELEMENTS[lay.element]
 
         def fill(views: Mapping[str, np.ndarray]) -> None:
-            K = kernels.of(flat).minifloat
-            tscale = 0.0
-            if lay.scale == SCALE_E4M3:
-                amax, finite = K.tensor_amax(flat)
-                if not finite:
-                    raise PayloadValueError(
-                        f"{name}: input has NaN or infinite values; the codec cannot represent them"
-                    )
-                tscale = float(np.float32(amax) / np.float32(NV_TENSOR_DIVISOR))  # one binary32 division
-                views["tensor_scale"][0] = tscale
-            if lay.scale == SCALE_F32:
-                sc32, sc8 = views["scales"], np.empty(0, np.uint8)
-            else:
-                sc8 = views["scales"]
-                sc32 = np.empty(ng if lay.scale == SCALE_E4M3 else 0, np.float32)
-            nbad = K.encode(
+            nbad, nover = kernels.of(flat).minifloat.encode(
                 flat,
-                sc32,
-                sc8,
+                views["scales"],
                 views["elements"],
+                views.get("tensor_scale"),
                 lay.element,
                 lay.group_size,
                 lay.scale,
                 lay.stochastic,
                 params.get("seed", 0),
                 stream,
-                tscale,
             )
             if nbad:
                 raise PayloadValueError(
                     f"{name}: input has NaN or infinite values in {nbad} group(s); the codec cannot represent them"
                 )
-            top = el.max_value if lay.scale == SCALE_F32 else 6.0
-            if lay.scale != SCALE_E8M0:  # a finite input whose largest element would decode to infinity
-                nover = int(np.count_nonzero(_overflows(sc32, top)))
-                if nover:
-                    raise PayloadValueError(
-                        f"{name}: input too large: in {nover} group(s) the scale times {top:g} overflows float32, "
-                        "so the payload would decode to infinity"
-                    )
+            if nover:  # a finite input whose largest element would decode to infinity (rules E1, NV2)
+                top = el.max_value if lay.scale == SCALE_F32 else 6.0
+                raise PayloadValueError(
+                    f"{name}: input too large: in {nover} group(s) the scale times {top:g} overflows float32, "
+                    "so the payload would decode to infinity"
+                )
 
         sections = [SectionSpec(*s) for s in lay.sections(n)]
         return EncodePlan(params, sections, fill)

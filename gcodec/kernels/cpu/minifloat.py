@@ -235,28 +235,45 @@ def tensor_amax(flat: np.ndarray) -> tuple[float, bool]:
     return float(np.uint32(m).view(np.float32)), True
 
 
+#: NVIDIA's two-level scheme (nvfp4.md §3): the tensor scale maps the tensor's largest magnitude to
+#: 448 (E4M3's largest) times 6 (E2M1's largest).
+NV_TENSOR_DIVISOR = 448.0 * 6.0
+
+
 def encode(
     flat: np.ndarray,
-    sc32: np.ndarray,
-    sc8: np.ndarray,
+    scales: np.ndarray,
     codes: np.ndarray,
+    tensor_scale: np.ndarray | None,
     element: str,
     group_size: int,
     scale_rule: int,
     stochastic: bool,
     seed: int,
     stream: int,
-    tscale: float = 0.0,
-) -> int:
-    """Quantize flat float32 ``flat`` into ``codes`` (packed) and the group scales; returns the
-    number of groups holding NaN or infinity (their scales and codes are then meaningless).
-
-    ``sc32``: binary32 scales (``SCALE_F32``), or for ``SCALE_E4M3`` a scratch of one float32 per
-    group (the block scales times ``tscale``); ``sc8``: E8M0 or E4M3 scale codes."""
+) -> tuple[int, int]:
+    """Quantize flat float32 ``flat`` into the ``scales`` and (packed) ``codes`` sections, and for
+    ``SCALE_E4M3`` the one-element ``tensor_scale`` section. Returns (groups holding NaN or infinity,
+    groups whose largest element would decode to infinity); when either is not 0 the sections are
+    meaningless and the codec refuses the input."""
     n = flat.size
     if n == 0:
-        return 0
+        if tensor_scale is not None:
+            tensor_scale[0] = 0.0
+        return 0, 0
     el = ELEMENTS[element]
+    tscale = np.float32(0.0)
+    if scale_rule == SCALE_E4M3:
+        amax, finite = tensor_amax(flat)
+        if not finite:
+            return 1, 0
+        tscale = np.float32(amax) / np.float32(NV_TENSOR_DIVISOR)  # one binary32 division
+        tensor_scale[0] = tscale
+    if scale_rule == SCALE_F32:
+        sc32, sc8 = scales, np.empty(0, np.uint8)
+    else:
+        sc8 = scales
+        sc32 = np.empty(-(-n // group_size) if scale_rule == SCALE_E4M3 else 0, np.float32)
     key = (
         "enc",
         el.bits,
@@ -273,7 +290,7 @@ def encode(
     sl, sh = split64(seed)
     tl, th = split64(stream)
     seeds = (np.uint32(sl), np.uint32(sh), np.uint32(tl), np.uint32(th))
-    return run_chunks(
+    nbad = run_chunks(
         k,
         n,
         tile(group_size),
@@ -283,10 +300,16 @@ def encode(
         sc8,
         codes,
         int(group_size),
-        np.float32(tscale),
+        tscale,
         _E4M3_VALUES,
         seeds,
     )
+    nover = 0
+    if not nbad and scale_rule != SCALE_E8M0:  # E1, NV2: the largest element times the scale stays finite
+        top = np.float32(el.max_value if scale_rule == SCALE_F32 else 6.0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            nover = int(np.count_nonzero(np.isinf(sc32 * top)))
+    return int(nbad), nover
 
 
 # --------------------------------------------------------------------------------------------
