@@ -1,4 +1,4 @@
-"""Low-precision element formats on the device: ``fp8``, ``mx`` and ``nvfp4``, the bits of ``gcodec.kernels.cpu.minifloat``.
+"""Low-precision element formats on the device: ``fp8``, ``mx``, ``nvfp4``, as ``gcodec.kernels.cpu.minifloat``.
 
 1. **tensor scale** (``nvfp4``): an atomic max over the magnitude bits, then one thread divides
    (specs/codecs/nvfp4.md §3 step 2) and writes the ``tensor_scale`` section in device memory;
