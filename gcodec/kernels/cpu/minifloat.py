@@ -91,8 +91,9 @@ def _code(ubits, k, BITS, MB, EMIN, MAXC, INT, STOCH, r):  # pragma: no cover - 
 @njit(cache=True, inline="always")
 def _group_amax(xb, lo, hi):  # pragma: no cover - jitted
     m = np.uint32(0)
-    for i in range(lo, hi):
-        m = max(m, xb[i] & np.uint32(0x7FFFFFFF))
+    base = np.uint64(lo)
+    for j in range(hi - lo):
+        m = max(m, xb[base + np.uint64(j)] & np.uint32(0x7FFFFFFF))
     return m
 
 
@@ -139,10 +140,15 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL):  # type
             for gi in range(b0 // G, (b1 - 1) // G + 1):
                 lo = max(gi * G, b0)
                 hi = min(gi * G + G, b1)
+                # unsigned indices: Numba then emits no negative-index wraparound, which keeps the
+                # loop free of branches for LLVM's vectoriser (as gcodec.kernels.cpu.quant)
+                base = np.uint64(lo)
+                jb = np.uint64(lo - b0)
                 if SCALE == 1:
                     k = np.int64(sc8[gi]) - 127
-                    for i in range(lo, hi):
-                        j = i - b0
+                    for m in range(hi - lo):
+                        i = base + np.uint64(m)
+                        j = jb + np.uint64(m)
                         r = r16[j] if STOCH else np.uint16(0)
                         c = _code(xb[i], k, BITS, MB, EMIN, MAXC, INT, STOCH, r)
                         if BITS == 8:
@@ -153,8 +159,9 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL):  # type
                     sg = sc32[gi]
                     zero = sg == np.float32(0.0)  # a zero (or underflowed) scale: zero codes, signs kept
                     s = np.float32(1.0) if zero else sg
-                    for i in range(lo, hi):
-                        j = i - b0
+                    for m in range(hi - lo):
+                        i = base + np.uint64(m)
+                        j = jb + np.uint64(m)
                         r = r16[j] if STOCH else np.uint16(0)
                         t = np.float32(x[i] / s)
                         c = _code(t.view(np.uint32), 0, BITS, MB, EMIN, MAXC, INT, STOCH, r)
@@ -165,27 +172,28 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL):  # type
                         else:
                             cb[j] = np.uint8(c)
             if BITS == 4:
-                o = b0 // 2
+                o = np.uint64(b0 // 2)
                 m = b1 - b0
                 cb[m] = 0
-                for j in range(0, m, 2):
-                    codes[o + j // 2] = cb[j] | (cb[j + 1] << np.uint8(4))
+                for j in range((m + 1) // 2):
+                    jj = np.uint64(j)
+                    codes[o + jj] = cb[2 * jj] | (cb[2 * jj + np.uint64(1)] << np.uint8(4))
             elif BITS == 6:
-                o = b0 // 4 * 3
+                o = np.uint64(b0 // 4 * 3)
                 m = b1 - b0
                 for j in range(m, m + 4):
                     cb[j] = 0
-                nb = (m * 6 + 7) // 8
-                for j in range(0, m, 4):
-                    w = np.uint32(cb[j]) | (np.uint32(cb[j + 1]) << 6) | (np.uint32(cb[j + 2]) << 12)
-                    w |= np.uint32(cb[j + 3]) << 18
-                    p = o + j // 4 * 3
-                    k0 = j // 4 * 3
-                    codes[p] = np.uint8(w & 0xFF)
-                    if k0 + 1 < nb:
-                        codes[p + 1] = np.uint8((w >> 8) & 0xFF)
-                    if k0 + 2 < nb:
-                        codes[p + 2] = np.uint8((w >> 16) & 0xFF)
+                nb = np.uint64((m * 6 + 7) // 8)
+                for q in range((m + 3) // 4):
+                    jj = np.uint64(4 * q)
+                    w = np.uint32(cb[jj]) | (np.uint32(cb[jj + np.uint64(1)]) << 6)
+                    w |= (np.uint32(cb[jj + np.uint64(2)]) << 12) | (np.uint32(cb[jj + np.uint64(3)]) << 18)
+                    k0 = np.uint64(3 * q)
+                    codes[o + k0] = np.uint8(w & 0xFF)
+                    if k0 + np.uint64(1) < nb:
+                        codes[o + k0 + np.uint64(1)] = np.uint8((w >> 8) & 0xFF)
+                    if k0 + np.uint64(2) < nb:
+                        codes[o + k0 + np.uint64(2)] = np.uint8((w >> 16) & 0xFF)
         return bad
 
     return njit(cache=True, nogil=True)(_encode_range)
@@ -320,7 +328,7 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
     def _decode_range(codes, sc32, sc8, out, G, tscale, table, c0, c1):  # pragma: no cover - jitted
         setting = (BITS, SCALE, ACC)  # noqa: F841 - the cache key
         bad = 0
-        nbytes = codes.shape[0]
+        nbytes = np.uint64(codes.shape[0])
         for gi in range(c0 // G, (c1 - 1) // G + 1):
             lo = max(gi * G, c0)
             hi = min(gi * G + G, c1)
@@ -330,19 +338,51 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
                 s = sc32[gi]
             else:
                 s = np.float32(table_e4m3(sc8[gi]) * tscale)
-            for i in range(lo, hi):
+            base = np.uint64(lo)
+            if BITS == 4 and lo % 2 == 0 and (hi - lo) % 2 == 0:  # whole bytes: two elements each
+                o = base >> np.uint64(1)
+                for m in range((hi - lo) // 2):
+                    u = codes[o + np.uint64(m)]
+                    v0 = table[u & np.uint8(0xF)]
+                    v1 = table[u >> np.uint8(4)]
+                    bad += np.isnan(v0) + np.isnan(v1)
+                    i = base + np.uint64(2 * m)
+                    if ACC:
+                        out[i] += np.float32(v0 * s)
+                        out[i + np.uint64(1)] += np.float32(v1 * s)
+                    else:
+                        out[i] = np.float32(v0 * s)
+                        out[i + np.uint64(1)] = np.float32(v1 * s)
+                continue
+            if BITS == 6 and lo % 4 == 0 and (hi - lo) % 4 == 0:  # whole triples of bytes: four elements each
+                o = (base >> np.uint64(2)) * np.uint64(3)
+                for m in range((hi - lo) // 4):
+                    p = o + np.uint64(3 * m)
+                    w = np.uint32(codes[p]) | (np.uint32(codes[p + np.uint64(1)]) << 8)
+                    w |= np.uint32(codes[p + np.uint64(2)]) << 16
+                    i = base + np.uint64(4 * m)
+                    for t in range(4):
+                        v = table[np.uint8((w >> np.uint32(6 * t)) & np.uint32(0x3F))]
+                        bad += np.isnan(v)
+                        if ACC:
+                            out[i + np.uint64(t)] += np.float32(v * s)
+                        else:
+                            out[i + np.uint64(t)] = np.float32(v * s)
+                continue
+            for m in range(hi - lo):
+                i = base + np.uint64(m)
                 if BITS == 8:
                     c = codes[i]
                 elif BITS == 4:
-                    c = (codes[i >> 1] >> np.uint8(4 * (i & 1))) & np.uint8(0xF)
+                    c = (codes[i >> np.uint64(1)] >> np.uint8(4 * (i & np.uint64(1)))) & np.uint8(0xF)
                 else:
-                    p = (i >> 2) * 3
+                    p = (i >> np.uint64(2)) * np.uint64(3)
                     w = np.uint32(codes[p])
-                    if p + 1 < nbytes:
-                        w |= np.uint32(codes[p + 1]) << 8
-                    if p + 2 < nbytes:
-                        w |= np.uint32(codes[p + 2]) << 16
-                    c = np.uint8((w >> np.uint32(6 * (i & 3))) & np.uint32(0x3F))
+                    if p + np.uint64(1) < nbytes:
+                        w |= np.uint32(codes[p + np.uint64(1)]) << 8
+                    if p + np.uint64(2) < nbytes:
+                        w |= np.uint32(codes[p + np.uint64(2)]) << 16
+                    c = np.uint8((w >> np.uint32(6 * (i & np.uint64(3)))) & np.uint32(0x3F))
                 v = table[c]
                 bad += np.isnan(v)
                 y = np.float32(v * s)

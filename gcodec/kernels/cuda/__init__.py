@@ -5,7 +5,8 @@ gcodec`` never imports ``numba.cuda`` nor initialises CUDA.
 
 Modules: ``cast`` (fp16/bf16), ``quant`` (uniform, qsgd, terngrad), ``minifloat`` (fp8, mx, nvfp4),
 ``sign``, ``sparse`` (top-k, threshold, random-k, delta index coding, scatter), ``lowrank``
-(PowerSGD), ``feedback`` (error-feedback residuals), ``philox`` (specs/rng.md), ``memory`` (device payload buffers and the device CRC32C).
+(PowerSGD), ``feedback`` (error-feedback residuals), ``philox`` (specs/rng.md), ``memory`` (device
+payload buffers and the device CRC32C).
 ``launch`` holds the launch geometry, the caller's current stream and the float helpers that keep
 the compiler from fusing multiply-adds. Kernels are written once and
 tested under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) against the CPU backend's bytes.
