@@ -517,3 +517,72 @@ def test_inspect_names_the_element_dtypes():
         assert (el["safetensors"], el["dlpack_code"]) == (st, dl)
     buf = np.frombuffer(bytes(gcodec.get_codec("uniform").encode(x)), np.uint8)
     assert "elements" not in inspect_payload(buf)["payload"]["tensors"][0]
+
+
+# --------------------------------------------------------------------------------------------
+# what the encoders refuse, and the edges of the scale rules
+
+
+def test_no_binary32_input_makes_a_scale_that_overflows():
+    """E1 and NV2 refuse a scale whose largest element decodes to infinity, and the encoders check
+    for it (fp8.md §4.1, nvfp4.md §3 step 6). With the divisors 448, 57344 and 448 * 6 no binary32
+    input gets there: float32(float32(m / d) * d) is within two roundings of m, so only the largest
+    few magnitudes could overflow, and none of the top 2^20 does (exhaustive)."""
+    top = np.uint32(0x7F7FFFFF)
+    m = np.arange(top - (1 << 20), top + 1, dtype=np.uint32).view(F32)
+    with np.errstate(over="ignore"):
+        for d in (448.0, 57344.0):
+            assert not np.isinf((m / F32(d)).astype(F32) * F32(d)).any()
+        S = (m / F32(2688.0)).astype(F32)
+        assert not np.isinf((F32(448.0) * S).astype(F32) * F32(6.0)).any()
+    x = np.array([3.4028235e38, 1.0, -2.0], F32)
+    for params in ({}, {"element": "e5m2"}, {"scale_dtype": "e8m0"}):
+        y = gcodec.decode(gcodec.get_codec("fp8", **params).encode(x))
+        assert np.isfinite(y).all()
+    assert gcodec.decode(gcodec.get_codec("fp8", scale_dtype="e8m0").encode(x))[0] == F32(448.0 * 2.0**119)
+
+
+def test_nvfp4_near_the_largest_float_encodes_finite_or_is_refused():
+    for top in (3.4028235e38, 3.0e38, 1e38):
+        x = np.array([top, -top / 3, 1.0, 0.0] * 5, F32)
+        try:
+            y = gcodec.decode(gcodec.get_codec("nvfp4").encode(x))
+        except gcodec.PayloadValueError as e:
+            assert "overflows float32" in str(e)
+        else:
+            assert np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("cid", ["fp8", "mx", "nvfp4"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e300])
+def test_non_finite_inputs_are_refused(cid, bad):
+    x = np.linspace(-1, 1, 70)
+    x[33] = bad  # 1e300 in float64 is beyond binary32: infinite once rounded, refused too
+    with pytest.raises(gcodec.PayloadValueError, match="NaN or infinite"):
+        gcodec.get_codec(cid).encode(x)
+
+
+def test_zero_and_tiny_blocks_get_the_smallest_scale():
+    x = np.zeros(96, F32)
+    x[32:64] = -0.0
+    x[64:] = np.float32(1e-40)  # binary32 subnormals
+    s = sections(gcodec.get_codec("mx").encode(x))
+    assert (s["scales"] == 0).all()  # X = 2^-127
+    codes = unpack(s["elements"], 96, 4)
+    assert (codes[:32] == 0).all() and (codes[32:64] == 8).all()  # +0 and -0 codes
+    y = gcodec.decode(gcodec.get_codec("mx").encode(x))
+    assert same_bits(y[:64], x[:64]) and (y[64:] == 0).all()  # 1e-40 / 2^-127 ~ 0.017: rounds to 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_other_input_dtypes_go_through_binary32(dtype):
+    from gcodec.arrays import DTYPES
+
+    x = (np.random.default_rng(5).standard_normal(100) * 3).astype(DTYPES[dtype])
+    x32 = x.astype(np.float64).astype(F32)
+    for cid in ("fp8", "mx", "nvfp4"):
+        c = gcodec.get_codec(cid)
+        a, b = gcodec.element_codes(c.encode(x)), gcodec.element_codes(c.encode(x32))
+        assert (a.elements.view(np.uint8) == b.elements.view(np.uint8)).all()
+        assert (a.scales.view(np.uint8) == b.scales.view(np.uint8)).all() and a.tensor_scale == b.tensor_scale
+        assert gcodec.decode(c.encode(x)).dtype == x.dtype
