@@ -586,3 +586,18 @@ def test_other_input_dtypes_go_through_binary32(dtype):
         assert (a.elements.view(np.uint8) == b.elements.view(np.uint8)).all()
         assert (a.scales.view(np.uint8) == b.scales.view(np.uint8)).all() and a.tensor_scale == b.tensor_scale
         assert gcodec.decode(c.encode(x)).dtype == x.dtype
+
+
+@pytest.mark.parametrize(
+    "cid,params",
+    [("fp8", {"group_size": 1000}), ("mx", {"rounding": "stochastic"}), ("mx", {"element": "e3m2"}), ("nvfp4", {})],
+)
+def test_bytes_do_not_depend_on_the_thread_count(cid, params):
+    x = random_inputs(300_001, 21)  # several tiles, a short last one
+    c = gcodec.get_codec(cid, **params)
+    with gcodec.num_threads(1):
+        one = bytes(c.encode(x, step=2))
+        y1 = gcodec.decode(one)
+    with gcodec.num_threads(2):
+        assert bytes(c.encode(x, step=2)) == one
+        assert same_bits(gcodec.decode(one), y1)
