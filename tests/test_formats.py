@@ -336,10 +336,10 @@ def test_e8m0_scales_match_torch():
 
 @needs_torch
 def test_fp4_packing_is_torch_float4_x2_layout():
-    """torch.float4_e2m1fn_x2 holds two E2M1 codes per byte, the first element in the low nibble
-    (as its docs and NVIDIA's cuBLAS layout say). torch cannot convert it on the CPU, so the check is
-    the byte layout: a tensor of that dtype made from gcodec's elements section has n/2 items, and
-    its low nibbles are the even elements' ml_dtypes codes."""
+    """torch.float4_e2m1fn_x2 holds two E2M1 codes per byte, the first element in the low nibble (the
+    definition of PyTorch core's Float4_e2m1fn_x2, which ONNX's FLOAT4E2M1 shares). torch cannot
+    convert that dtype on the CPU, so the check is the byte layout: a tensor of that dtype made from
+    gcodec's elements section has n/2 items, and its low nibbles are the even elements' ml_dtypes codes."""
     x = with_max_first(all_finite_values("e2m1"), "e2m1", 32)
     el = sections(gcodec.get_codec("mx", element="e2m1").encode(x))["elements"]
     t = _torch.from_numpy(el.copy()).view(_torch.float4_e2m1fn_x2)
