@@ -198,7 +198,7 @@ def test_fp8_every_finite_value_keeps_its_code(element, scale_dtype):
     assert same_bits(gcodec.decode(buf), x)
 
 
-@pytest.mark.parametrize("element", FLOATS)
+@pytest.mark.parametrize("element", [*FLOATS, "int8"])
 def test_ties_round_to_even_like_ml_dtypes(element):
     x = with_max_first(ties(element), element, 32)
     buf = gcodec.get_codec("mx", element=element).encode(x)
@@ -601,3 +601,14 @@ def test_bytes_do_not_depend_on_the_thread_count(cid, params):
     with gcodec.num_threads(2):
         assert bytes(c.encode(x, step=2)) == one
         assert same_bits(gcodec.decode(one), y1)
+
+
+@pytest.mark.parametrize("element", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scale_dtype", ["float32", "e8m0"])
+def test_fp8_ties_round_to_even_like_ml_dtypes(element, scale_dtype):
+    x = with_max_first(ties(element), element, 64)  # scale exactly 1 either way
+    buf = gcodec.get_codec("fp8", element=element, group_size=64, scale_dtype=scale_dtype).encode(x)
+    assert (sections(buf)["elements"] == ml_codes(x, element)).all()
+    if _torch is not None:  # torch's cast agrees on every tie too
+        t = _torch.from_numpy(x).to(getattr(_torch, ML[element].name)).view(_torch.uint8).numpy()
+        assert (sections(buf)["elements"] == t).all()
