@@ -27,7 +27,7 @@ from . import __version__
 from .api import PayloadInfo, decode, decode_bundle, encode_bundle, inspect_header, validate
 from .arrays import BFLOAT16
 from .codecs.registry import codec_class, get_codec, list_codecs
-from .elements import element_format
+from .elements import element_format, scale_format
 from .errors import ConfigError, GcodecError, UnknownCodecError
 from .format.container import FLAG_PAYLOAD_CRC, MAJOR, MINOR, PREAMBLE_SIZE
 from .limits import get_limits
@@ -168,6 +168,9 @@ def _tensor_extras(info: PayloadInfo) -> list[dict[str, Any]]:
                 "dlpack_code": el.dlpack_code if el.dlpack_code >= 0 else None,
                 "bits": el.bits,
             }
+            sf = scale_format(t.codec, t.params)
+            if sf is not None:
+                extra["elements"]["scales"] = {"format": sf[0], "safetensors": sf[1], "dlpack_code": sf[2]}
         out.append(extra)
     return out
 
@@ -243,6 +246,12 @@ def _print_inspect(path: str, r: dict[str, Any], out: TextIO) -> None:
                     f"    elements: {el['format']} ({el['bits']} bits), safetensors dtype "
                     f"{el['safetensors'] or 'none'}, DLPack type code {el['dlpack_code']}\n"
                 )
+                sc = el.get("scales")
+                if sc is not None:
+                    w(
+                        f"    scales: {sc['format']}, safetensors dtype {sc['safetensors']}, "
+                        f"DLPack type code {sc['dlpack_code']}\n"
+                    )
             w(f"    {'section':<12} {'type':<5} {'offset':>12} {'nbytes':>12}\n")
             for s in t["sections"]:
                 w(f"    {s['name']:<12} {s['dtype']:<5} {s['offset']:>12,} {s['nbytes']:>12,}\n")

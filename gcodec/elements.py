@@ -23,7 +23,10 @@ from .errors import ConfigError
 from .format.container import read_payload
 from .layout.minifloat import ELEMENTS, Element
 
-__all__ = ["ElementCodes", "element_codes", "element_format"]
+__all__ = ["ElementCodes", "element_codes", "element_format", "scale_format"]
+
+#: The scale sections' element types other tools know by name: (safetensors dtype, DLPack type code).
+_SCALE_DTYPES = {"e8m0": ("F8_E8M0", 14), "e4m3": ("F8_E4M3", 10), "float32": ("F32", 2)}
 
 _LOWP = ("fp8", "mx", "nvfp4")
 
@@ -80,6 +83,17 @@ def element_format(codec_id: str, params: dict[str, Any]) -> Element | None:
         return ELEMENTS[codec_class(codec_id)._layout(params).element]  # type: ignore[attr-defined]
     except (KeyError, TypeError):
         return None
+
+
+def scale_format(codec_id: str, params: dict[str, Any]) -> tuple[str, str, int] | None:
+    """(scale type, its safetensors dtype, its DLPack type code) of a tensor record's ``scales``
+    section, or None for other codecs (or params that do not name one)."""
+    if element_format(codec_id, params) is None:
+        return None
+    kind = "e4m3" if codec_id == "nvfp4" else "e8m0" if codec_id == "mx" else params.get("scale_dtype")
+    if kind not in _SCALE_DTYPES:
+        return None
+    return (kind, *_SCALE_DTYPES[kind])
 
 
 def element_codes(buf: Any) -> ElementCodes:

@@ -503,7 +503,7 @@ def test_magnitude_bound_holds():
 
 
 def test_inspect_names_the_element_dtypes():
-    from gcodec.cli import inspect_payload
+    from gcodec.cli import _print_inspect, inspect_payload
 
     x = random_inputs(64, 13)
     for cid, params, st, dl in [
@@ -515,6 +515,15 @@ def test_inspect_names_the_element_dtypes():
         buf = np.frombuffer(bytes(gcodec.get_codec(cid, **params).encode(x)), np.uint8)
         el = inspect_payload(buf)["payload"]["tensors"][0]["elements"]
         assert (el["safetensors"], el["dlpack_code"]) == (st, dl)
+        want = {"fp8": ("float32", "F32", 2), "mx": ("e8m0", "F8_E8M0", 14), "nvfp4": ("e4m3", "F8_E4M3", 10)}[cid]
+        assert tuple(el["scales"].values()) == want
+        if cid == "nvfp4":
+            import io
+
+            f = io.StringIO()
+            _print_inspect("x.gcd", inspect_payload(buf), f)
+            assert "elements: e2m1 (4 bits), safetensors dtype F4, DLPack type code 17" in f.getvalue()
+            assert "scales: e4m3, safetensors dtype F8_E4M3, DLPack type code 10" in f.getvalue()
     buf = np.frombuffer(bytes(gcodec.get_codec("uniform").encode(x)), np.uint8)
     assert "elements" not in inspect_payload(buf)["payload"]["tensors"][0]
 
