@@ -154,7 +154,7 @@ def _tensor_extras(info: PayloadInfo) -> list[dict[str, Any]]:
     out = []
     for t in info.tensors:
         sect = sum(s[3] for s in t.sections)
-        extra = {
+        extra: dict[str, Any] = {
             "numel": t.numel,
             "original_nbytes": t.original_nbytes,
             "section_nbytes": sect,
@@ -162,7 +162,7 @@ def _tensor_extras(info: PayloadInfo) -> list[dict[str, Any]]:
         }
         el = element_format(t.codec, t.params)
         if el is not None:  # the element codes are a low-precision dtype other tools know by name
-            extra["elements"] = {
+            elements: dict[str, Any] = {
                 "format": el.name,
                 "safetensors": el.safetensors or None,
                 "dlpack_code": el.dlpack_code if el.dlpack_code >= 0 else None,
@@ -170,7 +170,8 @@ def _tensor_extras(info: PayloadInfo) -> list[dict[str, Any]]:
             }
             sf = scale_format(t.codec, t.params)
             if sf is not None:
-                extra["elements"]["scales"] = {"format": sf[0], "safetensors": sf[1], "dlpack_code": sf[2]}
+                elements["scales"] = {"format": sf[0], "safetensors": sf[1], "dlpack_code": sf[2]}
+            extra["elements"] = elements
         out.append(extra)
     return out
 
