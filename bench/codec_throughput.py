@@ -187,6 +187,15 @@ def settings(n: int) -> list[dict[str, Any]]:
             lambda enc, x, b=bits: naive_scaled_decode(enc[0], enc[1], x.size, 64, b),
         )
     add("uniform b8 g64 fp16-scales", "uniform", {"bits": 8, "scale_dtype": "float16"}, 8, 16, 64)
+    # low-precision floats (specs/codecs/fp8.md, mx.md, nvfp4.md): compare with uniform b8 / b4 above
+    add("fp8 e4m3 g128", "fp8", {}, 8, 32, 128)
+    add("fp8 e4m3 g32 e8m0 (MXFP8)", "fp8", {"group_size": 32, "scale_dtype": "e8m0"}, 8, 8, 32)
+    add("fp8 e5m2 g128 stochastic", "fp8", {"element": "e5m2", "rounding": "stochastic"}, 8, 32, 128)
+    for el, bits in (("e4m3", 8), ("e3m2", 6), ("e2m1", 4), ("int8", 8)):
+        add(f"mx {el}", "mx", {"element": el}, bits, 8, 32)
+    add("mx e2m1 stochastic", "mx", {"rounding": "stochastic"}, 4, 8, 32)
+    add("nvfp4", "nvfp4", {}, 4, 8, 16)
+    add("nvfp4 stochastic", "nvfp4", {"rounding": "stochastic"}, 4, 8, 16)
     for levels, bucket in ((15, 512), (1, 512), (7, 512), (127, 512), (15, 0)):
         add(
             f"qsgd s{levels} b{bucket}",

@@ -43,6 +43,9 @@ CODECS: list[tuple[str, dict[str, Any]]] = [
     ("random-k 10%", {"id": "randomk", "ratio": 0.1}),
     ("powersgd r2", {"id": "powersgd", "rank": 2}),
     ("top-k 1% + uniform 8", {"id": "topk", "ratio": 0.01, "values": {"id": "uniform", "bits": 8}}),
+    ("fp8 e4m3", {"id": "fp8"}),
+    ("mxfp4", {"id": "mx"}),
+    ("nvfp4", {"id": "nvfp4"}),
 ]
 
 

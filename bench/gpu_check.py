@@ -59,6 +59,12 @@ CODECS: list[tuple[str, dict[str, Any]]] = [
     ("threshold", {"id": "threshold", "threshold": 2.0}),
     ("topk1%-fp16", {"id": "topk", "ratio": 0.01, "values": {"id": "fp16"}}),
     ("randomk1%-u8", {"id": "randomk", "ratio": 0.01, "seed": 6, "values": {"id": "uniform", "bits": 8}}),
+    ("fp8-e4m3", {"id": "fp8"}),
+    ("mxfp8", {"id": "mx", "element": "e4m3"}),
+    ("mxfp6-e3m2", {"id": "mx", "element": "e3m2"}),
+    ("mxfp4", {"id": "mx"}),
+    ("mxfp4-sto", {"id": "mx", "rounding": "stochastic", "seed": 7}),
+    ("nvfp4", {"id": "nvfp4"}),
 ]
 LOWRANK: list[tuple[str, dict[str, Any], tuple[int, int]]] = [
     ("powersgd-r1", {"id": "powersgd", "rank": 1}, (256, 384)),

@@ -40,7 +40,11 @@ import gcodec  # noqa: E402
 SETTINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "fp16": [("fp16", {})],
     "bf16": [("bf16", {})],
-    "uniform": [(f"uniform {b}-bit", {"bits": b}) for b in (2, 4, 8)],
+    "uniform": [(f"uniform {b}-bit", {"bits": b}) for b in (2, 4, 8)]
+    + [(f"uniform {b}-bit g32", {"bits": b, "group_size": 32}) for b in (4, 8)],
+    "fp8": [("fp8 e4m3 g128", {}), ("fp8 e5m2 g128", {"element": "e5m2"})],
+    "mx": [(f"mx {e}", {"element": e}) for e in ("e2m1", "e2m3", "e3m2", "e4m3", "int8")],
+    "nvfp4": [("nvfp4", {})],
     "qsgd": [("qsgd s=1", {"levels": 1}), ("qsgd s=15", {"levels": 15}), ("qsgd s=127", {"levels": 127})],
     "terngrad": [("terngrad", {})],
     "sign": [("sign", {})],
@@ -61,6 +65,9 @@ FAMILY = {
     "fp16": "cast",
     "bf16": "cast",
     "uniform": "quantisation",
+    "fp8": "low-precision float",
+    "mx": "low-precision float",
+    "nvfp4": "low-precision float",
     "qsgd": "quantisation",
     "terngrad": "quantisation",
     "sign": "quantisation",
@@ -128,7 +135,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    markers = {"cast": "s", "quantisation": "o", "sparsification": "^", "low rank": "D", "other": "x"}
+    markers = {
+        "cast": "s",
+        "quantisation": "o",
+        "low-precision float": "v",
+        "sparsification": "^",
+        "low rank": "D",
+        "other": "x",
+    }
     fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
     for fam, mk in markers.items():
         pts = [r for r in rows if r["family"] == fam]

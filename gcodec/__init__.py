@@ -28,6 +28,7 @@ from .api import (
 )
 from .codecs import Aggregation, Codec, codec_class, get_codec, list_codecs, register_codec
 from .codecs.state import CodecState
+from .elements import ElementCodes, element_codes
 from .errors import (
     BufferTooSmallError,
     ChecksumError,
@@ -57,6 +58,7 @@ __all__ = [
     "Codec",
     "CodecState",
     "ConfigError",
+    "ElementCodes",
     "ErrorFeedback",
     "FormatError",
     "GcodecError",
@@ -75,6 +77,7 @@ __all__ = [
     "codec_class",
     "decode",
     "decode_bundle",
+    "element_codes",
     "encode",
     "encode_bundle",
     "get_codec",

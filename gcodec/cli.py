@@ -27,6 +27,7 @@ from . import __version__
 from .api import PayloadInfo, decode, decode_bundle, encode_bundle, inspect_header, validate
 from .arrays import BFLOAT16
 from .codecs.registry import codec_class, get_codec, list_codecs
+from .elements import element_format, scale_format
 from .errors import ConfigError, GcodecError, UnknownCodecError
 from .format.container import FLAG_PAYLOAD_CRC, MAJOR, MINOR, PREAMBLE_SIZE
 from .limits import get_limits
@@ -153,14 +154,25 @@ def _tensor_extras(info: PayloadInfo) -> list[dict[str, Any]]:
     out = []
     for t in info.tensors:
         sect = sum(s[3] for s in t.sections)
-        out.append(
-            {
-                "numel": t.numel,
-                "original_nbytes": t.original_nbytes,
-                "section_nbytes": sect,
-                "bits_per_element": 8.0 * sect / t.numel if t.numel else None,
+        extra: dict[str, Any] = {
+            "numel": t.numel,
+            "original_nbytes": t.original_nbytes,
+            "section_nbytes": sect,
+            "bits_per_element": 8.0 * sect / t.numel if t.numel else None,
+        }
+        el = element_format(t.codec, t.params)
+        if el is not None:  # the element codes are a low-precision dtype other tools know by name
+            elements: dict[str, Any] = {
+                "format": el.name,
+                "safetensors": el.safetensors or None,
+                "dlpack_code": el.dlpack_code if el.dlpack_code >= 0 else None,
+                "bits": el.bits,
             }
-        )
+            sf = scale_format(t.codec, t.params)
+            if sf is not None:
+                elements["scales"] = {"format": sf[0], "safetensors": sf[1], "dlpack_code": sf[2]}
+            extra["elements"] = elements
+        out.append(extra)
     return out
 
 
@@ -229,6 +241,18 @@ def _print_inspect(path: str, r: dict[str, Any], out: TextIO) -> None:
                 + (f" ({bpe:.3f} bits/element)" if bpe is not None else "")
                 + "\n"
             )
+            el = t.get("elements")
+            if el is not None:
+                w(
+                    f"    elements: {el['format']} ({el['bits']} bits), safetensors dtype "
+                    f"{el['safetensors'] or 'none'}, DLPack type code {el['dlpack_code']}\n"
+                )
+                sc = el.get("scales")
+                if sc is not None:
+                    w(
+                        f"    scales: {sc['format']}, safetensors dtype {sc['safetensors']}, "
+                        f"DLPack type code {sc['dlpack_code']}\n"
+                    )
             w(f"    {'section':<12} {'type':<5} {'offset':>12} {'nbytes':>12}\n")
             for s in t["sections"]:
                 w(f"    {s['name']:<12} {s['dtype']:<5} {s['offset']:>12,} {s['nbytes']:>12,}\n")

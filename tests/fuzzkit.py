@@ -99,6 +99,18 @@ CASES: dict[str, list[Case]] = {
     ],
     "terngrad": [_c("terngrad"), _c("terngrad", (5, 7), group_size=8, clip=2.5, seed=5)],
     "sign": [_c("sign", group_size=16), _c("sign", (5, 7), group_size=0)],
+    "fp8": [
+        _c("fp8", group_size=8),
+        _c("fp8", (5, 7), element="e5m2", group_size=5, scale_dtype="e8m0"),
+        _c("fp8", group_size=16, rounding="stochastic", seed=2),
+    ],
+    "mx": [
+        _c("mx"),
+        _c("mx", (5, 7), element="e3m2"),
+        _c("mx", (70,), element="e4m3", rounding="stochastic", seed=4),
+        _c("mx", element="int8"),
+    ],
+    "nvfp4": [_c("nvfp4"), _c("nvfp4", (5, 7), rounding="stochastic", seed=6)],
     "topk": [
         _c("topk", ratio=0.1),
         _c("topk", (5, 7), k=5, index_coding="raw"),
@@ -137,6 +149,16 @@ NESTED_CODECS: list[dict[str, Any]] = [
     {"id": "terngrad", "group_size": 4, "clip": 2.5},
     {"id": "sign"},
     {"id": "sign", "group_size": 0},
+    {"id": "fp8"},
+    {"id": "fp8", "element": "e5m2", "scale_dtype": "e8m0", "group_size": 4},
+    {"id": "fp8", "rounding": "stochastic", "seed": 2},
+    {"id": "mx"},
+    {"id": "mx", "element": "e4m3"},
+    {"id": "mx", "element": "e5m2", "rounding": "stochastic", "seed": 1},
+    {"id": "mx", "element": "e2m3"},
+    {"id": "mx", "element": "int8"},
+    {"id": "nvfp4"},
+    {"id": "nvfp4", "rounding": "stochastic", "seed": 3},
 ]
 
 #: The hosts, each with the parameters it is run with, and the shape of its input.

@@ -1,9 +1,10 @@
 """A second decoder, written from specs/ alone (no gcodec import), as a check that the spec is complete.
 
 It implements the container (specs/format.md, with its own msgpack reader and a table CRC32C), the
-codecs fp16, bf16 and uniform (nearest rounding, float32 scales), powersgd with raw or nested
-(hybrid.md) factors, and the header rules (not the decoding) of topk. tests/test_spec_decoder.py
-runs it over the golden vectors: it must decode every valid one bit for bit and refuse every
+codecs fp16, bf16 and uniform (nearest rounding, float32 scales), the low-precision float codecs
+fp8, mx and nvfp4 (element values from the bit fields of mx.md §3, not from a library),
+powersgd with raw or nested (hybrid.md) factors, and the header rules (not the decoding) of topk.
+tests/test_spec_decoder.py runs it over the golden vectors: it must decode every valid one bit for bit and refuse every
 invalid container vector with the error class the manifest names. It is deliberately plain and
 slow; nothing in gcodec may import it.
 """
@@ -344,6 +345,8 @@ def read(p, READER_MINOR=0):
             want, nest = psgd_header(pm, t["shape"], n, strict)
         elif c == "topk":
             want, nest = topk_header(pm, n, t["dtype"], strict)
+        elif c in LOWP:
+            want = lowp_header(c, pm, n, strict)
         else:
             c1_simple(c, pm, strict, "C1")
             want = simple_sections(c, pm, n, "")
@@ -357,6 +360,8 @@ def read(p, READER_MINOR=0):
             y = psgd_decode(pm, nest, t["shape"], n, t["dtype"], sec)
         elif c == "topk":
             raise E("NotImplemented", "topk: only its header rules are implemented here")
+        elif c in LOWP:
+            y = lowp_decode(c, pm, n, sec)
         else:
             y = simple_decode(c, pm, n, sec, "")
         out[t.get("name")] = y.astype(DT[t["dtype"]]).reshape(t["shape"])
@@ -365,7 +370,8 @@ def read(p, READER_MINOR=0):
 
 SIMPLE = ("fp16", "bf16", "uniform")
 HOSTS = ("topk", "threshold", "randomk", "powersgd")
-KNOWN = (*SIMPLE, "powersgd", "topk")
+LOWP = ("fp8", "mx", "nvfp4")
+KNOWN = (*SIMPLE, "powersgd", "topk", *LOWP)
 UNIFORM = {
     "bits": lambda v: type(v) is int and v in (8, 4, 2),
     "group_size": lambda v: type(v) is int and 1 <= v <= 1 << 24,
@@ -535,6 +541,134 @@ def psgd_decode(pm, nest, shape, n, dtype, sec):
     for c in range(r):
         s = s + f["p"][:, c, None].astype(W) * f["q"][None, :, c].astype(W)
     return s.reshape(-1)
+
+
+# ---- fp8, mx, nvfp4 (specs/codecs/fp8.md, mx.md, nvfp4.md)
+
+# element: (width w, mantissa bits M, emin, emax); mx.md §3
+ELEM = {
+    "e4m3": (8, 3, -6, 8),
+    "e5m2": (8, 2, -14, 15),
+    "e3m2": (6, 2, -2, 4),
+    "e2m3": (6, 3, 0, 2),
+    "e2m1": (4, 1, 0, 2),
+    "int8": (8, 0, 0, 0),
+}
+U64 = lambda v: type(v) is int and 0 <= v < 1 << 64  # noqa: E731
+ROUNDING = lambda v: type(v) is str and v in ("nearest", "stochastic")  # noqa: E731
+LOWP_PARAMS = {
+    "fp8": {
+        "element": lambda v: type(v) is str and v in ("e4m3", "e5m2"),
+        "group_size": lambda v: type(v) is int and 1 <= v <= 1 << 24,
+        "scale_dtype": lambda v: type(v) is str and v in ("float32", "e8m0"),
+        "rounding": ROUNDING,
+        "seed": U64,
+    },
+    "mx": {"element": lambda v: type(v) is str and v in ELEM, "rounding": ROUNDING, "seed": U64},
+    "nvfp4": {"rounding": ROUNDING, "seed": U64},
+}
+
+
+def lowp_header(c, pm, n, strict):
+    """C1 (stream present exactly when rounding is stochastic) and the section list (§2 of each page)."""
+    schema = dict(LOWP_PARAMS[c])
+    if pm.get("rounding") == "stochastic":
+        schema["stream"] = U64
+    for k, f in schema.items():
+        if k not in pm or not f(pm[k]):
+            raise E("HeaderError", "C1 " + k)
+    if strict and set(pm) - set(schema):
+        raise E("HeaderError", "C1 unknown")
+    if c == "fp8":
+        ng = -(-n // pm["group_size"])
+        sc = ("scales", "f4", 4 * ng) if pm["scale_dtype"] == "float32" else ("scales", "u1", ng)
+        return [sc, ("elements", "u1", n)]
+    if c == "mx":
+        return [("scales", "u1", -(-n // 32)), ("elements", "u1", -(-n * ELEM[pm["element"]][0] // 8))]
+    return [("tensor_scale", "f4", 4), ("scales", "u1", -(-n // 16)), ("elements", "u1", -(-n // 2))]
+
+
+def elem_value(el, code):
+    """mx.md §3: the value of an element code, or None for the codes listed as not finite."""
+    w, M, emin, _ = ELEM[el]
+    if el == "int8":
+        q = code - 256 if code >= 128 else code
+        return None if q == -128 else q * 2.0**-6
+    sign, c = code >> (w - 1), code & ((1 << (w - 1)) - 1)
+    if (el == "e4m3" and c == 0x7F) or (el == "e5m2" and c >= 0x7C):
+        return None
+    e, f = c >> M, c & ((1 << M) - 1)
+    v = f * 2.0 ** (emin - M) if e == 0 else ((1 << M) + f) * 2.0 ** (e - 1 + emin - M)
+    return -v if sign else v
+
+
+def largest(el):
+    w = ELEM[el][0]
+    return max(v for v in (elem_value(el, c) for c in range(1 << (w - 1))) if v is not None)
+
+
+def read_elements(b, n, w):
+    """mx.md §4: the little-endian bit stream; element i at stream bits i*w .. i*w+w-1."""
+    out = []
+    for i in range(n):
+        p = i * w
+        B = b[p // 8] | (b[p // 8 + 1] << 8 if p // 8 + 1 < len(b) else 0)
+        out.append((B >> (p % 8)) & ((1 << w) - 1))
+    return out
+
+
+def f32(v):
+    return np.float32(v)
+
+
+def mul32(a, b):
+    with np.errstate(over="ignore", under="ignore"):
+        return np.float32(np.float32(a) * np.float32(b))
+
+
+def lowp_decode(c, pm, n, sec):
+    el = pm.get("element", "e2m1")
+    w, _, _, emax = ELEM[el]
+    top = largest(el)
+    P = {"fp8": "E", "mx": "MX", "nvfp4": "NV"}[c]
+    raw = sec["scales"]
+    if c == "nvfp4":  # NV1, NV2
+        G = 16
+        S = np.frombuffer(sec["tensor_scale"], "<f4")[0]
+        if not np.isfinite(S) or np.signbit(S):
+            raise E("PayloadValueError", "NV1")
+        scales = []
+        for code in raw:
+            if code & 0x80 or code == 0x7F:
+                raise E("PayloadValueError", "NV2")
+            d = mul32(elem_value("e4m3", code), S)
+            if not np.isfinite(mul32(6.0, d)):
+                raise E("PayloadValueError", "NV2")
+            scales.append(d)
+    elif c == "fp8" and pm["scale_dtype"] == "float32":  # E1
+        G = pm["group_size"]
+        scales = list(np.frombuffer(raw, "<f4"))
+        for s_ in scales:
+            if not np.isfinite(s_) or np.signbit(s_) or not np.isfinite(mul32(top, s_)):
+                raise E("PayloadValueError", "E1")
+    else:  # E8M0 codes: E1 (fp8) or MX1
+        G = 32 if c == "mx" else pm["group_size"]
+        scales = []
+        for code in raw:
+            if code > 254 - emax:
+                raise E("PayloadValueError", P + "1")
+            scales.append(f32(2.0 ** (code - 127)))
+    b = sec["elements"]
+    used = n * w % 8
+    if used and b[-1] >> used:  # MX2, NV3 (8-bit elements have no padding)
+        raise E("PayloadValueError", "MX2" if c == "mx" else "NV3")
+    y = np.empty(n, np.float32)
+    for i, code in enumerate(read_elements(b, n, w)):
+        v = elem_value(el, code)
+        if v is None:
+            raise E("PayloadValueError", "E2" if c == "fp8" else "MX3")
+        y[i] = mul32(v, scales[i // G])
+    return y
 
 
 def same(a, b):

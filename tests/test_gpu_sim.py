@@ -111,6 +111,29 @@ CASES: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
     ("rk-fp16-huge", {"id": "randomk", "k": 30, "seed": 4, "values": {"id": "fp16"}}, 200, 40, 2, "huge"),
     ("th-fp16-huge", {"id": "threshold", "threshold": 1.0, "values": {"id": "fp16"}}, 200, 42, None, "huge"),
     ("psgd-fp16-huge", {"id": "powersgd", "rank": 2, "factors": {"id": "fp16"}}, 192, 48, 1, "huge"),
+    # low-precision floats (fp8.md, mx.md, nvfp4.md): every element format, both roundings, packing
+    ("fp8-e4m3-g16", {"id": "fp8", "group_size": 16}, 203, 60, None, "normal"),
+    ("fp8-e5m2-ties", {"id": "fp8", "element": "e5m2", "group_size": 7}, 96, 61, None, "ties"),
+    (
+        "fp8-e8m0-sto",
+        {"id": "fp8", "scale_dtype": "e8m0", "group_size": 20, "rounding": "stochastic", "seed": 3},
+        150,
+        62,
+        2,
+        "normal",
+    ),
+    ("mx-e2m1", {"id": "mx"}, 203, 63, None, "normal"),
+    ("mx-e3m2", {"id": "mx", "element": "e3m2"}, 101, 64, None, "normal"),
+    ("mx-e2m3-sto", {"id": "mx", "element": "e2m3", "rounding": "stochastic", "seed": 7}, 77, 65, 1, "normal"),
+    ("mx-e4m3-ties", {"id": "mx", "element": "e4m3"}, 96, 66, None, "ties"),
+    ("mx-e5m2", {"id": "mx", "element": "e5m2"}, 70, 67, None, "normal"),
+    ("mx-int8", {"id": "mx", "element": "int8"}, 90, 68, None, "normal"),
+    ("mx-empty", {"id": "mx"}, 0, 69, None, "normal"),
+    ("nvfp4", {"id": "nvfp4"}, 203, 70, None, "normal"),
+    ("nvfp4-sto", {"id": "nvfp4", "rounding": "stochastic", "seed": 8}, 99, 71, 4, "normal"),
+    ("topk-mx", {"id": "topk", "k": 30, "values": {"id": "mx", "element": "e4m3"}}, 200, 72, None, "normal"),
+    ("mx-nan", {"id": "mx"}, 64, 73, None, "nan"),
+    ("nvfp4-nan", {"id": "nvfp4"}, 64, 74, None, "nan"),
     # powersgd pass-through (no matrix view / too small to compress): byte-identical too
     ("psgd-vector", {"id": "powersgd", "rank": 2}, 64, 43, None, "normal"),
     ("psgd-fp16-pass", {"id": "powersgd", "rank": 2, "passthrough": "fp16"}, 16, 44, None, "normal"),
@@ -130,6 +153,7 @@ EF_CASES: list[tuple[str, dict[str, Any], int, int, int]] = [
     ("ef-u8", {"id": "uniform", "bits": 8, "group_size": 32}, 100, 51, 2),
     ("ef-rk-fp16", {"id": "randomk", "ratio": 0.2, "seed": 9, "values": {"id": "fp16"}}, 90, 52, 2),
     ("ef-psgd", {"id": "powersgd", "rank": 2}, 192, 53, 3),  # warm-start Q kept on the device
+    ("ef-nvfp4", {"id": "nvfp4"}, 100, 54, 2),
 ]
 EF_SHAPES = {"ef-psgd": (16, 12)}
 #: Cases run a second time with gcodec's work on a Numba stream (launch.use_stream).
@@ -146,7 +170,7 @@ SHAPES: dict[str, tuple[int, ...]] = {
 }
 #: NaN input, and values beyond a nested fp16's range: the device encoder refuses them as the CPU one does
 OVERFLOWS = ["topk-fp16-huge", "rk-fp16-huge", "th-fp16-huge", "psgd-fp16-huge"]
-REFUSED = {"u8-nan", "rk-nan", "topk-nan", *OVERFLOWS}
+REFUSED = {"u8-nan", "rk-nan", "topk-nan", "mx-nan", "nvfp4-nan", *OVERFLOWS}
 PHILOX = [(0, 0, 37, 0), (1, 0, 8, 0), (2**64 - 1, 2**63 + 5, 50, 2**34), (12345, 678, 101, 4)]
 #: (n, k, seed, stream) for the device's parallel Floyd sampling: k close to n forces chains of collisions.
 RANDOMK_INDICES = [
@@ -254,7 +278,10 @@ def test_decode_into_device_out(sim: dict[str, Any], case: tuple) -> None:
     np.testing.assert_array_equal(acc.view(np.uint32), (ref + ref).view(np.uint32))
 
 
-@pytest.mark.parametrize(("cid", "codec"), [("u8-nan", "uniform"), ("rk-nan", "randomk"), ("topk-nan", "topk")])
+@pytest.mark.parametrize(
+    ("cid", "codec"),
+    [("u8-nan", "uniform"), ("rk-nan", "randomk"), ("topk-nan", "topk"), ("mx-nan", "mx"), ("nvfp4-nan", "nvfp4")],
+)
 def test_device_encoder_refuses_nan_like_cpu(sim: dict[str, Any], cid: str, codec: str) -> None:
     assert sim["by_id"][cid]["error"].startswith(f"PayloadValueError: {codec}: input has NaN")
 

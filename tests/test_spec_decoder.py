@@ -18,9 +18,10 @@ KNOWN = {"fp16", "bf16", "uniform"}
 
 def _supported(entry: dict) -> bool:
     """The core module's vectors (fp16, bf16 and deterministic uniform; others use codec features it
-    lacks) and every powersgd vector (raw, pass-through, and fp16 / uniform-nearest factors)."""
+    lacks), every powersgd vector (raw, pass-through, and fp16 / uniform-nearest factors), and every
+    fp8, mx and nvfp4 vector (the formats module)."""
     codecs = set(entry.get("codecs") or [entry.get("codec")])
-    return (entry["module"] == "core" and codecs <= KNOWN) or codecs == {"powersgd"}
+    return (entry["module"] == "core" and codecs <= KNOWN) or codecs == {"powersgd"} or entry["module"] == "formats"
 
 
 def _header_rule_of_topk(entry: dict) -> bool:
@@ -39,6 +40,7 @@ INVALID = [
 def test_the_independent_decoder_covers_many_vectors():
     assert len(VALID) >= 40 and len(INVALID) >= 100
     assert sum(e["codecs"] == ["powersgd"] for e in VALID) == 11
+    assert sum(e["module"] == "formats" for e in VALID) == 39 and sum(e["module"] == "formats" for e in INVALID) == 48
 
 
 @pytest.mark.parametrize("entry", VALID, ids=lambda e: e["name"])
@@ -91,6 +93,30 @@ def test_powersgd_with_inexact_sums_decodes_identically(dtype, r):
     buf = _powersgd_payload((13, 700), p, q, dtype)
     y = gcodec.decode(buf)
     assert sd.same(sd.read(buf), y.view(sd.BF16) if dtype == "bfloat16" else y)
+
+
+@pytest.mark.parametrize(
+    "codec, params",
+    [("mx", {"element": e}) for e in ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8")]
+    + [
+        ("fp8", {"group_size": 7}),
+        ("fp8", {"element": "e5m2", "scale_dtype": "e8m0", "group_size": 20}),
+        ("fp8", {"rounding": "stochastic", "seed": 4}),
+        ("nvfp4", {}),
+        ("nvfp4", {"rounding": "stochastic"}),
+    ],
+)
+def test_low_precision_floats_on_random_inputs_decode_identically(codec, params):
+    """Random values over a wide range of magnitudes (binary32 subnormals included), in every element
+    format: the spec text's arithmetic gives gcodec's bits."""
+    import numpy as np
+
+    import gcodec
+
+    rng = np.random.default_rng(len(str(params)))
+    x = (rng.standard_normal(301) * 2.0 ** rng.integers(-140, 100, 301)).astype(np.float32)
+    buf = bytes(gcodec.get_codec(codec, **params).encode(x, step=3))
+    assert sd.same(sd.read(buf), gcodec.decode(buf))
 
 
 def _overlap_cases():

@@ -2,6 +2,9 @@
 
 from . import (  # noqa: F401  (registration side effect)
     cast,
+    fp8,
+    mx,
+    nvfp4,
     powersgd,
     qsgd,
     randomk,

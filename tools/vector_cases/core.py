@@ -712,7 +712,7 @@ def _params(fn):
 
 
 C0_C3 = [
-    ("c0_unknown_codec", _hdr(fp16_base, _t0(_set("codec", "fp8"))), "UnknownCodecError", "C0"),
+    ("c0_unknown_codec", _hdr(fp16_base, _t0(_set("codec", "sz3"))), "UnknownCodecError", "C0"),
     (
         "c0_unknown_codec_in_bundle",
         _hdr(bundle_base, lambda h: h["tensors"][2].update(codec="zfp")),

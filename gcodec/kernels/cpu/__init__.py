@@ -2,7 +2,8 @@
 
 Modules, one job each: ``cast`` (fp16/bf16), ``quant`` (scaled integer quantizers) with ``scales``
 (group statistics and scale rules), ``bitpack`` (w-bit code streams) and ``simd`` (vector-IR
-intrinsics), ``sign``, ``sparse`` (top-k selection, delta-coded indices, random-k), ``lowrank``
+intrinsics), ``minifloat`` (fp8, mx and nvfp4 elements), ``sign``, ``sparse`` (top-k selection,
+delta-coded indices, random-k), ``lowrank``
 (PowerSGD products), ``philox`` (the generator of specs/rng.md), ``feedback`` (error-feedback
 residuals), ``memory`` (the payload writer's buffer operations), and ``threads`` (the chunk pool
 and the small-tensor rule).
@@ -10,7 +11,7 @@ and the small-tensor rule).
 
 from __future__ import annotations
 
-from . import cast, feedback, lowrank, memory, philox, quant, sign, sparse
+from . import cast, feedback, lowrank, memory, minifloat, philox, quant, sign, sparse
 from .threads import SMALL, run_chunks, threads_for
 
 
@@ -25,6 +26,7 @@ __all__ = [
     "feedback",
     "lowrank",
     "memory",
+    "minifloat",
     "philox",
     "quant",
     "run_chunks",

@@ -3,9 +3,10 @@ arrays, anything with ``__cuda_array_interface__``), the same modules and functi
 ``gcodec.kernels.cpu``. Imported only when a device array is encoded or decoded, so ``import
 gcodec`` never imports ``numba.cuda`` nor initialises CUDA.
 
-Modules: ``cast`` (fp16/bf16), ``quant`` (uniform, qsgd, terngrad), ``sign``, ``sparse`` (top-k,
-threshold, random-k, delta index coding, scatter), ``lowrank`` (PowerSGD), ``feedback`` (error-feedback
-residuals), ``philox`` (specs/rng.md), ``memory`` (device payload buffers and the device CRC32C).
+Modules: ``cast`` (fp16/bf16), ``quant`` (uniform, qsgd, terngrad), ``minifloat`` (fp8, mx, nvfp4),
+``sign``, ``sparse`` (top-k, threshold, random-k, delta index coding, scatter), ``lowrank``
+(PowerSGD), ``feedback`` (error-feedback residuals), ``philox`` (specs/rng.md), ``memory`` (device
+payload buffers and the device CRC32C).
 ``launch`` holds the launch geometry, the caller's current stream and the float helpers that keep
 the compiler from fusing multiply-adds. Kernels are written once and
 tested under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) against the CPU backend's bytes.
@@ -17,10 +18,23 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from . import cast, feedback, lowrank, memory, philox, quant, sign, sparse
+from . import cast, feedback, lowrank, memory, minifloat, philox, quant, sign, sparse
 from .launch import SIM, adopt
 
-__all__ = ["SIM", "cast", "feedback", "lowrank", "memory", "philox", "quant", "sign", "sparse", "threads_for", "view"]
+__all__ = [
+    "SIM",
+    "cast",
+    "feedback",
+    "lowrank",
+    "memory",
+    "minifloat",
+    "philox",
+    "quant",
+    "sign",
+    "sparse",
+    "threads_for",
+    "view",
+]
 
 
 @contextlib.contextmanager
