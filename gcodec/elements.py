@@ -19,16 +19,33 @@ import numpy as np
 
 from .api import validate
 from .codecs import codec_class
-from .errors import ConfigError
+from .errors import ConfigError, GcodecError
 from .format.container import read_payload
-from .layout.minifloat import ELEMENTS, Element
+from .layout.minifloat import ELEMENTS, SCALE_E4M3, SCALE_E8M0, SCALE_F32, BlockLayout, Element
 
 __all__ = ["ElementCodes", "element_codes", "element_format", "scale_format"]
 
 #: The scale sections' element types other tools know by name: (safetensors dtype, DLPack type code).
 _SCALE_DTYPES = {"e8m0": ("F8_E8M0", 14), "e4m3": ("F8_E4M3", 10), "float32": ("F32", 2)}
 
-_LOWP = ("fp8", "mx", "nvfp4")
+#: A block layout's scale rule as the scale sections' element type.
+_SCALE_KIND = {SCALE_E8M0: "e8m0", SCALE_E4M3: "e4m3", SCALE_F32: "float32"}
+
+
+def _layout(codec_id: str, params: dict[str, Any]) -> BlockLayout | None:
+    """The block layout of a tensor record, for the codecs whose layout is a :class:`BlockLayout`
+    (they store industry element formats: fp8, mx, nvfp4), else None."""
+    try:
+        layout = getattr(codec_class(codec_id), "_layout", None)
+    except GcodecError:  # not a registered codec
+        return None
+    if layout is None:
+        return None
+    try:
+        lay = layout(params)
+    except (KeyError, TypeError, ValueError, ConfigError):
+        return None
+    return lay if isinstance(lay, BlockLayout) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,20 +94,17 @@ def _ml(name: str) -> np.dtype:
 def element_format(codec_id: str, params: dict[str, Any]) -> Element | None:
     """The element format of a tensor record with this codec and params, or None (another codec, or
     params that do not name one)."""
-    if codec_id not in _LOWP:
-        return None
-    try:
-        return ELEMENTS[codec_class(codec_id)._layout(params).element]  # type: ignore[attr-defined]
-    except (KeyError, TypeError):
-        return None
+    lay = _layout(codec_id, params)
+    return None if lay is None else ELEMENTS.get(lay.element)
 
 
 def scale_format(codec_id: str, params: dict[str, Any]) -> tuple[str, str, int] | None:
     """(scale type, its safetensors dtype, its DLPack type code) of a tensor record's ``scales``
     section, or None for other codecs (or params that do not name one)."""
-    if element_format(codec_id, params) is None:
+    lay = _layout(codec_id, params)
+    if lay is None or lay.element not in ELEMENTS:
         return None
-    kind = "e4m3" if codec_id == "nvfp4" else "e8m0" if codec_id == "mx" else params.get("scale_dtype")
+    kind = _SCALE_KIND.get(lay.scale)
     if kind not in _SCALE_DTYPES:
         return None
     return (kind, *_SCALE_DTYPES[kind])
@@ -100,7 +114,7 @@ def element_codes(buf: Any) -> ElementCodes:
     """Validate a single-tensor ``fp8``, ``mx`` or ``nvfp4`` payload and return views of its
     element and scale sections (no copy). ConfigError for other codecs or for bundles."""
     info = validate(buf)
-    if info.is_bundle or info.codec not in _LOWP:
+    if info.is_bundle or _layout(info.codec, info.tensors[0].params if info.tensors else {}) is None:
         raise ConfigError(f"element_codes needs a single fp8, mx or nvfp4 tensor, not {info.codec!r}")
     p = read_payload(buf)
     entry = p.header.tensors[0]
@@ -112,6 +126,6 @@ def element_codes(buf: Any) -> ElementCodes:
         codes = codes.view(np.int8) if el.integer else codes.view(_ml(el.ml_dtypes_name))
     scales = views["scales"]
     if scales.dtype == np.uint8:
-        scales = scales.view(_ml("float8_e4m3fn" if entry.codec == "nvfp4" else "float8_e8m0fnu"))
+        scales = scales.view(_ml("float8_e4m3fn" if lay.scale == SCALE_E4M3 else "float8_e8m0fnu"))
     ts = float(views["tensor_scale"][0]) if "tensor_scale" in views else None
     return ElementCodes(el, entry.numel, lay.group_size, codes, scales, ts)
