@@ -200,7 +200,7 @@ def to_host(a: Any) -> np.ndarray:
     """A host copy of a *small* device array (sizes, codes, header bytes); host arrays as they are."""
     if isinstance(a, np.ndarray):
         return a
-    return kernels.of(a).memory.to_host(a).view(a.dtype) if a.dtype != np.uint8 else kernels.of(a).memory.to_host(a)
+    return np.asarray(kernels.of(a).launch.host(kernels.of(a).view(a)))
 
 
 def from_host(h: np.ndarray, like: Any) -> Any:

@@ -42,6 +42,8 @@ CASES: list[dict[str, Any]] = [
     *[_case(f"summable-{c}-p2", "allreduce", c, 2, 300, mode="summable", steps=2) for c in SUMMABLE],
     *[_case(f"summable-{c}-p3", "allreduce", c, 3, 300, mode="summable") for c in SUMMABLE],
     _case("summable-fp16-sum-p3", "allreduce", "fp16", 3, 300, mode="summable", op="sum", ef=False),
+    _case("summable-riders-p2", "summable_riders", "bf16", 2, 200),
+    _case("summable-riders-p3", "summable_riders", "randomk-fp16", 3, 200),
     *[_case(f"gather-{c}-p2", "allreduce", c, 2, 256, mode="gather") for c in GATHERED],
     _case("gather-topk-2steps", "allreduce", "topk", 2, 256, mode="gather", steps=2),
     *[_case(f"two_phase-{c}-p3", "allreduce", c, 3, 800, mode="two_phase") for c in GATHERED],
@@ -79,6 +81,7 @@ def rank_program(comm: Any, case: dict[str, Any], put: Callable[[np.ndarray], An
     """One rank's steps of ``case``: a protocol (a generator of works). Returns ``(outputs,
     stats)``: the output arrays of every step (on the memory under test) and, per step, the
     statistics the protocol recorded (host_bytes, payload_bytes, wire_bytes)."""
+    import gcodec
     from gcodec.transports.common import timed
     from gcodec.transports.control import Exchange
     from gcodec.transports.exchange import allreduce_protocol, exchange_for
@@ -87,8 +90,7 @@ def rank_program(comm: Any, case: dict[str, Any], put: Callable[[np.ndarray], An
     from gcodec.transports.reduce_scatter import RSGroup, reduce_scatter_protocol
     from gcodec.transports.state import TransportState
     from gcodec.transports.stats import StepStats
-
-    import gcodec
+    from gcodec.transports.summable import summable_protocol
 
     kind, p, me = case["protocol"], comm.size, comm.rank
     outputs: list[Any] = []
@@ -111,6 +113,16 @@ def rank_program(comm: Any, case: dict[str, Any], put: Callable[[np.ndarray], An
             rec = state.stats()["w"]
             outputs.append(out)
             stats.append({k: rec[k] for k in ("host_bytes", "payload_bytes", "wire_bytes")})
+        elif kind == "summable_riders":  # uncompressed values riding in the summable collectives
+            assert state is not None
+            x = put(rank_input(case, me, step))
+            out = put(np.zeros(case["n"], np.float32))
+            riders = put(rank_input(case, me, step, (40,)))
+            ex = exchange_for(comm, state, "w", "summable with riders", shape=[case["n"]], riders=40)
+            st = StepStats("w", step, "summable", 0)
+            yield from timed(st, summable_protocol(ex, state, x, out, "w", case["op"], step, st, dense=riders))
+            outputs.extend([out, riders])
+            stats.append(fields(st))
         elif kind == "lowrank":
             assert state is not None
             xs = [put(rank_input(case, me, step, s)) for s in LOWRANK_SHAPES]
@@ -127,9 +139,7 @@ def rank_program(comm: Any, case: dict[str, Any], put: Callable[[np.ndarray], An
             out = put(np.zeros(S, np.float32))
             ng = len(groups_states)
             bounds = [S * g // ng for g in range(ng + 1)]
-            groups = [
-                RSGroup(f"g{g}", [(bounds[g], bounds[g + 1])], ts, step) for g, ts in enumerate(groups_states)
-            ]
+            groups = [RSGroup(f"g{g}", [(bounds[g], bounds[g + 1])], ts, step) for g, ts in enumerate(groups_states)]
             ex = Exchange(comm, {"key": "rs", "case": case["id"]}, agreed, "rs", "reduce-scatter")
             yield from reduce_scatter_protocol(ex, x, out, groups, 1.0 / p, "reduce-scatter")
             outputs.append(out)

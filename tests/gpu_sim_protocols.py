@@ -31,6 +31,9 @@ from tests.localcomm import run_lockstep  # noqa: E402
 
 #: Bytes the simulator saw cross between host and device (both ways), by gcodec or anyone.
 CROSSED = [0]
+#: Bytes of device payloads read to the host whole (``kernels.cuda.memory.to_host``: the api's
+#: reader checks a device payload on the host, docs/gpu.md "What still touches the host").
+PAYLOAD_READS = [0]
 
 
 def watch_transfers() -> None:
@@ -75,6 +78,16 @@ def watch_transfers() -> None:
         return call(self, *args)
 
     simkernel.FakeCUDAKernel.__call__ = launch
+    from gcodec.kernels.cuda import memory
+
+    whole = memory.to_host
+
+    def read_whole(buf):  # type: ignore[no-untyped-def]
+        got = whole(buf)
+        PAYLOAD_READS[0] += int(got.nbytes)
+        return got
+
+    memory.to_host = read_whole
 
 
 def run_case(case: dict) -> dict:
@@ -89,13 +102,15 @@ def run_case(case: dict) -> dict:
 
     res: dict = {"id": case["id"]}
     try:
-        before = CROSSED[0]
+        before, reads = CROSSED[0], PAYLOAD_READS[0]
         got = run_lockstep(case["p"], lambda comm: rank_program(comm, case, put))
         res["crossed"] = CROSSED[0] - before - uploaded[0]
+        res["payload_reads"] = PAYLOAD_READS[0] - reads
         ranks = []
-        for r, g in enumerate(got):
+        for g in got:
             if isinstance(g, BaseException):
-                ranks.append({"error": f"{type(g).__name__}: {g}", "trace": "".join(traceback.format_exception(g))[-3000:]})
+                trace = "".join(traceback.format_exception(g))[-3000:]
+                ranks.append({"error": f"{type(g).__name__}: {g}", "trace": trace})
                 continue
             outs, stats = g
             ranks.append(

@@ -220,6 +220,8 @@ def run_lockstep(size: int, fn: Callable[[LockstepComm], Any]) -> list[Any]:
                 continue
             moved = True
             try:
+                if started[r]:
+                    work[r].wait()  # completes it, as an engine's wait does (in-place sums land here)
                 work[r] = gens[r].send(None) if started[r] else next(gens[r])
                 started[r] = True
             except StopIteration as stop:

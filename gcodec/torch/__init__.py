@@ -21,7 +21,7 @@ from ..errors import ConfigError, GcodecError
 from ..transports import TransportState, allreduce_protocol
 from ..transports.control import failed_exchange
 from .comm import FutureQueue, FutureWork, TorchCommunicator, comm_for, queue_for, synchronize
-from .convert import to_numpy, to_tensor
+from .convert import as_array, to_numpy, to_tensor
 from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookState, Policy, comm_hook
 
@@ -62,10 +62,11 @@ def all_reduce(
     mode: str = "auto",
     state: TransportState | None = None,
 ) -> AllReduceWork | None:
-    """Compressed allreduce of a CPU tensor, in place (the result overwrites ``tensor``).
+    """Compressed allreduce of a tensor, in place (the result overwrites ``tensor``).
 
     Args:
-        tensor: a contiguous CPU tensor (float32, float64, float16 or bfloat16).
+        tensor: a contiguous CPU tensor (float32, float64, float16 or bfloat16) or CUDA tensor
+            (float32, float64: the protocol runs on its device, docs/gpu.md).
         codec: a codec, its id or config; the same on every rank (the handshake checks).
         op: ``"mean"`` or ``"sum"``.
         group: the process group (None: the default group).
@@ -85,7 +86,7 @@ def all_reduce(
                 state = _states[k] = TransportState(c, error_feedback=False, mode=mode)
         elif state.codec != c:
             raise ConfigError(f"state holds codec {state.codec!r}, not {c!r}")
-        arr = to_numpy(tensor)
+        arr = as_array(tensor)  # a NumPy view (CPU) or a device array (CUDA), never a copy
     except GcodecError as e:  # take part, so that the peers raise too instead of waiting
         queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
         raise

@@ -54,6 +54,19 @@ def _array(t: torch.Tensor) -> Any:
     return t.numpy() if t.device.type == "cpu" else as_array(t)
 
 
+def _host_words_device(group: Any) -> torch.device | None:
+    """Where host words (control messages, fingerprints) travel: on a group whose backend takes no
+    CPU tensors (NCCL), a CUDA device (the words are copied there and back: tens of bytes, never
+    tensor data); None where CPU tensors travel as they are (gloo, MPI)."""
+    try:
+        backend = str(dist.get_backend(group)).lower()
+    except Exception:
+        return None
+    if backend != "nccl" or not torch.cuda.is_available():
+        return None
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 class TorchCommunicator(Communicator):
     """:class:`~gcodec.transports.Communicator` on a torch.distributed process group.
 
@@ -71,8 +84,22 @@ class TorchCommunicator(Communicator):
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        self._words_on = _host_words_device(group)
+
+    def _host(self, a: np.ndarray) -> torch.Tensor:
+        """A host array as a tensor this group's backend takes (a device copy on NCCL)."""
+        t = torch.from_numpy(a)
+        return t if self._words_on is None else t.to(self._words_on)
 
     def allreduce(self, arr: Any, op: str = "sum") -> Work:
+        if isinstance(arr, np.ndarray) and self._words_on is not None:
+            t = self._host(arr)
+
+            def back() -> Any:
+                arr[...] = t.cpu().numpy()
+                return arr
+
+            return TorchWork(dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True), back)
         t = _tensor(arr)
         return TorchWork(dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True), lambda: arr)
 
@@ -81,11 +108,12 @@ class TorchCommunicator(Communicator):
         return TorchWork(dist.all_reduce(t, group=self.group, async_op=True), lambda: t)
 
     def allgather(self, arr: np.ndarray) -> Work:
-        src = torch.from_numpy(np.ascontiguousarray(arr)) if isinstance(arr, np.ndarray) else _tensor(arr)
+        host = isinstance(arr, np.ndarray)
+        src = self._host(np.ascontiguousarray(arr)) if host else _tensor(arr)
         outs = [torch.empty_like(src) for _ in range(self.size)]
         w = dist.all_gather(outs, src, group=self.group, async_op=True)
-        if src.device.type == "cpu":
-            return TorchWork(w, lambda: np.stack([o.numpy() for o in outs]))
+        if host:  # control words: host int64 back
+            return TorchWork(w, lambda: np.stack([o.cpu().numpy() for o in outs]))
         return TorchWork(w, lambda: _array(torch.stack(outs)))
 
     def allgatherv(self, buf: Any, counts: Sequence[int]) -> Work:
@@ -99,6 +127,11 @@ class TorchCommunicator(Communicator):
             else:
                 src = torch.zeros(width, dtype=torch.uint8)
                 src.numpy()[: buf.shape[0]] = buf  # through NumPy: buf may be a read-only view
+            if self._words_on is not None:  # host bytes (a fingerprint) on an NCCL group
+                src = src.to(self._words_on)
+                outs = [torch.empty(width, dtype=torch.uint8, device=src.device) for _ in range(self.size)]
+                w = dist.all_gather(outs, src, group=self.group, async_op=True)
+                return TorchWork(w, lambda: [o[:c].cpu().numpy() for o, c in zip(outs, counts)])
         else:  # a device buffer: the padding, if any, is made on its device
             src = _tensor(buf)
             if src.shape[0] != width:

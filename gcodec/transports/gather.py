@@ -21,7 +21,7 @@ from .. import xp
 from ..errors import GcodecError
 from .collectives import as_bytes, empty_like
 from .comm import Protocol
-from .common import gather_stream, nbytes_from_others, work_dtype
+from .common import counted, gather_stream, nbytes_from_others, work_dtype
 from .control import Exchange
 from .sendbuf import encode_into
 from .state import TransportState
@@ -92,8 +92,24 @@ def allgather_protocol(
     exact values), the payloads travel in one all-gather (sizes and error codes first) and every
     rank decodes all p of them, its own included, so the p gathered copies are bit-identical.
     ``out`` is ``(p, x.size)`` of any float dtype (decoded in float32 and cast once); ``x`` may be
-    a view of ``out[me]``: it is encoded before anything is written to ``out``.
+    a view of ``out[me]``: it is encoded before anything is written to ``out``. ``x`` and ``out``
+    live on one memory, host or device; the bytes that crossed between them go to ``st``'s
+    ``host_bytes``.
     """
+    return (yield from counted(st, _allgather(ex, codec, x, out, key, step, st, threads)))
+
+
+def _allgather(
+    ex: Exchange,
+    codec: object,
+    x: Any,
+    out: Any,
+    key: str,
+    step: int,
+    st: StepStats,
+    threads: int | None = None,
+) -> Protocol:
+    """The body of :func:`allgather_protocol`."""
     p, me = ex.comm.size, ex.comm.rank
     what = f"compressed all-gather of {key!r}"
     err: BaseException | None = None

@@ -42,7 +42,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
 from typing import Any
 
 import numpy as np
@@ -250,7 +249,7 @@ def reduce_scatter_protocol(
     mode = "reduce_scatter" if dtypes is None else "summable"
     for g in groups:
         if g.stats is None:
-            g.stats = StepStats(g.key, g.step, mode if g.state else "dense", g.numel * p * x.itemsize)
+            g.stats = StepStats(g.key, g.step, mode if g.state else "dense", g.numel * p * x.dtype.itemsize)
     if dtypes is not None and xp.on_device(x) and any(g.state is not None and g.state.worker for g in groups):
         bad = ConfigError(
             f"{what}: the values path with error feedback has no device implementation (ErrorFeedback."
@@ -348,7 +347,7 @@ def _payload_protocol(
                     off = 8 * ng + int(sizes[r, :gi].sum())
                     part = recv[r][off : off + int(sizes[r, gi])]
                     if g.state is None:
-                        if part.shape[0] != g.numel * x.itemsize:
+                        if part.shape[0] != g.numel * x.dtype.itemsize:
                             raise GcodecError(f"{what}: rank {r} sent {part.shape[0]} bytes of values for {g.key!r}")
                         add_values(_as_float(part, x.dtype), acc, x.dtype)
                     else:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .launch import SIM, _count, adopt, device, grid, host, is_device, one, stream, transferred
+from .launch import SIM, _count, adopt, device, grid, host, is_device, one, stream, transferred, upload
 
 __all__ = [
     "CRC_CHUNK",
@@ -86,7 +86,7 @@ _TABLE_DEV: list[Any] = []
 
 def _dev_table() -> Any:
     if not _TABLE_DEV:
-        _TABLE_DEV.append(cuda.to_device(_TABLE_HOST))
+        _TABLE_DEV.append(upload(_TABLE_HOST))  # once per process: 1 KiB, counted like every copy
     return _TABLE_DEV[0]
 
 
