@@ -15,6 +15,7 @@ operation that has no kernel raises :class:`~gcodec.ConfigError`, never a silent
 ========================  =======================================================================
 ``empty(like, n, dt)``     an uninitialised flat array on ``like``'s memory (``zeros``: zeroed)
 ``as_bytes(buf)``          a flat uint8 view of a payload or array, no copy
+``contiguous(a)``          ``a`` C-contiguous (a host copy only for strided host views)
 ``concat(parts, like)``    one new flat array holding ``parts`` one after the other
 ``copy(dst, src)``         ``dst[:] = src`` (element type converted as NumPy does; float16 rounds
                            to nearest even through the cast kernel)
@@ -45,6 +46,7 @@ __all__ = [
     "as_bytes",
     "backend",
     "concat",
+    "contiguous",
     "copy",
     "empty",
     "fill",
@@ -109,6 +111,16 @@ def zeros(like: Any, n: int, dtype: Any) -> Any:
     a = empty(like, n, dtype)
     if int(n):
         kernels.of(a).memory.zero(a.view(np.uint8), 0, int(n) * a.dtype.itemsize)
+    return a
+
+
+def contiguous(a: Any) -> Any:
+    """``a`` as a C-contiguous array on its memory: as it is when it already is one (a device
+    array that is not is a ConfigError: no hidden copy kernel for strided device views)."""
+    if isinstance(a, np.ndarray):
+        return np.ascontiguousarray(a)
+    if not a.is_c_contiguous():
+        raise ConfigError(f"a strided device array of shape {a.shape} needs a contiguous copy first")
     return a
 
 

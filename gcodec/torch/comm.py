@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .. import xp
+from ..errors import ConfigError
 from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
 from .convert import as_array, as_tensor
@@ -147,7 +148,15 @@ class TorchCommunicator(Communicator):
         rcounts = [int(c) for c in recv_counts]
         send = _tensor(joined(bufs))
         recv = torch.empty(sum(rcounts), dtype=torch.uint8, device=send.device)
-        w = dist.all_to_all_single(recv, send, rcounts, scounts, group=self.group, async_op=True)
+        try:
+            w = dist.all_to_all_single(recv, send, rcounts, scounts, group=self.group, async_op=True)
+        except RuntimeError as e:
+            if send.device.type == "cpu":
+                raise
+            raise ConfigError(  # e.g. gloo: no all-to-all of CUDA tensors (two-phase, payload reduce-scatter)
+                f"this process group cannot all-to-all {send.device} tensors ({e}); use NCCL (or MPI) for "
+                "device tensors, or a mode without all-to-all (summable, gather, powersgd)"
+            ) from None
 
         def finish() -> list[Any]:
             a = _array(recv)

@@ -49,8 +49,6 @@ def _flat_concat(arrays: list[Any], dtype: np.dtype, like: Any) -> Any:
     """One new flat ``dtype`` array holding ``arrays`` one after the other, on ``like``'s memory."""
     if not arrays:
         return xp.empty(like, 0, dtype)
-    if isinstance(like, np.ndarray):
-        return np.concatenate([a.reshape(-1) for a in arrays]).astype(dtype, copy=False)
     return xp.concat([xp.flat(a) for a in arrays], like, dtype)
 
 

@@ -86,7 +86,7 @@ def _gather_cols(row: Any, segments: Sequence[tuple[int, int]]) -> Any:
     """The group's segments of one row as one contiguous flat array (a view for one segment)."""
     if len(segments) == 1:
         a, b = segments[0]
-        return np.ascontiguousarray(row[a:b]) if isinstance(row, np.ndarray) else row[a:b]
+        return xp.contiguous(row[a:b])
     return xp.concat([row[a:b] for a, b in segments], row)
 
 
