@@ -243,9 +243,10 @@ def _dist_rank(rank: int, world: int, backend: str, path: str, out: Any) -> None
             g = torch.Generator().manual_seed(1000 + rank)
             x = torch.randn(shape, generator=g)
             on_dev, on_cpu = x.cuda(), x.clone()
-            gt.all_reduce(on_dev, cfg, mode=mode, key="t")
+            # a fresh state per run: the same steps, streams and warm start for both
+            gt.all_reduce(on_dev, cfg, mode=mode, key="t", state=gt.TransportState(cfg, error_feedback=False))
             if backend == "gloo":
-                gt.all_reduce(on_cpu, cfg, mode=mode, key="t")
+                gt.all_reduce(on_cpu, cfg, mode=mode, key="t", state=gt.TransportState(cfg, error_feedback=False))
                 ref = on_cpu
             else:  # NCCL takes no CPU tensors: the one-rank protocol on the CPU is the reference
                 ref = torch.from_numpy(gcodec_roundtrip(x.numpy(), cfg, mode))
