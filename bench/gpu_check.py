@@ -189,6 +189,158 @@ def check_torch(gcodec: Any) -> Any:
     return torch
 
 
+def check_protocols(cuda: Any, gcodec: Any) -> None:
+    """Every transport protocol on device arrays, over in-process lockstep ranks, against the same
+    rank program on NumPy arrays over thread ranks (tests/device_protocols.py: every codec; summable,
+    gather, two-phase, PowerSGD, both reduce-scatter paths, the compressed all-gather)."""
+    from gcodec.transports import run_blocking
+    from tests.device_protocols import APPROXIMATE, CASES, header_bound, rank_program
+    from tests.localcomm import run_lockstep, run_threads
+
+    for case in CASES:
+        name = f"protocol {case['id']}"
+        try:
+            cpu = run_threads(case["p"], lambda comm, case=case: run_blocking(rank_program(comm, case, lambda h: h)))
+            dev = run_lockstep(case["p"], lambda comm, case=case: rank_program(comm, case, cuda.to_device))
+            bad, host = [], 0
+            for r, (want, got) in enumerate(zip(cpu, dev)):
+                if isinstance(want, BaseException) or isinstance(got, BaseException):
+                    bad.append(f"rank {r}: cpu {want!r:.80} / device {got!r:.200}")
+                    continue
+                for o_cpu, o_dev in zip(want[0], got[0]):
+                    ref = np.ascontiguousarray(o_cpu, np.float32).reshape(-1)
+                    mine = o_dev.copy_to_host().reshape(-1)
+                    if case["id"] in APPROXIMATE:
+                        if float(np.abs(mine - ref).max()) > 1e-4 * max(float(np.abs(ref).max()), 1.0):
+                            bad.append(f"rank {r}: beyond float32 rounding")
+                    elif not np.array_equal(mine.view(np.uint32), ref.view(np.uint32)):
+                        bad.append(f"rank {r}: output differs")
+                host = max([host, *(int(s["host_bytes"]) for s in got[1])])
+            detail = f"max host_bytes per step {host} (header bound {header_bound(case)})"
+            report(name, "FAIL" if bad else "ok", "; ".join(bad[:2]) or detail)
+        except Exception as e:
+            report(name, "FAIL", f"{type(e).__name__}: {e}")
+
+
+#: (name, codec, mode) of the torch.distributed checks with CUDA tensors.
+DIST_CODECS = [
+    ("fp16 summable", {"id": "fp16"}, "summable"),
+    ("bf16 summable", {"id": "bf16"}, "summable"),
+    ("uniform4 gather", {"id": "uniform", "bits": 4}, "gather"),
+    ("topk gather", {"id": "topk", "ratio": 0.01}, "gather"),
+    ("randomk summable", {"id": "randomk", "ratio": 0.05, "seed": 1}, "summable"),
+    ("powersgd", {"id": "powersgd", "rank": 2}, "powersgd"),
+]
+
+
+def _dist_rank(rank: int, world: int, backend: str, path: str, out: Any) -> None:
+    """One rank of a torch.distributed group: gcodec.torch.all_reduce of CUDA tensors and of the same
+    values on the CPU, per codec; puts {name: (equal, max abs difference, error)} into ``out``."""
+    import torch
+    import torch.distributed as dist
+
+    import gcodec.torch as gt
+
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=world)
+    res: dict[str, Any] = {}
+    for name, cfg, mode in DIST_CODECS:
+        try:
+            shape = (256, 128) if mode == "powersgd" else (1 << 16,)
+            g = torch.Generator().manual_seed(1000 + rank)
+            x = torch.randn(shape, generator=g)
+            on_dev, on_cpu = x.cuda(), x.clone()
+            # a fresh state per run: the same steps, streams and warm start for both
+            gt.all_reduce(on_dev, cfg, mode=mode, key="t", state=gt.TransportState(cfg, error_feedback=False))
+            if backend == "gloo":
+                gt.all_reduce(on_cpu, cfg, mode=mode, key="t", state=gt.TransportState(cfg, error_feedback=False))
+                ref = on_cpu
+            else:  # NCCL takes no CPU tensors: the one-rank protocol on the CPU is the reference
+                ref = torch.from_numpy(gcodec_roundtrip(x.numpy(), cfg, mode))
+            d = float((on_dev.cpu() - ref).abs().max())
+            res[name] = (bool(torch.equal(on_dev.cpu(), ref)), d, "")
+        except Exception as e:
+            res[name] = (False, float("nan"), f"{type(e).__name__}: {e}"[:200])
+    out.put((rank, res))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def gcodec_roundtrip(x: np.ndarray, cfg: dict[str, Any], mode: str) -> np.ndarray:
+    """What a one-rank mean of ``x`` gives on the CPU: the protocol over gcodec's one-rank communicator."""
+    from gcodec.transports import TransportState, allreduce_protocol, run_blocking
+    from tests.localcomm import LocalComm
+
+    out = np.empty_like(x)
+    run_blocking(allreduce_protocol(LocalComm(), TransportState(cfg, error_feedback=False), x, out, "t", "mean", mode))
+    return out
+
+
+def check_dist(torch: Any) -> None:
+    """gcodec.torch.all_reduce with CUDA tensors: NCCL at world size 1, and 2 gloo ranks sharing this
+    GPU (NCCL cannot run two ranks on one GPU), against the CPU run of the same values."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    for backend, world in (("nccl", 1), ("gloo", 2)):
+        path = tempfile.mktemp(prefix="gcodec-dist-")
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_dist_rank, args=(r, world, backend, path, q)) for r in range(world)]
+        for p in procs:
+            p.start()
+        got = {}
+        try:
+            for _ in range(world):
+                r, res = q.get(timeout=120)
+                got[r] = res
+        except Exception as e:
+            report(f"torch {backend} x{world}", "FAIL", f"no result from every rank: {type(e).__name__}: {e}")
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+        for name, _, mode in DIST_CODECS:
+            per = [got[r][name] for r in sorted(got) if name in got[r]]
+            if not per:
+                continue
+            exact = all(e for e, _, _ in per)
+            err = "; ".join(m for _, _, m in per if m)
+            worst = max(d for _, d, _ in per)
+            ok = not err and (exact or (mode == "powersgd" and worst < 1e-3))
+            report(f"torch {backend} x{world} {name}", "ok" if ok else "FAIL", err or f"max |device - cpu| {worst:.2e}")
+
+
+def bench_peers(torch: Any, gcodec: Any) -> list[tuple[str, float, float, str]]:
+    """fp16 allreduce at world size 1 (NCCL): torch's fp16_compress_hook's work (half, NCCL all_reduce,
+    divide, copy back) against gcodec.torch.all_reduce(x, "fp16"), timed with CUDA events."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    import gcodec.torch as gt
+
+    rows: list[tuple[str, float, float, str]] = []
+    store = f"file://{tempfile.mktemp(prefix='gcodec-peer-')}"
+    dist.init_process_group("nccl", init_method=store, rank=0, world_size=1)
+    try:
+        n = 1 << 24
+        x = torch.randn(n, device="cuda")
+
+        def hook_work() -> None:
+            h = x.half()
+            dist.all_reduce(h)
+            x.copy_(h.div_(1))
+
+        t_hook = timed(torch, hook_work)
+        t_gc = timed(torch, lambda: gt.all_reduce(x, "fp16", key="peer"))
+        rows.append(("torch fp16_compress_hook's work, 16 M", t_hook, 6 * n / t_hook, "peer"))
+        rows.append(("gcodec.torch.all_reduce fp16, 16 M", t_gc, 6 * n / t_gc, f"{t_gc / t_hook:.2f}x the hook's time"))
+    finally:
+        dist.destroy_process_group()
+    return rows
+
+
 def timed(torch: Any, fn: Any, reps: int = 5) -> float:
     """Median seconds of ``fn`` over ``reps`` runs, with CUDA events, after one warm-up."""
     fn()
@@ -253,7 +405,10 @@ def bench(torch: Any, gcodec: Any, gib: float, deadline: float) -> list[tuple[st
         try:
             cfg = {"id": "powersgd", "rank": 4, "warm_start": False}
             tg = timed(torch, lambda: gcodec.encode(M, cfg), reps=1)
-            note = f"{t / tg:.2f}x the matmuls (Numba products, no cuBLAS yet)"
+            import importlib.util
+
+            how = "cuBLAS via CuPy" if importlib.util.find_spec("cupy") else "Numba products: CuPy is not installed"
+            note = f"{t / tg:.2f}x the matmuls ({how})"
             rows.append((f"gcodec powersgd rank-4 encode {side}x{side}", tg, 2 * 4 * side * side / tg, note))
         except Exception as e:
             rows.append(("gcodec powersgd rank-4 encode", float("nan"), float("nan"), f"{type(e).__name__}: {e}"[:120]))
@@ -285,15 +440,18 @@ def main() -> int:
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget
     if os.environ.get("NUMBA_ENABLE_CUDASIM"):
-        print("NUMBA_ENABLE_CUDASIM is set: this script is for a real GPU (the simulator tests are in pytest)")
+        print(
+            "FAIL: NUMBA_ENABLE_CUDASIM is set: this script is for a real GPU (the simulator tests are in pytest)",
+            file=sys.stderr,
+        )
         return 2
     try:
         from numba import cuda
     except ImportError:
-        print("numba-cuda is not installed: pip install -e '.[cuda]'")
+        print("FAIL: numba-cuda is not installed: pip install -e '.[cuda]'", file=sys.stderr)
         return 2
     if not cuda.is_available():
-        print("no usable CUDA GPU (numba.cuda.is_available() is False); nothing to check")
+        print("FAIL: no usable CUDA GPU (numba.cuda.is_available() is False): nothing was checked", file=sys.stderr)
         return 2
     import gcodec
 
@@ -309,13 +467,25 @@ def main() -> int:
             check(cuda, gcodec)
         except Exception:
             report(check.__name__, "FAIL", traceback.format_exc(limit=3).replace("\n", " "))
+    try:
+        check_protocols(cuda, gcodec)
+    except Exception:
+        report("protocols", "FAIL", traceback.format_exc(limit=3).replace("\n", " "))
     torch = check_torch(gcodec)
     rows: list[tuple[str, float, float, str]] = []
     if torch is not None:
         try:
+            check_dist(torch)
+        except Exception as e:
+            report("torch.distributed", "FAIL", f"{type(e).__name__}: {e}")
+        try:
             rows = bench(torch, gcodec, args.gib, deadline)
         except Exception as e:
             report("speed", "FAIL", f"{type(e).__name__}: {e}")
+        try:
+            rows += bench_peers(torch, gcodec)
+        except Exception as e:
+            report("speed: fp16 hook peer", "FAIL", f"{type(e).__name__}: {e}")
     else:
         report("speed", "skip", "needs torch with CUDA for events and peers")
     if not args.no_doc:

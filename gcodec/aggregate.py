@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels
+from . import kernels, xp
 from .api import _checked, write_pending
 from .arrays import BFLOAT16, DTYPES, dtype_name
 from .checksum import crc32c
@@ -46,6 +46,7 @@ __all__ = [
     "round_values",
     "sum_pair",
     "sum_payloads",
+    "summable_section",
     "summable_values",
     "values_dtype",
 ]
@@ -91,14 +92,28 @@ def summable_values(buf: Any, *, verify_checksum: bool = True) -> np.ndarray:
     its CRC) before the view is handed out. After changing the values, call :func:`reseal`.
     Raises :class:`~gcodec.ConfigError` for payloads whose codec is not summable.
     """
+    view, dt = summable_section(buf, verify_checksum=verify_checksum)
+    return view.view(dt)
+
+
+def summable_section(buf: Any, *, verify_checksum: bool = True) -> tuple[Any, np.dtype]:
+    """(values, number type) of a summable single-tensor payload: the values a writable zero-copy
+    1-D view in the payload's own memory. For a payload in device memory the view is a device view,
+    and 16-bit values are held as their uint16 bits (Numba has no bfloat16): pass the number type
+    on to :func:`add_values`, :func:`sum_pair`, :func:`round_values`, :func:`count_nonfinite`."""
     p, entry = _single_entry(buf, verify_checksum)
     name, dt = _values_section(entry)
-    if not any(s.name == name for s in entry.sections):
+    sec = next((s for s in entry.sections if s.name == name), None)
+    if sec is None:
         raise SizeMismatchError(f"C2: the {entry.codec} payload has no section {name!r} for its values")
-    view = p.view(entry.section(name))
+    if xp.on_device(buf):
+        lo = p.data_start + sec.offset
+        raw = xp.as_bytes(buf)[lo : lo + sec.nbytes]
+        return raw.view(np.uint16 if dt.itemsize == 2 else dt), dt
+    view = p.view(sec)
     if not view.flags.writeable:
         raise ConfigError("summable_values needs a writable payload buffer (e.g. the memoryview encode returns)")
-    return view.view(dt)
+    return view.view(dt), dt
 
 
 def reseal(buf: Any) -> None:
@@ -117,65 +132,91 @@ def reseal(buf: Any) -> None:
     b[n - 4 :] = np.frombuffer(struct.pack("<I", c), np.uint8)
 
 
-def add_values(values: np.ndarray, acc: np.ndarray) -> None:
-    """``acc += values``, exactly widened: ``acc`` is float32 (float64 for float64 values), 1-D.
+def _bits(values: Any, dtype: Any) -> tuple[Any, np.dtype]:
+    """(the array, its number type): ``dtype`` names the type when ``values`` holds its bits (device
+    memory keeps bfloat16 and float16 values as uint16), else the array's own type is meant."""
+    dt = np.dtype(dtype) if dtype is not None else values.dtype
+    if dt in (np.float16, BFLOAT16) and values.dtype != np.uint16:
+        values = values.view(np.uint16)
+    return values, dt
+
+
+def add_values(values: Any, acc: Any, dtype: Any = None) -> None:
+    """``acc += values``, exactly widened: ``acc`` is float32 (float64 for float64 values), 1-D, on
+    the memory of ``values`` (host or device). ``dtype``: the values' number type when they are held
+    as bits (uint16), as in device memory.
 
     16-bit values go through gcodec's cast kernels (NumPy's float16 conversion is scalar and about
     ten times slower); the widening is exact, so the result equals ``acc + values.astype(acc.dtype)``.
     """
     if values.shape != acc.shape:
         raise ConfigError(f"add_values: {values.shape} values for an accumulator of {acc.shape}")
+    bits, dt = _bits(values, dtype)
     K = kernels.of(acc)
     with K.threads_for(acc.size):
-        if values.dtype == np.float16:
-            K.cast.decode_f16(values.view(np.uint16), acc, True)
-        elif values.dtype == BFLOAT16:
-            K.cast.decode_bf16(values.view(np.uint16), acc, True)
+        if dt == np.float16:
+            K.cast.decode_f16(bits, acc, True)
+        elif dt == BFLOAT16:
+            K.cast.decode_bf16(bits, acc, True)
         else:
-            np.add(acc, values, out=acc)
+            xp.add(acc, values)
 
 
-def round_values(acc: np.ndarray, values: np.ndarray) -> None:
+def round_values(acc: Any, values: Any, dtype: Any = None) -> None:
     """Write ``acc`` into ``values``, rounded once to nearest-even in the values' type (as the fp16
-    and bf16 codecs round; beyond the type's range the result is infinite)."""
+    and bf16 codecs round; beyond the type's range the result is infinite). ``dtype`` as for
+    :func:`add_values`."""
     if values.shape != acc.shape:
         raise ConfigError(f"round_values: {acc.shape} sums for {values.shape} values")
+    bits, dt = _bits(values, dtype)
     K = kernels.of(acc)
     with K.threads_for(acc.size):
-        if values.dtype == np.float16:
-            K.cast.encode_f16(acc, values.view(np.uint16))
-        elif values.dtype == BFLOAT16:
-            K.cast.encode_bf16(acc, values.view(np.uint16))
+        if dt == np.float16:
+            K.cast.encode_f16(acc, bits)
+        elif dt == BFLOAT16:
+            K.cast.encode_bf16(acc, bits)
         else:
             with np.errstate(over="ignore"):
-                values[...] = acc
+                xp.copy(values, acc)
 
 
-def sum_pair(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
+def sum_pair(a: Any, b: Any, out: Any, dtype: Any = None) -> int:
     """``out = (0 + a) + b`` for values of one type, added in float32 (float64 for float64) and
     rounded once to the type: bit for bit what :func:`add_values` twice into a zeroed accumulator
     and then :func:`round_values` give (-0 + -0 is +0 there too), in one pass. ``out`` may be ``a``.
-    Returns how many results are NaN or infinite (what :func:`count_nonfinite` of ``out`` says)."""
+    Returns how many results are NaN or infinite (what :func:`count_nonfinite` of ``out`` says).
+    ``dtype`` as for :func:`add_values`."""
     if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype):
         raise ConfigError(f"sum_pair: {a.dtype}{a.shape} + {b.dtype}{b.shape} into {out.dtype}{out.shape}")
+    (ab, dt), (bb, _), (ob, _) = _bits(a, dtype), _bits(b, dtype), _bits(out, dtype)
     K = kernels.of(out)
     with K.threads_for(out.size):
-        if out.dtype == np.float16:
-            return int(K.cast.sum2_f16(a.view(np.uint16), b.view(np.uint16), out.view(np.uint16)))
-        if out.dtype == BFLOAT16:
-            return int(K.cast.sum2_bf16(a.view(np.uint16), b.view(np.uint16), out.view(np.uint16)))
-        with np.errstate(over="ignore", invalid="ignore"):  # one rounding, as the accumulator's
-            np.add(a, out.dtype.type(0), out=out)
-            np.add(out, b, out=out)
-    return count_nonfinite(out.reshape(-1))
+        if dt == np.float16:
+            return int(K.cast.sum2_f16(ab, bb, ob))
+        if dt == BFLOAT16:
+            return int(K.cast.sum2_bf16(ab, bb, ob))
+        if isinstance(out, np.ndarray):
+            with np.errstate(over="ignore", invalid="ignore"):  # one rounding, as the accumulator's
+                np.add(a, out.dtype.type(0), out=out)
+                np.add(out, b, out=out)
+        else:  # +0 first, then a and b: -0 + -0 comes out +0, as on the host
+            xp.fill(out, 0)
+            xp.add(out, a)
+            xp.add(out, b)
+    return count_nonfinite(out.reshape(-1), dt)
 
 
-def count_nonfinite(values: np.ndarray) -> int:
-    """How many of ``values`` (any of the four float types, 1-D) are NaN or infinite: one pass of the
-    backend's bit-test kernel (NumPy's ``isfinite`` converts 16-bit values one by one, and its bit
-    masks build temporaries: 50 ms for 4 Mi float16 values on the 2-core VM)."""
-    bits, mask, infkey = key_bits(values.reshape(-1), dtype_name(values.dtype))
+def count_nonfinite(values: Any, dtype: Any = None) -> int:
+    """How many of ``values`` (any of the four float types, 1-D, host or device; ``dtype`` as for
+    :func:`add_values`) are NaN or infinite: one pass of the backend's bit-test kernel (NumPy's
+    ``isfinite`` converts 16-bit values one by one, and its bit masks build temporaries: 50 ms for
+    4 Mi float16 values on the 2-core VM); only the count comes back from a device."""
+    dt = np.dtype(dtype) if dtype is not None else values.dtype
+    bits, mask, infkey = key_bits(values.reshape(-1).view(_UINT_OF[dt.itemsize]), dtype_name(dt))
     return int(kernels.of(values).sparse.count_nonfinite(bits, mask, infkey))
+
+
+_UINT_OF = {2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 
 def sum_payloads(payloads: Sequence[Any], *, checksum: bool = True, out: Any = None) -> memoryview:

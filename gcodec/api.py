@@ -92,6 +92,17 @@ def _into(out: Any) -> Callable[[int], np.ndarray] | None:
     """The payload allocator for ``encode(..., out=buf)``: the first bytes of a writable buffer."""
     if out is None:
         return None
+    if backend_of(out) != "cpu":  # a device send buffer: the payload is written in device memory
+        dev = kernels.of(out).view(out)
+        if dev.dtype != np.uint8 or dev.ndim != 1:
+            raise ConfigError("a device out= must be a flat uint8 device array")
+
+        def alloc_device(nbytes: int) -> Any:
+            if nbytes > dev.shape[0]:
+                raise BufferTooSmallError(f"out= holds {dev.shape[0]} bytes; this payload needs {nbytes}", nbytes)
+            return dev[:nbytes]
+
+        return alloc_device
     try:
         mem = np.frombuffer(out, dtype=np.uint8) if not isinstance(out, np.ndarray) else out
     except (TypeError, ValueError) as e:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import xp
 from .arrays import host_array
 from .codecs import Codec, get_codec
 from .errors import ConfigError, GcodecError
@@ -65,33 +66,39 @@ def _split(buf: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
 
 
 class MPICommunicator(Communicator):
-    """:class:`~gcodec.transports.Communicator` on an mpi4py communicator (non-blocking collectives)."""
+    """:class:`~gcodec.transports.Communicator` on an mpi4py communicator (non-blocking collectives).
+
+    Arrays given and returned live on the caller's device: receive buffers are allocated where the
+    input lives (:mod:`gcodec.xp`), so a CUDA-aware MPI gets device pointers for device arrays
+    (mpi4py takes any object with ``__cuda_array_interface__`` as a buffer) and host memory for
+    NumPy arrays. The control messages stay host int64 words.
+    """
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
 
-    def allreduce(self, arr: np.ndarray, op: str = "sum") -> Work:
+    def allreduce(self, arr: Any, op: str = "sum") -> Work:
         return _MPIWork(self.comm.Iallreduce(MPI.IN_PLACE, arr, op=_OPS[op]), arr)
 
     def allgather(self, arr: np.ndarray) -> Work:
         recv = np.empty((self.size, *arr.shape), arr.dtype)
         return _MPIWork(self.comm.Iallgather(arr, recv), recv, arr)
 
-    def allgatherv(self, buf: np.ndarray, counts: Sequence[int]) -> Work:
+    def allgatherv(self, buf: Any, counts: Sequence[int]) -> Work:
         counts = [int(c) for c in counts]
-        recv = np.empty(sum(counts), np.uint8)
+        recv = xp.empty(buf, sum(counts), np.uint8)
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64).tolist()
         req = self.comm.Iallgatherv(buf, [recv, counts, displs, MPI.BYTE])
         return _MPIWork(req, _split(recv, counts), buf)
 
-    def alltoallv(self, bufs: Sequence[np.ndarray], recv_counts: Sequence[int]) -> Work:
+    def alltoallv(self, bufs: Sequence[Any], recv_counts: Sequence[int]) -> Work:
         scounts = [int(b.shape[0]) for b in bufs]
         send = joined(bufs)
         sdispls = np.concatenate([[0], np.cumsum(scounts)[:-1]]).astype(np.int64).tolist()
         rcounts = [int(c) for c in recv_counts]
-        recv = np.empty(sum(rcounts), np.uint8)
+        recv = xp.empty(send, sum(rcounts), np.uint8)
         rdispls = np.concatenate([[0], np.cumsum(rcounts)[:-1]]).astype(np.int64).tolist()
         req = self.comm.Ialltoallv([send, scounts, sdispls, MPI.BYTE], [recv, rcounts, rdispls, MPI.BYTE])
         return _MPIWork(req, _split(recv, rcounts), send)

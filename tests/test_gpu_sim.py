@@ -7,8 +7,9 @@ device payload onto it must double it. The kernels run in one child process
 the variable when it is first imported, so this keeps the simulator out of every other test. Sizes
 are a few hundred elements: the simulator runs each CUDA thread as a Python thread.
 
-CuPy- and torch-CUDA-only paths need a real GPU; they are skipped here with that reason, never
-counted as passed (``bench/gpu_check.py`` runs them on a GPU machine).
+CuPy and torch CUDA round trips (:func:`test_cupy_round_trip`, :func:`test_torch_cuda_round_trip`)
+run in this process on a real GPU, comparing bytes with the CPU's; without one they are skipped
+with the reason, never counted as passed (``bench/gpu_check.py`` runs them on a GPU machine too).
 """
 
 from __future__ import annotations
@@ -389,13 +390,63 @@ def test_device_pair_sums_equal_cpu(sim: dict[str, Any]) -> None:
         assert dev[~nan].tolist() == want[~nan].tolist(), kind
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="CuPy is not installed")
-def test_cupy_round_trip() -> None:  # pragma: no cover - needs a GPU
-    pytest.skip("CuPy arrays need a real GPU (the simulator has no foreign device memory); run bench/gpu_check.py")
+#: Codecs of the real-GPU round trips below (in this process, not the simulator's child).
+ROUND_TRIPS = [
+    c for c in CASES if c[0] in ("fp16", "bf16", "u8-g64", "u4-sto-s9", "qsgd-15", "sign", "topk-r10", "rk-fp16")
+]
 
 
-def test_torch_cuda_round_trip() -> None:
+def _gpu_or_skip(lib: str) -> None:
+    """Skip (with the reason, never as a pass) unless a real CUDA GPU is usable here."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        pytest.skip(f"{lib} round trips need a real GPU, not Numba's simulator")
+    if not HAVE_NUMBA_CUDA:
+        pytest.skip("numba-cuda is not installed (pip install 'gcodec[cuda]')")
+    from numba import cuda
+
+    if not cuda.is_available():
+        pytest.skip(f"no usable CUDA GPU here: {lib} device arrays cannot be made (run bench/gpu_check.py on one)")
+
+
+def _round_trip(x_dev: Any, out_dev: Any, to_host: Any, case: tuple) -> None:
+    cid, cfg, n, seed, step, kind = case
+    p = gcodec.encode(x_dev, cfg, step=step)
+    assert type(p).__name__ == "DevicePayload"
+    cpu = _cpu_payload(cfg, n, seed, step, kind, cid)
+    assert bytes(p) == cpu, cid
+    gcodec.decode(cpu, out=out_dev)
+    ref = gcodec.decode(cpu).astype(np.float32).reshape(-1)
+    np.testing.assert_array_equal(to_host(out_dev).view(np.uint32), ref.view(np.uint32))
+    gcodec.decode(p, out=out_dev, accumulate=True)
+    np.testing.assert_array_equal(to_host(out_dev).view(np.uint32), (ref + ref).view(np.uint32))
+
+
+@pytest.mark.parametrize("case", ROUND_TRIPS, ids=[c[0] for c in ROUND_TRIPS])
+def test_cupy_round_trip(case: tuple) -> None:  # pragma: no cover - needs a GPU
+    """A CuPy array encodes to the CPU's bytes; CPU bytes decode into a CuPy ``out=``."""
+    if importlib.util.find_spec("cupy") is None:
+        pytest.skip("CuPy is not installed (pip install 'gcodec[cuda]')")
+    _gpu_or_skip("CuPy")
+    import cupy
+
+    _, _, n, seed, _, kind = case
+    x = cupy.asarray(make_array(n, seed, kind))
+    _round_trip(x, cupy.full(n, 7.0, cupy.float32), cupy.asnumpy, case)
+
+
+@pytest.mark.parametrize("case", ROUND_TRIPS, ids=[c[0] for c in ROUND_TRIPS])
+def test_torch_cuda_round_trip(case: tuple) -> None:  # pragma: no cover - needs a GPU
+    """A torch CUDA tensor encodes to the CPU's bytes (from its device memory); CPU bytes decode into
+    a CUDA tensor ``out=``; gcodec.torch.convert.as_array views it as a device array, no copy."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU: torch CUDA tensors cannot be made here; run bench/gpu_check.py on a GPU machine")
-    pytest.skip("torch CUDA round trips are checked by bench/gpu_check.py, outside the simulator suite")
+    _gpu_or_skip("torch CUDA")
+    from gcodec.torch.convert import as_array
+
+    _, _, n, seed, _, kind = case
+    x = torch.from_numpy(make_array(n, seed, kind)).cuda()
+    out = torch.full((n,), 7.0, dtype=torch.float32, device="cuda")
+    view = as_array(out)
+    assert view.__cuda_array_interface__["data"][0] == out.data_ptr()  # the tensor's own memory
+    _round_trip(x, out, lambda t: t.cpu().numpy(), case)

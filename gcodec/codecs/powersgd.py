@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import alloc, kernels
 from ..arrays import backend_of as kernels_backend
-from ..arrays import host_array
+from ..arrays import intake
 from ..errors import ConfigError, HeaderError, PayloadValueError
 from ..sections import SectionSpec, TensorEntry
 from . import compose
@@ -222,11 +222,14 @@ def decompress(p: np.ndarray, q: np.ndarray, out: np.ndarray, *, accumulate: boo
     dt = flat.dtype
     K = kernels.of(flat)
     if not (isinstance(p, np.ndarray) and isinstance(q, np.ndarray)):  # device factors
-        ps = p.astype(dt, copy=True) if scale != 1.0 else p.astype(dt, copy=False)
+        # Device kernels only: a copy of P in the output's dtype, scaled once; Q^T is a strided view
+        # (the reconstruct kernel indexes it), so nothing leaves the device.
+        ps = K.lowrank.copy_of(p, dt) if (scale != 1.0 or p.dtype != dt) else p
         if scale != 1.0:
-            ps *= dt.type(scale)
-        qt = np.ascontiguousarray(q.T.astype(dt, copy=False))
-        K.lowrank.reconstruct(np.ascontiguousarray(ps), qt, flat, accumulate)
+            fp = ps.reshape(int(ps.size))
+            K.memory.scale(fp, fp, scale)
+        qt = q.T if q.dtype == dt else K.lowrank.copy_of(q, dt).T
+        K.lowrank.reconstruct(ps, qt, flat, accumulate)
         return
     # Host factors, a payload's when decoding: their copies (P in the output's dtype and scaled, Q
     # transposed) are sized by its header, so they come from the one allocator (gcodec/alloc.py).
@@ -384,13 +387,16 @@ class PowerSGD(Codec):
         (send those uncompressed).
         """
         st = self.default_state() if state is None else state
-        arr = host_array(x)
-        if not self.compresses(arr.shape):
-            raise ConfigError(f"powersgd: shape {arr.shape} is not compressed at rank {self._params['rank']}")
+        got = intake(x)  # host or device memory, not copied: the rounds run where the tensor lives
+        arr = kernels.get(got.backend).view(got.array)
+        if not self.compresses(tuple(arr.shape)):
+            raise ConfigError(f"powersgd: shape {tuple(arr.shape)} is not compressed at rank {self._params['rank']}")
+        if got.backend != "cpu" and arr.dtype not in (np.float32, np.float64):
+            raise ConfigError(f"powersgd: device tensors of {arr.dtype} have no device path (float32, float64)")
         mat = self._matrix(arr)
         m, n = mat.shape
         r = min(self._params["rank"], m, n)
-        q = self._take_q(EncodeContext(key, step, st), n, r, mat.dtype, "cpu")
+        q = self._take_q(EncodeContext(key, step, st), n, r, mat.dtype, got.backend)
         orthogonalize(q, self._params["epsilon"])
         return LowRankRound(self, key, mat, q, st)
 

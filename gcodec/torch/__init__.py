@@ -22,7 +22,7 @@ from ..policy import Policy as CodecPolicy
 from ..transports import Router, TransportState, allreduce_protocol
 from ..transports.control import failed_exchange
 from .comm import FutureQueue, FutureWork, TorchCommunicator, comm_for, queue_for, synchronize
-from .convert import to_numpy, to_tensor
+from .convert import as_array, to_numpy, to_tensor
 from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookState, Policy, comm_hook
 
@@ -65,10 +65,11 @@ def all_reduce(
     mode: str = "auto",
     state: TransportState | Router | None = None,
 ) -> AllReduceWork | None:
-    """Compressed allreduce of a CPU tensor, in place (the result overwrites ``tensor``).
+    """Compressed allreduce of a tensor, in place (the result overwrites ``tensor``).
 
     Args:
-        tensor: a contiguous CPU tensor (float32, float64, float16 or bfloat16).
+        tensor: a contiguous CPU tensor (float32, float64, float16 or bfloat16) or CUDA tensor
+            (float32, float64: the protocol runs on its device, docs/gpu.md).
         codec: a codec, its id or config; the same on every rank (the handshake checks). A
             :class:`gcodec.policy.Policy` picks the codec per key and step through a router (dense
             when it says None); None when ``state`` is a :class:`~gcodec.transports.Router`.
@@ -90,7 +91,7 @@ def all_reduce(
             if got is None or (got.chooser is not codec and not isinstance(state, Router)):
                 got = _routers[(id(group), id(codec))] = Router(codec, error_feedback=False, mode=mode)
             router = got
-            arr = to_numpy(tensor)
+            arr = as_array(tensor)
         except GcodecError as e:
             queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
             raise
@@ -110,7 +111,7 @@ def all_reduce(
                 state = _states[k] = TransportState(c, error_feedback=False, mode=mode)
         elif state.codec != c:
             raise ConfigError(f"state holds codec {state.codec!r}, not {c!r}")
-        arr = to_numpy(tensor)
+        arr = as_array(tensor)  # a NumPy view (CPU) or a device array (CUDA), never a copy
     except GcodecError as e:  # take part, so that the peers raise too instead of waiting
         queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
         raise

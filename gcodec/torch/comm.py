@@ -11,8 +11,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import xp
+from ..errors import ConfigError
 from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
+from .convert import as_array, as_tensor
 
 __all__ = ["FutureQueue", "FutureWork", "TorchCommunicator", "TorchWork", "comm_for", "queue_for", "synchronize"]
 
@@ -41,8 +44,38 @@ class TorchWork(Work):
         return self._value
 
 
+def _tensor(a: Any) -> torch.Tensor:
+    """The tensor view of an array the protocols hand over (host: a CPU tensor; device: a CUDA
+    tensor of its device), never a copy."""
+    return torch.from_numpy(a) if isinstance(a, np.ndarray) else as_tensor(a)
+
+
+def _array(t: torch.Tensor) -> Any:
+    """The array view of a tensor the collectives filled (host: NumPy; CUDA: a Numba device array)."""
+    return t.numpy() if t.device.type == "cpu" else as_array(t)
+
+
+def _host_words_device(group: Any) -> torch.device | None:
+    """Where host words (control messages, fingerprints) travel: on a group whose backend takes no
+    CPU tensors (NCCL), a CUDA device (the words are copied there and back: tens of bytes, never
+    tensor data); None where CPU tensors travel as they are (gloo, MPI)."""
+    try:
+        backend = str(dist.get_backend(group)).lower()
+    except Exception:
+        return None
+    if backend != "nccl" or not torch.cuda.is_available():
+        return None
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 class TorchCommunicator(Communicator):
-    """:class:`~gcodec.transports.Communicator` on a torch.distributed process group (CPU tensors).
+    """:class:`~gcodec.transports.Communicator` on a torch.distributed process group.
+
+    Arrays given and returned live on the caller's device: NumPy arrays travel as CPU tensors (gloo),
+    device arrays (Numba, CuPy, anything with ``__cuda_array_interface__``) as CUDA tensors of their
+    device, viewed without a copy (NCCL; a gloo group takes CUDA tensors for its all-reduce and
+    all-gathers too), and the receive buffers are allocated on the input's device. The control
+    messages stay host int64 words.
 
     The variable-size all-gather pads every buffer to the largest size (torch's all_gather wants
     equal sizes); all-to-all uses ``all_to_all_single`` with split sizes.
@@ -52,9 +85,23 @@ class TorchCommunicator(Communicator):
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        self._words_on = _host_words_device(group)
 
-    def allreduce(self, arr: np.ndarray, op: str = "sum") -> Work:
-        t = torch.from_numpy(arr)
+    def _host(self, a: np.ndarray) -> torch.Tensor:
+        """A host array as a tensor this group's backend takes (a device copy on NCCL)."""
+        t = torch.from_numpy(a)
+        return t if self._words_on is None else t.to(self._words_on)
+
+    def allreduce(self, arr: Any, op: str = "sum") -> Work:
+        if isinstance(arr, np.ndarray) and self._words_on is not None:
+            t = self._host(arr)
+
+            def back() -> Any:
+                arr[...] = t.cpu().numpy()
+                return arr
+
+            return TorchWork(dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True), back)
+        t = _tensor(arr)
         return TorchWork(dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True), lambda: arr)
 
     def allreduce_tensor(self, t: torch.Tensor) -> Work:
@@ -62,34 +109,57 @@ class TorchCommunicator(Communicator):
         return TorchWork(dist.all_reduce(t, group=self.group, async_op=True), lambda: t)
 
     def allgather(self, arr: np.ndarray) -> Work:
-        src = torch.from_numpy(np.ascontiguousarray(arr))
+        host = isinstance(arr, np.ndarray)
+        src = self._host(np.ascontiguousarray(arr)) if host else _tensor(arr)
         outs = [torch.empty_like(src) for _ in range(self.size)]
         w = dist.all_gather(outs, src, group=self.group, async_op=True)
-        return TorchWork(w, lambda: np.stack([o.numpy() for o in outs]))
+        if host:  # control words: host int64 back
+            return TorchWork(w, lambda: np.stack([o.cpu().numpy() for o in outs]))
+        return TorchWork(w, lambda: _array(torch.stack(outs)))
 
-    def allgatherv(self, buf: np.ndarray, counts: Sequence[int]) -> Work:
+    def allgatherv(self, buf: Any, counts: Sequence[int]) -> Work:
         counts = [int(c) for c in counts]
         width = max(counts) if counts else 0
         if width == 0:
-            return DoneWork([np.empty(0, np.uint8) for _ in counts])
-        if buf.shape[0] == width and buf.flags.writeable:
-            src = torch.from_numpy(buf)  # the usual case: equal sizes, no padding copy
-        else:
-            src = torch.zeros(width, dtype=torch.uint8)
-            src.numpy()[: buf.shape[0]] = buf  # through NumPy: buf may be a read-only view
-        outs = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
+            return DoneWork([xp.empty(buf, 0, np.uint8) for _ in counts])
+        if isinstance(buf, np.ndarray):
+            if buf.shape[0] == width and buf.flags.writeable:
+                src = torch.from_numpy(buf)  # the usual case: equal sizes, no padding copy
+            else:
+                src = torch.zeros(width, dtype=torch.uint8)
+                src.numpy()[: buf.shape[0]] = buf  # through NumPy: buf may be a read-only view
+            if self._words_on is not None:  # host bytes (a fingerprint) on an NCCL group
+                src = src.to(self._words_on)
+                outs = [torch.empty(width, dtype=torch.uint8, device=src.device) for _ in range(self.size)]
+                w = dist.all_gather(outs, src, group=self.group, async_op=True)
+                return TorchWork(w, lambda: [o[:c].cpu().numpy() for o, c in zip(outs, counts)])
+        else:  # a device buffer: the padding, if any, is made on its device
+            src = _tensor(buf)
+            if src.shape[0] != width:
+                pad = torch.zeros(width, dtype=torch.uint8, device=src.device)
+                pad[: src.shape[0]] = src
+                src = pad
+        outs = [torch.empty(width, dtype=torch.uint8, device=src.device) for _ in range(self.size)]
         w = dist.all_gather(outs, src, group=self.group, async_op=True)
-        return TorchWork(w, lambda: [o.numpy()[:c] for o, c in zip(outs, counts)])
+        return TorchWork(w, lambda: [_array(o[:c]) for o, c in zip(outs, counts)])
 
-    def alltoallv(self, bufs: Sequence[np.ndarray], recv_counts: Sequence[int]) -> Work:
+    def alltoallv(self, bufs: Sequence[Any], recv_counts: Sequence[int]) -> Work:
         scounts = [int(b.shape[0]) for b in bufs]
         rcounts = [int(c) for c in recv_counts]
-        send = torch.from_numpy(joined(bufs))
-        recv = torch.empty(sum(rcounts), dtype=torch.uint8)
-        w = dist.all_to_all_single(recv, send, rcounts, scounts, group=self.group, async_op=True)
+        send = _tensor(joined(bufs))
+        recv = torch.empty(sum(rcounts), dtype=torch.uint8, device=send.device)
+        try:
+            w = dist.all_to_all_single(recv, send, rcounts, scounts, group=self.group, async_op=True)
+        except RuntimeError as e:
+            if send.device.type == "cpu":
+                raise
+            raise ConfigError(  # e.g. gloo: no all-to-all of CUDA tensors (two-phase, payload reduce-scatter)
+                f"this process group cannot all-to-all {send.device} tensors ({e}); use NCCL (or MPI) for "
+                "device tensors, or a mode without all-to-all (summable, gather, powersgd)"
+            ) from None
 
-        def finish() -> list[np.ndarray]:
-            a = recv.numpy()
+        def finish() -> list[Any]:
+            a = _array(recv)
             offs = np.concatenate([[0], np.cumsum(rcounts)]).astype(np.int64)
             return [a[offs[i] : offs[i + 1]] for i in range(self.size)]
 

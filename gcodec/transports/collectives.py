@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import errors
+from .. import errors, xp
 
-__all__ = ["EMPTY", "as_bytes", "error_code", "joined", "raise_agreed"]
+__all__ = ["EMPTY", "as_bytes", "empty_like", "error_code", "joined", "raise_agreed"]
 
 #: A zero-length buffer: a rank that failed locally sends it in place of a payload (a failure marker).
 EMPTY = np.empty(0, np.uint8)
@@ -36,11 +36,16 @@ _CLASSES: tuple[type[errors.GcodecError], ...] = (
 )
 
 
-def as_bytes(buf: Any) -> np.ndarray:
-    """A uint8 view of a payload (memoryview, bytes, ndarray) without copying."""
-    if isinstance(buf, np.ndarray):
-        return buf.reshape(-1).view(np.uint8)
-    return np.frombuffer(buf, np.uint8)
+def as_bytes(buf: Any) -> Any:
+    """A uint8 view of a payload (memoryview, bytes, ndarray, device payload or array) without
+    copying, in the payload's own memory."""
+    return xp.as_bytes(buf)
+
+
+def empty_like(buf: Any) -> Any:
+    """A zero-length buffer on ``buf``'s memory: the failure marker a rank sends in place of a
+    payload on that memory (a communicator of device arrays takes device arrays only)."""
+    return EMPTY if isinstance(buf, np.ndarray) or not xp.on_device(buf) else xp.empty(buf, 0, np.uint8)
 
 
 def joined(bufs: Sequence[np.ndarray]) -> np.ndarray:
@@ -52,6 +57,9 @@ def joined(bufs: Sequence[np.ndarray]) -> np.ndarray:
     """
     if not bufs:
         return EMPTY
+    dev = next((b for b in bufs if not isinstance(b, np.ndarray)), None)
+    if dev is not None:  # device buffers: one new buffer on their memory
+        return xp.concat(bufs, dev)
     start = addr = bufs[0].ctypes.data
     for b in bufs:
         if b.ctypes.data != addr or b.ndim != 1 or b.strides[0] != 1:

@@ -82,14 +82,22 @@ class Communicator(ABC):
     All ranks of the group must call the same methods in the same order with matching sizes, as
     for any collective; the protocols guarantee this, including when a rank fails locally (it then
     still takes part, sending a failure marker, so that no peer waits forever).
+
+    **Arrays live on the caller's device.** The arrays a protocol hands over (values, payload bytes)
+    live where its tensor lives: NumPy arrays in host memory, or device arrays (Numba device arrays;
+    anything with ``__cuda_array_interface__``). A communicator moves them as they are (NCCL or a
+    CUDA-aware MPI for device memory) and returns results on the same device: receive buffers are
+    allocated where the input lives, never copied through the host. The one exception is
+    :meth:`allgather`'s control words, which are always small host int64 arrays (a communicator
+    whose engine takes no host memory, as NCCL, moves those few words through the device itself).
     """
 
     rank: int
     size: int
 
     @abstractmethod
-    def allreduce(self, arr: np.ndarray, op: str = "sum") -> Work:
-        """Reduce ``arr`` (float32, float64 or int64, C-contiguous) in place across ranks.
+    def allreduce(self, arr: Any, op: str = "sum") -> Work:
+        """Reduce ``arr`` (float32, float64 or int64, C-contiguous, host or device) in place across ranks.
 
         ``op`` is ``"sum"`` or ``"max"``. The result is ``arr``.
         """
@@ -99,17 +107,18 @@ class Communicator(ABC):
         """Gather one equal-sized int64 array from each rank; the result has shape ``(size, *arr.shape)``."""
 
     @abstractmethod
-    def allgatherv(self, buf: np.ndarray, counts: Sequence[int]) -> Work:
+    def allgatherv(self, buf: Any, counts: Sequence[int]) -> Work:
         """Gather a uint8 buffer from each rank; ``counts[r]`` is rank r's length (known to all).
 
-        The result is a list of ``size`` uint8 arrays, rank order.
+        The result is a list of ``size`` uint8 arrays on ``buf``'s device, rank order.
         """
 
     @abstractmethod
-    def alltoallv(self, bufs: Sequence[np.ndarray], recv_counts: Sequence[int]) -> Work:
-        """Send ``bufs[r]`` (uint8) to rank r; receive ``recv_counts[r]`` bytes from rank r.
+    def alltoallv(self, bufs: Sequence[Any], recv_counts: Sequence[int]) -> Work:
+        """Send ``bufs[r]`` (uint8, all on one device) to rank r; receive ``recv_counts[r]`` bytes
+        from rank r.
 
-        The result is a list of ``size`` uint8 arrays, rank order.
+        The result is a list of ``size`` uint8 arrays on that device, rank order.
         """
 
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import xp
 from .comm import Protocol
 from .stats import StepStats
 
-__all__ = ["gather_stream", "timed", "work_dtype"]
+__all__ = ["counted", "gather_stream", "timed", "work_dtype"]
 
 
 def work_dtype(dtype: np.dtype) -> np.dtype:
@@ -31,15 +32,40 @@ def gather_stream(step: int, rank: int, slot: int, size: int) -> int:
 
 
 def timed(st: StepStats, proto: Protocol) -> Protocol:
-    """Run ``proto``, adding the time spent waiting on its collectives to ``st``'s ``comm_s``."""
+    """Run ``proto``, adding the time spent waiting on its collectives to ``st``'s ``comm_s`` and
+    the bytes its steps copied between host and device to ``host_bytes``.
+
+    The copies are counted per thread (:func:`gcodec.xp.transferred`) over each run of the
+    protocol between two yields: those runs are the protocol's own work, whatever other
+    protocols a driver interleaves with it."""
+    moved = xp.transferred()
     try:
         work = next(proto)
         while True:
+            st.add("host_bytes", xp.transferred() - moved)
             t0 = time.perf_counter()
             yield work
             st.add("comm_s", time.perf_counter() - t0)
+            moved = xp.transferred()
             work = proto.send(None)
     except StopIteration as stop:
+        st.add("host_bytes", xp.transferred() - moved)
+        return stop.value
+
+
+def counted(st: StepStats, proto: Protocol) -> Protocol:
+    """Run ``proto``, adding the bytes its steps copied between host and device to ``st``'s
+    ``host_bytes`` (as :func:`timed` does, for protocols that time their own collectives)."""
+    moved = xp.transferred()
+    try:
+        work = next(proto)
+        while True:
+            st.add("host_bytes", xp.transferred() - moved)
+            yield work
+            moved = xp.transferred()
+            work = proto.send(None)
+    except StopIteration as stop:
+        st.add("host_bytes", xp.transferred() - moved)
         return stop.value
 
 

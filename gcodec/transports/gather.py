@@ -13,12 +13,15 @@ over the p payloads).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from .. import xp
 from ..errors import GcodecError
-from .collectives import EMPTY, as_bytes
+from .collectives import as_bytes, empty_like
 from .comm import Protocol
-from .common import gather_stream, nbytes_from_others, work_dtype
+from .common import counted, gather_stream, nbytes_from_others, work_dtype
 from .control import Exchange
 from .sendbuf import encode_into
 from .state import TransportState
@@ -28,8 +31,8 @@ from .threads import kernel_threads
 __all__ = ["allgather_protocol", "decode_sum", "gather_protocol"]
 
 
-def decode_sum(codec: object, parts: list[np.ndarray], acc: np.ndarray, what: str) -> None:
-    """acc += decode(part) for each part, in order (``acc`` flat float32/float64)."""
+def decode_sum(codec: object, parts: list[Any], acc: Any, what: str) -> None:
+    """acc += decode(part) for each part, in order (``acc`` flat float32/float64, host or device)."""
     for r, part in enumerate(parts):
         if part.shape[0] == 0:
             raise GcodecError(f"{what}: rank {r} sent no payload")
@@ -39,8 +42,8 @@ def decode_sum(codec: object, parts: list[np.ndarray], acc: np.ndarray, what: st
 def gather_protocol(
     ex: Exchange,
     state: TransportState,
-    x: np.ndarray,
-    out: np.ndarray,
+    x: Any,
+    out: Any,
     key: str,
     op: str,
     step: int,
@@ -50,7 +53,7 @@ def gather_protocol(
     codec = state.codec
     what = f"gather allreduce of {key!r}"
     err: BaseException | None = None
-    buf = EMPTY
+    buf = empty_like(x)
     with kernel_threads(state.threads), st.timing("encode_s"):
         try:
             payload = encode_into(state.worker or codec, x, key, gather_stream(step, me, 0, p), state.send_buffers, 0)
@@ -60,24 +63,24 @@ def gather_protocol(
     st.add("payload_bytes", buf.shape[0])
     parts = yield from ex.allgather_bytes(buf, err)
     st.add("wire_bytes", nbytes_from_others(parts, me))
-    acc = np.zeros(x.size, work_dtype(x.dtype))
+    acc = xp.zeros(x, x.size, work_dtype(x.dtype))
     with kernel_threads(state.threads), st.timing("decode_s"):
         try:
             decode_sum(codec, parts, acc, what)
             if op == "mean":
-                acc *= acc.dtype.type(1.0 / p)
+                xp.scale(acc, acc, 1.0 / p)
         except GcodecError as e:  # a peer's payload failed its checks here: tell every rank
             err = e
     yield from ex.agree(err)
-    out.reshape(-1)[...] = acc
+    xp.copy(xp.flat(out), acc)
     return out
 
 
 def allgather_protocol(
     ex: Exchange,
     codec: object,
-    x: np.ndarray,
-    out: np.ndarray,
+    x: Any,
+    out: Any,
     key: str,
     step: int,
     st: StepStats,
@@ -89,12 +92,28 @@ def allgather_protocol(
     exact values), the payloads travel in one all-gather (sizes and error codes first) and every
     rank decodes all p of them, its own included, so the p gathered copies are bit-identical.
     ``out`` is ``(p, x.size)`` of any float dtype (decoded in float32 and cast once); ``x`` may be
-    a view of ``out[me]``: it is encoded before anything is written to ``out``.
+    a view of ``out[me]``: it is encoded before anything is written to ``out``. ``x`` and ``out``
+    live on one memory, host or device; the bytes that crossed between them go to ``st``'s
+    ``host_bytes``.
     """
+    return (yield from counted(st, _allgather(ex, codec, x, out, key, step, st, threads)))
+
+
+def _allgather(
+    ex: Exchange,
+    codec: object,
+    x: Any,
+    out: Any,
+    key: str,
+    step: int,
+    st: StepStats,
+    threads: int | None = None,
+) -> Protocol:
+    """The body of :func:`allgather_protocol`."""
     p, me = ex.comm.size, ex.comm.rank
     what = f"compressed all-gather of {key!r}"
     err: BaseException | None = None
-    buf = EMPTY
+    buf = empty_like(x)
     with kernel_threads(threads), st.timing("encode_s"):
         try:
             buf = as_bytes(codec.encode(x, key=key, step=gather_stream(step, me, 0, p)))  # type: ignore[attr-defined]
@@ -103,7 +122,7 @@ def allgather_protocol(
     st.add("payload_bytes", buf.shape[0])
     parts = yield from ex.allgather_bytes(buf, err)
     st.add("wire_bytes", nbytes_from_others(parts, me))
-    tmp = None if out.dtype == np.float32 else np.empty(x.size, np.float32)
+    tmp = None if out.dtype == np.float32 else xp.empty(out, x.size, np.float32)
     with kernel_threads(threads), st.timing("decode_s"):
         for r, part in enumerate(parts):  # the same bytes on every rank: a bad payload fails everywhere
             if part.shape[0] == 0:
@@ -112,5 +131,5 @@ def allgather_protocol(
                 codec.decode(part, out=out[r])  # type: ignore[attr-defined]
             else:
                 codec.decode(part, out=tmp)  # type: ignore[attr-defined]
-                out[r] = tmp.astype(out.dtype)
+                xp.copy(out[r], tmp)  # rounded once to out's type
     return out

@@ -18,9 +18,12 @@ shows up on every rank and is refused by all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from .. import xp
+from ..aggregate import count_nonfinite
 from ..errors import PayloadValueError
 from .comm import Protocol
 from .common import work_dtype
@@ -34,30 +37,34 @@ __all__ = ["LowRankItem", "lowrank_protocol"]
 
 @dataclass
 class LowRankItem:
-    """One tensor of a batch: its state key, input and output (same shape; may be the same array)."""
+    """One tensor of a batch: its state key, input and output (same shape; may be the same array;
+    host or device memory, every item of a batch on the same)."""
 
     key: str
-    x: np.ndarray
-    out: np.ndarray
+    x: Any
+    out: Any
 
 
-def _flat_concat(arrays: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    return np.concatenate([a.reshape(-1) for a in arrays]).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
+def _flat_concat(arrays: list[Any], dtype: np.dtype, like: Any) -> Any:
+    """One new flat ``dtype`` array holding ``arrays`` one after the other, on ``like``'s memory."""
+    if not arrays:
+        return xp.empty(like, 0, dtype)
+    return xp.concat([xp.flat(a) for a in arrays], like, dtype)
 
 
-def _check_finite(arr: np.ndarray, what: str) -> None:
-    bad = int(np.count_nonzero(~np.isfinite(arr)))
+def _check_finite(arr: Any, what: str) -> None:
+    bad = count_nonfinite(arr) if arr.shape[0] else 0
     if bad:
         raise PayloadValueError(f"{what}: {bad} summed factor value(s) are NaN or infinite (non-finite input?)")
 
 
-def _finish_dense(items: list[LowRankItem], buf: np.ndarray, op: str, scale: float, what: str) -> None:
+def _finish_dense(items: list[LowRankItem], buf: Any, op: str, scale: float, what: str) -> None:
     _check_finite(buf, what)
     if op == "mean":
-        buf *= buf.dtype.type(scale)
+        xp.scale(buf, buf, scale)
     pos = 0
     for i in items:
-        i.out.reshape(-1)[...] = buf[pos : pos + i.x.size]
+        xp.copy(xp.flat(i.out), buf[pos : pos + i.x.size])
         pos += i.x.size
 
 
@@ -68,11 +75,15 @@ def lowrank_protocol(
     op: str,
     step: int,
     st: StepStats,
-    riders: np.ndarray | None = None,
+    riders: Any = None,
 ) -> Protocol:
     """PowerSGD allreduce of ``items``. ``riders``: optional flat float32 values of uncompressed
     tensors that travel in round 1's allreduce and are replaced by their plain sum over the ranks
-    (the caller scales; they are not checked, as an uncompressed allreduce would not be)."""
+    (the caller scales; they are not checked, as an uncompressed allreduce would not be).
+
+    Every buffer (factors, dense sums, residuals) is made on the items' memory: on a device the
+    products, orthogonalisation and reconstruction run there (``gcodec.kernels.cuda.lowrank``) and
+    only the non-finite counts of the summed factors come to the host."""
     comm = ex.comm
     p = comm.size
     # The factors' sizes follow from the configuration: agree on it before they travel.
@@ -82,14 +93,15 @@ def lowrank_protocol(
     what = "powersgd allreduce of " + ", ".join(repr(i.key) for i in items[:3]) + ("..." if len(items) > 3 else "")
     comp = [i for i in items if codec.compresses(i.x.shape)]  # type: ignore[attr-defined]
     dense = [i for i in items if not codec.compresses(i.x.shape)]  # type: ignore[attr-defined]
+    like = items[0].x if items else riders
 
     # The tensors PowerSGD leaves alone are summed dense, in float32 ahead of P in round 1's
     # allreduce (float64 ones in an allreduce of their own), after the caller's riders.
-    head: list[np.ndarray] = [] if riders is None else [riders]
-    own: np.ndarray | None = None
+    head: list[Any] = [] if riders is None else [riders]
+    own: Any = None
     if dense:
         dd = work_dtype(max((i.x.dtype for i in dense), key=lambda d: d.itemsize))
-        own = _flat_concat([i.x for i in dense], dd)
+        own = _flat_concat([i.x for i in dense], dd, like)
         st.add("payload_bytes", own.nbytes)
         st.add("wire_bytes", 2 * (p - 1) * own.nbytes // p)
         if dd == np.float32 and comp:
@@ -107,24 +119,26 @@ def lowrank_protocol(
     with kernel_threads(state.threads), st.timing("encode_s"):
         for i in comp:
             wd = work_dtype(i.x.dtype)
-            m = i.x.astype(wd)
+            m = xp.empty(i.x, i.x.size, wd)  # this rank's M, a copy in the work dtype
+            xp.copy(m, xp.flat(i.x))
             if state.error_feedback:
                 e = state.lowrank_residuals.get(i.key)
-                if e is not None and e.shape == m.shape:
-                    m += e
+                if e is not None and e.shape == i.x.shape and xp.backend(e) == xp.backend(m):
+                    xp.add(m, xp.flat(e))
+            m = m.reshape(i.x.shape)
             rounds.append(codec.begin(m, key=i.key, step=step, state=state.codec_state))  # type: ignore[attr-defined]
             mats.append(m)
-        pbuf = _flat_concat([*head, *(r.p for r in rounds)], np.dtype(np.float32))
+        pbuf = _flat_concat([*head, *(r.p for r in rounds)], np.dtype(np.float32), like)
     nhead = sum(h.size for h in head)
     st.add("payload_bytes", pbuf.nbytes - 4 * nhead)
     yield comm.allreduce(pbuf, "sum")
     st.add("wire_bytes", 2 * (p - 1) * (pbuf.nbytes - 4 * nhead) // p)
     pos = 0
     if riders is not None:
-        riders[...] = pbuf[: riders.size]
+        xp.copy(riders, pbuf[: riders.size])
         pos = riders.size
     if own is not None and own.dtype == np.float32:
-        own[...] = pbuf[pos : pos + own.size]
+        xp.copy(own, pbuf[pos : pos + own.size])
         pos += own.size
         _finish_dense(dense, own, op, scale, what)
     _check_finite(pbuf[pos:], what)
@@ -132,9 +146,9 @@ def lowrank_protocol(
     # Round 2: orthogonalise each summed P, Q = M^T P, summed in one allreduce.
     with kernel_threads(state.threads), st.timing("encode_s"):
         for r in rounds:
-            r.p[...] = pbuf[pos : pos + r.p.size].reshape(r.p.shape)
+            xp.copy(xp.flat(r.p), pbuf[pos : pos + r.p.size])
             pos += r.p.size
-        qbuf = _flat_concat([r.compute_q() for r in rounds], np.dtype(np.float32))
+        qbuf = _flat_concat([r.compute_q() for r in rounds], np.dtype(np.float32), like)
     st.add("payload_bytes", qbuf.nbytes)
     yield comm.allreduce(qbuf, "sum")
     st.add("wire_bytes", 2 * (p - 1) * qbuf.nbytes // p)
@@ -145,12 +159,12 @@ def lowrank_protocol(
         pos = 0
         for i, r, m in zip(comp, rounds, mats):
             assert r.q is not None
-            r.q[...] = qbuf[pos : pos + r.q.size].reshape(r.q.shape)
+            xp.copy(xp.flat(r.q), qbuf[pos : pos + r.q.size])
             pos += r.q.size
-            mean = r.decompress(np.empty(m.shape, m.dtype), scale=scale)
+            mean = r.decompress(xp.empty(m, m.size, m.dtype).reshape(m.shape), scale=scale)
             if state.error_feedback:
-                np.subtract(m, mean, out=m)
+                xp.subtract(xp.flat(m), xp.flat(mean))
                 state.lowrank_residuals[i.key] = m.reshape(i.x.shape)
             if op == "sum":
-                mean *= mean.dtype.type(p)
-            i.out.reshape(-1)[...] = mean.reshape(-1)
+                xp.scale(xp.flat(mean), xp.flat(mean), float(p))
+            xp.copy(xp.flat(i.out), xp.flat(mean))

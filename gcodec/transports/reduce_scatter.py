@@ -42,15 +42,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from .. import xp
 from ..aggregate import add_values
 from ..arrays import BFLOAT16
-from ..errors import GcodecError
-from .collectives import EMPTY, as_bytes, error_code, raise_agreed
+from ..errors import ConfigError, GcodecError
+from .collectives import as_bytes, empty_like, error_code, raise_agreed
 from .comm import Protocol
-from .common import gather_stream, work_dtype
+from .common import counted, gather_stream, work_dtype
 from .control import Exchange
 from .sendbuf import encode_into
 from .state import TransportState
@@ -80,16 +82,28 @@ class RSGroup:
         return sum(b - a for a, b in self.segments)
 
 
-def _gather_cols(row: np.ndarray, segments: Sequence[tuple[int, int]]) -> np.ndarray:
+def _gather_cols(row: Any, segments: Sequence[tuple[int, int]]) -> Any:
+    """The group's segments of one row as one contiguous flat array (a view for one segment)."""
     if len(segments) == 1:
         a, b = segments[0]
-        return row[a:b]
-    return np.concatenate([row[a:b] for a, b in segments])
+        return xp.contiguous(row[a:b])
+    return xp.concat([row[a:b] for a, b in segments], row)
 
 
-def _as_float(part: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Raw bytes of a dense row segment as values of ``dtype`` (bfloat16 via ml_dtypes)."""
-    return part.view(BFLOAT16 if dtype == BFLOAT16 else dtype)
+def _as_float(part: Any, dtype: np.dtype) -> Any:
+    """Raw bytes of a dense row segment as values of ``dtype`` (their uint16 bits for bfloat16
+    and float16, which :func:`~gcodec.aggregate.add_values` widens exactly)."""
+    return part.view(np.uint16 if dtype.itemsize == 2 else dtype)
+
+
+def _scatter_cols(acc: Any, out: Any, segments: Sequence[tuple[int, int]], scale: float) -> None:
+    """``out[segments] = acc * scale``, rounded once to out's type, segment by segment."""
+    if scale != 1.0:
+        xp.scale(acc, acc, scale)
+    pos = 0
+    for a, b in segments:
+        xp.copy(out[a:b], acc[pos : pos + b - a])
+        pos += b - a
 
 
 #: Bytes of the error code in front of each rank's block on the values path.
@@ -126,8 +140,8 @@ def _cast_values(ts: TransportState, x: np.ndarray, key: str, out: np.ndarray) -
 
 def _values_protocol(
     ex: Exchange,
-    x: np.ndarray,
-    out: np.ndarray,
+    x: Any,
+    out: Any,
     groups: Sequence[RSGroup],
     dtypes: list[np.dtype],
     scale: float,
@@ -145,12 +159,12 @@ def _values_protocol(
     # One contiguous send buffer (kept by the first codec group's state: no page faults per call).
     keeper = next((g for g in groups if g.state is not None), None)
     if keeper is None or keeper.state is None:
-        send = np.empty(p * block, np.uint8)
+        send = xp.empty(x, p * block, np.uint8)
     else:
         kept = keeper.state.send_buffers
-        buf = kept.get(f"{keeper.key}#values", 0)
+        buf = kept.get(f"{keeper.key}#values", 0, x)
         if buf is None or buf.shape[0] < p * block:
-            buf = kept.grow(f"{keeper.key}#values", 0, p * block)
+            buf = kept.grow(f"{keeper.key}#values", 0, p * block, x)
         send = buf[: p * block]
     err: BaseException | None = None
     off = _CODE
@@ -163,28 +177,29 @@ def _values_protocol(
                 dst = send[j * block + off : j * block + off + nbytes[gi]]
                 xj = _gather_cols(x[j], g.segments)
                 if g.state is None:
-                    dst[:] = as_bytes(np.ascontiguousarray(xj))
+                    xp.copy(dst, as_bytes(xj))
                     continue
                 ts = g.state
                 try:
                     # the values straight into the send buffer: no payload, header or copy
-                    _cast_values(ts, np.ascontiguousarray(xj), f"{g.key}[{j}/{p}]", dst.view(np.uint16))
+                    _cast_values(ts, xj, f"{g.key}[{j}/{p}]", dst.view(np.uint16))
                 except GcodecError as e:  # take part with zeros; the error code below tells every rank
                     err = err or e
-                    dst[:] = 0
+                    xp.fill(dst, 0)
         st.add("encode_s", time.perf_counter() - t0)
         st.add("payload_bytes", nbytes[gi] * p)
         off += nbytes[gi]
     code = np.array([error_code(err)], np.int64).view(np.uint8)
     for j in range(p):
-        send[j * block : j * block + _CODE] = code
+        xp.copy(send[j * block : j * block + _CODE], code)  # 8 bytes from the host per block
     t0 = time.perf_counter()
     w = comm.alltoallv([send[j * block : (j + 1) * block] for j in range(p)], [block] * p)
     yield w
     recv = w.result()
     comm_s = time.perf_counter() - t0
     # Every rank sent its error code to every rank: an all-gather of the codes, for free.
-    raise_agreed(np.array([recv[r][:_CODE].view(np.int64)[0] for r in range(p)]), err, what)
+    codes = [xp.to_host(recv[r][:_CODE]).view(np.int64)[0] for r in range(p)]  # 8 bytes each to the host
+    raise_agreed(np.array(codes), err, what)
     for g, nb in zip(groups, nbytes):
         st = g.stats
         assert st is not None
@@ -195,23 +210,18 @@ def _values_protocol(
         st = g.stats
         assert st is not None
         with kernel_threads(threads), st.timing("decode_s"):
-            acc = np.zeros(g.numel, np.float32)
+            acc = xp.zeros(x, g.numel, np.float32)
             for r in range(p):
-                add_values(recv[r][off : off + nbytes[gi]].view(dtypes[gi]), acc)  # exact widening
-            if scale != 1.0:
-                acc *= np.float32(scale)
-            pos = 0
-            for a, b in g.segments:
-                out[a:b] = acc[pos : pos + b - a]
-                pos += b - a
+                add_values(_as_float(recv[r][off : off + nbytes[gi]], dtypes[gi]), acc, dtypes[gi])  # exact widening
+            _scatter_cols(acc, out, g.segments, scale)
         off += nbytes[gi]
     return out
 
 
 def reduce_scatter_protocol(
     ex: Exchange,
-    x: np.ndarray,
-    out: np.ndarray,
+    x: Any,
+    out: Any,
     groups: Sequence[RSGroup],
     scale: float,
     what: str,
@@ -219,27 +229,55 @@ def reduce_scatter_protocol(
 ) -> Protocol:
     """Reduce-scatter ``x`` (shape ``(p, S)``) into ``out`` (shape ``(S,)``): see the module doc.
 
-    Each group's ``stats`` (a :class:`StepStats`, made here when None) receives its payload, wire,
-    encode, communication and decode figures; the caller records them.
+    ``x`` and ``out`` live on one memory, host or device; every buffer is made there. Each group's
+    ``stats`` (a :class:`StepStats`, made here when None) receives its payload, wire, encode,
+    communication and decode figures; the bytes copied between host and device (sizes and codes
+    only) go to the first group's ``host_bytes``. The caller records them.
     """
     comm = ex.comm
-    p, me = comm.size, comm.rank
+    p = comm.size
     if x.ndim != 2 or x.shape[0] != p or out.shape != (x.shape[1],):
         bad = GcodecError(f"{what}: input of shape {x.shape} and output {out.shape} do not match {p} ranks")
         yield from ex.begin(bad)  # the peers raise too
         raise bad
-    ng = len(groups)
     dtypes = _values_dtypes(groups, x.dtype)
     mode = "reduce_scatter" if dtypes is None else "summable"
     for g in groups:
         if g.stats is None:
-            g.stats = StepStats(g.key, g.step, mode if g.state else "dense", g.numel * p * x.itemsize)
+            g.stats = StepStats(g.key, g.step, mode if g.state else "dense", g.numel * p * x.dtype.itemsize)
+    if dtypes is not None and xp.on_device(x) and any(g.state is not None and g.state.worker for g in groups):
+        bad = ConfigError(
+            f"{what}: the values path with error feedback has no device implementation (ErrorFeedback."
+            "encode_values takes host arrays); use error_feedback=False for fp16/bf16 groups on the device"
+        )
+        yield from ex.begin(bad)
+        raise bad
     if dtypes is not None:
-        return (yield from _values_protocol(ex, x, out, groups, dtypes, scale, what, threads))
+        body = _values_protocol(ex, x, out, groups, dtypes, scale, what, threads)
+    else:
+        body = _payload_protocol(ex, x, out, groups, what, scale, threads)
+    st = groups[0].stats if groups else None
+    return (yield from (body if st is None else counted(st, body)))
+
+
+def _payload_protocol(
+    ex: Exchange,
+    x: Any,
+    out: Any,
+    groups: Sequence[RSGroup],
+    what: str,
+    scale: float,
+    threads: int | None,
+) -> Protocol:
+    """The payload path (module doc, steps 1-3)."""
+    comm = ex.comm
+    p, me = comm.size, comm.rank
+    ng = len(groups)
     err: BaseException | None = None
 
     # Step 1: per destination j, one part per group (payload or raw bytes).
-    sends: list[list[np.ndarray]] = [[EMPTY] * ng for _ in range(p)]
+    empty = empty_like(x)
+    sends: list[list[Any]] = [[empty] * ng for _ in range(p)]
     for gi, g in enumerate(groups):
         st = g.stats
         assert st is not None
@@ -249,12 +287,12 @@ def reduce_scatter_protocol(
                 for j in range(p):
                     xj = _gather_cols(x[j], g.segments)
                     if g.state is None:
-                        sends[j][gi] = as_bytes(np.ascontiguousarray(xj))
+                        sends[j][gi] = as_bytes(xj)
                     else:
                         ts = g.state
                         payload = encode_into(
                             ts.worker or ts.codec,
-                            np.ascontiguousarray(xj),
+                            xj,
                             f"{g.key}[{j}/{p}]",
                             gather_stream(g.step, me, j, p),
                             ts.send_buffers,
@@ -266,11 +304,12 @@ def reduce_scatter_protocol(
         st.add("encode_s", time.perf_counter() - t0)
         st.add("payload_bytes", sum(sends[j][gi].shape[0] for j in range(p)))
     if err is not None:
-        sends = [[EMPTY] * ng for _ in range(p)]
+        sends = [[empty] * ng for _ in range(p)]
 
     # Step 2: the size of each destination's block travels in the exchange's control message (with
     # the error code); each block starts with its groups' part sizes, then one all-to-all.
-    bufs = [np.concatenate([np.array([s.shape[0] for s in parts], np.int64).view(np.uint8), *parts]) for parts in sends]
+    # (the part sizes are host words: on a device, 8 bytes per group and destination cross)
+    bufs = [xp.concat([np.array([s.shape[0] for s in parts], np.int64).view(np.uint8), *parts], x) for parts in sends]
     t0 = time.perf_counter()
     table = yield from ex.sizes([b.shape[0] for b in bufs], err)  # table[src, dst]
     w = comm.alltoallv(bufs, [int(table[r, me]) for r in range(p)])
@@ -298,36 +337,32 @@ def reduce_scatter_protocol(
         assert st is not None
         with kernel_threads(threads), st.timing("decode_s"):
             try:
-                acc = np.zeros(g.numel, wd)
+                acc = xp.zeros(x, g.numel, wd)
                 for r in range(p):
                     off = 8 * ng + int(sizes[r, :gi].sum())
                     part = recv[r][off : off + int(sizes[r, gi])]
                     if g.state is None:
-                        if part.shape[0] != g.numel * x.itemsize:
+                        if part.shape[0] != g.numel * x.dtype.itemsize:
                             raise GcodecError(f"{what}: rank {r} sent {part.shape[0]} bytes of values for {g.key!r}")
-                        acc += _as_float(part, x.dtype)
+                        add_values(_as_float(part, x.dtype), acc, x.dtype)
                     else:
                         if part.shape[0] == 0:
                             raise GcodecError(f"{what}: rank {r} sent no payload for {g.key!r}")
                         g.state.codec.decode(part, out=acc, accumulate=True)
-                if scale != 1.0:
-                    acc *= wd.type(scale)
-                pos = 0
-                for a, b in g.segments:
-                    out[a:b] = acc[pos : pos + b - a]
-                    pos += b - a
+                _scatter_cols(acc, out, g.segments, scale)
             except GcodecError as e:
                 err = e
     yield from ex.agree(err)
     return out
 
 
-def _part_sizes(block: np.ndarray, ng: int, r: int, what: str) -> np.ndarray:
+def _part_sizes(block: Any, ng: int, r: int, what: str) -> np.ndarray:
     """The ``ng`` part sizes at the start of rank r's block, checked against the block's length
-    (a peer's block is untrusted input like any payload)."""
+    (a peer's block is untrusted input like any payload); on a device, only these 8 ng bytes
+    come to the host."""
     if block.shape[0] < 8 * ng:
         raise GcodecError(f"{what}: rank {r} sent a block of {block.shape[0]} bytes, shorter than its {ng} part sizes")
-    sizes = block[: 8 * ng].copy().view(np.int64)
+    sizes = np.array(xp.to_host(block[: 8 * ng]), copy=True).view(np.int64)
     if bool((sizes < 0).any()) or int(sizes.sum()) != block.shape[0] - 8 * ng:
         raise GcodecError(f"{what}: rank {r}'s part sizes {sizes.tolist()} do not add up to its block")
     return sizes

@@ -7,7 +7,10 @@ For each key the last step's record and running totals are kept (never a growing
 * ``wire_bytes``: bytes this rank received from other ranks for the step (payloads of others, not
   its own), the figure to compare with ``2 (p-1)/p * n`` of a ring allreduce;
 * ``encode_s``, ``comm_s``, ``decode_s``: seconds encoding, waiting on collectives (from start to
-  observed completion), decoding and summing.
+  observed completion), decoding and summing;
+* ``host_bytes``: bytes gcodec copied between host and device memory for the step (both ways; 0 for
+  host tensors). On a device path only sizes, error codes, control words and headers should cross,
+  so this stays header-sized; a step that copied a tensor-sized buffer shows here.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 __all__ = ["FIELDS", "Stats", "StepStats"]
 
-FIELDS = ("raw_bytes", "payload_bytes", "wire_bytes", "encode_s", "comm_s", "decode_s")
+FIELDS = ("raw_bytes", "payload_bytes", "wire_bytes", "encode_s", "comm_s", "decode_s", "host_bytes")
 
 
 class StepStats:

@@ -35,9 +35,12 @@ where the mean does not.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from ..aggregate import add_values, count_nonfinite, reseal, round_values, sum_pair, summable_values
+from .. import xp
+from ..aggregate import add_values, count_nonfinite, round_values, sum_pair, summable_section
 from ..errors import GcodecError, PayloadValueError
 from .collectives import as_bytes
 from .comm import AllWork, Communicator, Protocol
@@ -59,17 +62,18 @@ def chunk_bounds(n: int, p: int) -> list[int]:
 def summable_protocol(
     ex: Exchange,
     state: TransportState,
-    x: np.ndarray,
-    out: np.ndarray,
+    x: Any,
+    out: Any,
     key: str,
     op: str,
     step: int,
     st: StepStats,
-    dense: np.ndarray | None = None,
+    dense: Any = None,
 ) -> Protocol:
-    """Summable allreduce of ``x`` into ``out``. ``dense``: optional flat float32/float64 values of
-    *uncompressed* tensors that ride in the same collectives and are replaced by their plain sum
-    over the ranks (not the mean: the caller scales), summed in rank order like the values."""
+    """Summable allreduce of ``x`` into ``out`` (arrays on one memory, host or device: every buffer
+    is made there). ``dense``: optional flat float32/float64 values of *uncompressed* tensors that
+    ride in the same collectives and are replaced by their plain sum over the ranks (not the mean:
+    the caller scales), summed in rank order like the values."""
     comm = ex.comm
     p = comm.size
     # The values' size follows from the configuration: agree on it before they travel.
@@ -82,66 +86,69 @@ def summable_protocol(
     # the same on every rank, so all ranks keep the same indices.
     with kernel_threads(state.threads), st.timing("encode_s"):
         if op == "mean":
-            xs = state.scratch(key, x.shape, wd)
-            np.multiply(x, wd.type(1.0 / p), out=xs)
+            xs = state.send_buffers.scratch(key, x.size, wd, x)
+            xp.scale(xs, xp.flat(x), 1.0 / p)
+            xs = xs.reshape(x.shape)
         else:
             xs = x
         try:
             # The payload never leaves this process (only its values travel, and they are checked
             # after the sum), so it carries no payload CRC: no CRC pass on encode, reseal or decode.
             payload = encode_into(state.worker or codec, xs, key, step, state.send_buffers, 0, checksum=False)
-            vals = summable_values(payload, verify_checksum=False)  # our own fresh payload
+            vals, vdt = summable_section(payload, verify_checksum=False)  # our own fresh payload
         except GcodecError as e:
             # e.g. NaN input for randomk: take part with a payload of NaN values. NaN survives the
             # sum, so every rank sees it and refuses the result; no size exchange is needed.
             err = e
-            payload = codec.encode(np.zeros_like(xs), key=key, step=step, checksum=False)
-            vals = summable_values(payload, verify_checksum=False)
-            vals[...] = np.nan
+            zero = xp.zeros(xs, xs.size, xs.dtype).reshape(xs.shape)
+            payload = codec.encode(zero, key=key, step=step, checksum=False)
+            vals, vdt = summable_section(payload, verify_checksum=False)
+            xp.fill(vals, np.nan, vdt)
     st.add("payload_bytes", len(payload))
     # Every rank has the same number of values (the handshake agreed on codec and shape) and of
     # riders (the caller's layout is the same on every rank), so the chunk sizes are known
     # everywhere and the collectives need no size exchange.
-    riders = np.empty(0, np.float32) if dense is None else dense
+    riders = xp.empty(vals, 0, np.float32) if dense is None else dense
     bad: int | None
     if p == 2:
-        bad = yield from _sum_by_allgather(comm, vals, riders, st, state)
+        bad = yield from _sum_by_allgather(comm, vals, vdt, riders, st, state)
     else:
-        bad = yield from _sum_by_reduce_scatter(comm, vals, riders, st, state)
+        bad = yield from _sum_by_reduce_scatter(comm, vals, vdt, riders, st, state)
     with kernel_threads(state.threads), st.timing("decode_s"):
         # The summed values are the same on every rank: all refuse them alike when any is not finite.
         if bad is None:
-            bad = count_nonfinite(vals)
+            bad = count_nonfinite(vals, vdt)
         if err is not None:
             raise err
         if bad:
             raise PayloadValueError(
-                f"{what}: {bad} summed value(s) are NaN or infinite in {vals.dtype} (non-finite input or a "
+                f"{what}: {bad} summed value(s) are NaN or infinite in {vdt} (non-finite input or a "
                 "failed encode on some rank, or an op='sum' beyond the type's range)"
             )
-        reseal(payload)  # a no-op without a payload CRC; kept so a checksummed payload stays valid
+        # No reseal: the payload was written without a payload CRC (above), so its summed values
+        # need none, and a reseal would only parse the payload again.
         codec.decode(payload, out=out)
     return out
 
 
-def _reduce_into(parts: list[np.ndarray], dst: np.ndarray) -> int | None:
-    """``dst`` = the sum of ``parts`` (byte buffers of ``dst``'s type) in rank order, in float32
-    (float64 for float64) from +0, rounded once. Returns the number of non-finite sums when the pass
-    counted them (two parts: one fused pass, the same arithmetic), else None."""
+def _reduce_into(parts: list[Any], dst: Any, dt: np.dtype) -> int | None:
+    """``dst`` = the sum of ``parts`` (byte buffers of ``dst``'s values, number type ``dt``) in rank
+    order, in float32 (float64 for float64) from +0, rounded once. Returns the number of non-finite
+    sums when the pass counted them (two parts: one fused pass, the same arithmetic), else None."""
     if not dst.shape[0]:
         return 0
     chunks = [q.view(dst.dtype) for q in parts]
     if len(chunks) == 2:
-        return sum_pair(chunks[0], chunks[1], dst)
-    acc = np.zeros(dst.shape, np.float64 if dst.dtype == np.float64 else np.float32)
+        return sum_pair(chunks[0], chunks[1], dst, dt)
+    acc = xp.zeros(dst, dst.shape[0], np.float64 if dt == np.float64 else np.float32)
     for c in chunks:
-        add_values(c, acc)
-    round_values(acc, dst)
+        add_values(c, acc, dt)
+    round_values(acc, dst, dt)
     return None
 
 
 def _sum_by_allgather(
-    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState
+    comm: Communicator, vals: Any, vdt: np.dtype, riders: Any, st: StepStats, state: TransportState
 ) -> Protocol:
     """p = 2: one all-gather of the whole values; each rank sums both copies.
 
@@ -157,11 +164,11 @@ def _sum_by_allgather(
     parts = gather.result()
     st.add("wire_bytes", nbytes_from_others(parts, comm.rank))
     with kernel_threads(state.threads), st.timing("decode_s"):
-        return _reduce_into(parts, vals)
+        return _reduce_into(parts, vals, vdt)
 
 
 def _sum_by_reduce_scatter(
-    comm: Communicator, vals: np.ndarray, riders: np.ndarray, st: StepStats, state: TransportState
+    comm: Communicator, vals: Any, vdt: np.dtype, riders: Any, st: StepStats, state: TransportState
 ) -> Protocol:
     """p > 2: all-to-all of chunk j (riders' then values') to rank j, which sums the p copies in rank
     order; all-gather of the summed chunks. 2 (p-1)/p of the bytes per rank, as a ring allreduce."""
@@ -177,18 +184,18 @@ def _sum_by_reduce_scatter(
     if rb.shape[0] == 0:
         sends = [vb[cut(j)[1]] for j in range(p)]  # contiguous views: no copy
     else:
-        sends = [np.concatenate([rb[cut(j)[0]], vb[cut(j)[1]]]) for j in range(p)]
+        sends = [xp.concat([rb[cut(j)[0]], vb[cut(j)[1]]], vb) for j in range(p)]
     w = comm.alltoallv(sends, [sizes[me]] * p)
     yield w
     recv = w.result()
     nr = (rbnd[me + 1] - rbnd[me]) * ri
     st.add("wire_bytes", nbytes_from_others(recv, me) - (p - 1) * nr)  # the values' bytes only
-    mine_r = np.empty(rbnd[me + 1] - rbnd[me], riders.dtype)
-    mine_v = np.empty(vbnd[me + 1] - vbnd[me], vals.dtype)
+    mine_r = xp.empty(vals, rbnd[me + 1] - rbnd[me], riders.dtype)
+    mine_v = xp.empty(vals, vbnd[me + 1] - vbnd[me], vals.dtype)
     with kernel_threads(state.threads), st.timing("decode_s"):
-        _reduce_into([q[:nr] for q in recv], mine_r)
-        _reduce_into([q[nr:] for q in recv], mine_v)
-    mine = as_bytes(mine_v) if nr == 0 else np.concatenate([as_bytes(mine_r), as_bytes(mine_v)])
+        _reduce_into([q[:nr] for q in recv], mine_r, riders.dtype)
+        _reduce_into([q[nr:] for q in recv], mine_v, vdt)
+    mine = as_bytes(mine_v) if nr == 0 else xp.concat([as_bytes(mine_r), as_bytes(mine_v)], vb)
     w = comm.allgatherv(mine, sizes)
     yield w
     parts = w.result()
@@ -196,6 +203,6 @@ def _sum_by_reduce_scatter(
     for j in range(p):
         rs, vs = cut(j)
         n = rs.stop - rs.start
-        rb[rs] = parts[j][:n]
-        vb[vs] = parts[j][n:]
+        xp.copy(rb[rs], parts[j][:n])
+        xp.copy(vb[vs], parts[j][n:])
     return None  # the gathered sums are counted by the caller

@@ -17,10 +17,11 @@ each chunk. All ranks decode the same owner payloads, so they end with bit-ident
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
+from .. import xp
 from ..errors import GcodecError
-from .collectives import EMPTY, as_bytes
+from .collectives import as_bytes, empty_like
 from .comm import Protocol
 from .common import gather_stream, nbytes_from_others, work_dtype
 from .control import Exchange
@@ -46,8 +47,8 @@ def owner_bounds(n: int, p: int) -> list[int]:
 def two_phase_protocol(
     ex: Exchange,
     state: TransportState,
-    x: np.ndarray,
-    out: np.ndarray,
+    x: Any,
+    out: Any,
     key: str,
     op: str,
     step: int,
@@ -56,12 +57,13 @@ def two_phase_protocol(
     p, me = ex.comm.size, ex.comm.rank
     codec = state.codec
     what = f"two-phase allreduce of {key!r}"
-    flat = x.reshape(-1)
+    flat = xp.flat(x)
+    empty = empty_like(x)
     b = owner_bounds(flat.shape[0], p)
     err: BaseException | None = None
 
     # Phase 1: encode each chunk (worker residual per chunk) and scatter the payloads to the owners.
-    sends = [EMPTY] * p
+    sends = [empty] * p
     with kernel_threads(state.threads), st.timing("encode_s"):
         try:
             for j in range(p):
@@ -75,19 +77,19 @@ def two_phase_protocol(
                 )
                 sends[j] = as_bytes(payload)
         except GcodecError as e:
-            err, sends = e, [EMPTY] * p
+            err, sends = e, [empty] * p
     st.add("payload_bytes", sum(s.shape[0] for s in sends))
     recv = yield from ex.alltoall_bytes(sends, err)
     st.add("wire_bytes", nbytes_from_others(recv, me))
 
     # Phase 2: the owner sums its chunk and re-encodes it with the server residual.
-    mine = EMPTY
+    mine = empty
     with kernel_threads(state.threads), st.timing("decode_s"):
         try:
-            acc = np.zeros(b[me + 1] - b[me], work_dtype(x.dtype))
+            acc = xp.zeros(x, b[me + 1] - b[me], work_dtype(x.dtype))
             decode_sum(codec, recv, acc, what)
             if op == "mean":
-                acc *= acc.dtype.type(1.0 / p)
+                xp.scale(acc, acc, 1.0 / p)
         except GcodecError as e:
             err = e
     if err is None:
@@ -104,7 +106,7 @@ def two_phase_protocol(
     st.add("wire_bytes", nbytes_from_others(parts, me))
 
     # Every rank decodes every owner's chunk into the output.
-    oflat = out.reshape(-1)
+    oflat = xp.flat(out)
     with kernel_threads(state.threads), st.timing("decode_s"):
         try:
             for j in range(p):

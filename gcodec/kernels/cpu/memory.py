@@ -14,7 +14,21 @@ import numpy as np
 from ... import alloc as _alloc
 from ...checksum import crc32c as _crc32c
 
-__all__ = ["alloc", "copy", "crc32c", "crc32c_store", "empty", "put", "result", "to_host", "view", "zero"]
+__all__ = [
+    "alloc",
+    "copy",
+    "crc32c",
+    "crc32c_store",
+    "empty",
+    "fill",
+    "put",
+    "result",
+    "scale",
+    "to_host",
+    "transferred",
+    "view",
+    "zero",
+]
 
 
 def alloc(nbytes: int) -> np.ndarray:
@@ -41,6 +55,21 @@ def copy(dst: np.ndarray, src: np.ndarray, accumulate: bool = False) -> None:
         dst += src
     else:
         dst[...] = src
+
+
+def scale(dst: np.ndarray, src: np.ndarray, s: float) -> None:
+    """dst[:] = src * s, one multiplication in dst's type (``dst`` may be ``src``)."""
+    np.multiply(src, dst.dtype.type(s), out=dst)
+
+
+def fill(dst: np.ndarray, value: Any) -> None:
+    """dst[:] = value."""
+    dst[...] = value
+
+
+def transferred() -> int:
+    """Bytes copied between host and device memory: none, in host memory."""
+    return 0
 
 
 def view(buf: np.ndarray, lo: int, hi: int, dtype: np.dtype) -> np.ndarray:

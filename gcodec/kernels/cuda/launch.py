@@ -41,6 +41,7 @@ __all__ = [
     "one",
     "stream",
     "sub64",
+    "transferred",
     "upload",
     "use_stream",
 ]
@@ -69,6 +70,16 @@ def stream() -> Any:
 
 def _set_stream(s: Any) -> None:
     _LOCAL.stream = s
+
+
+def transferred() -> int:
+    """Bytes this thread has copied between host and device memory through gcodec (both ways):
+    the transports' ``host_bytes`` statistic is the change of this count over an exchange."""
+    return int(getattr(_LOCAL, "moved", 0))
+
+
+def _count(nbytes: int) -> None:
+    _LOCAL.moved = getattr(_LOCAL, "moved", 0) + int(nbytes)
 
 
 @contextlib.contextmanager
@@ -119,6 +130,7 @@ def one() -> tuple[Any, ...]:
 
 def host(a: Any) -> np.ndarray:
     """A host copy of device ``a``, copied on the current stream after the work queued there."""
+    _count(a.size * a.dtype.itemsize)
     s = stream()
     if not s:
         return np.asarray(a.copy_to_host())
@@ -129,8 +141,10 @@ def host(a: Any) -> np.ndarray:
 
 def upload(h: np.ndarray) -> Any:
     """A device copy of host ``h``, queued on the current stream."""
+    h = np.ascontiguousarray(h)
+    _count(h.nbytes)
     s = stream()
-    return cuda.to_device(np.ascontiguousarray(h), stream=s) if s else cuda.to_device(np.ascontiguousarray(h))
+    return cuda.to_device(h, stream=s) if s else cuda.to_device(h)
 
 
 if SIM:

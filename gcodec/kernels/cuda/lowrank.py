@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda
 
 from ...rng import split64
-from .launch import device, grid, host, mul32, mul64, one, sub64, upload
+from .launch import SIM, device, grid, host, mul32, mul64, one, stream, sub64, upload
 from .philox import word
 
 __all__ = [
@@ -104,19 +104,48 @@ def _mat(rows: int, cols: int, dtype: Any) -> Any:
     return cuda.device_array((max(rows, 1), max(cols, 1)), np.dtype(dtype))[:rows, :cols]
 
 
+def _cupy() -> Any:
+    """CuPy, when it is installed and this is a real GPU (the simulator has no cuBLAS): the
+    products then go to cuBLAS. The spec leaves the encoder's products free (powersgd.md §5), so
+    no decode changes; only the factors' last bits do."""
+    if SIM:
+        return None
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def _matmul(cp: Any, a: Any, b: Any, out: Any) -> None:  # pragma: no cover - needs a GPU and CuPy
+    """out = a @ b with cuBLAS, on gcodec's current stream (views of the Numba arrays, no copy)."""
+    s = stream()
+    ptr = int(s.handle.value) if s else 0
+    with cp.cuda.ExternalStream(ptr) if ptr else cp.cuda.Stream.null:
+        cp.matmul(cp.asarray(a), cp.asarray(b), out=cp.asarray(out))
+
+
 def compute_p(m: Any, q: Any, out: Any = None) -> Any:
-    """P = M Q (device M: m x n, Q: n x r)."""
+    """P = M Q (device M: m x n, Q: n x r); cuBLAS through CuPy where CuPy is installed."""
     p = _mat(m.shape[0], q.shape[1], m.dtype) if out is None else out
     if p.size:
-        _mq[grid(p.size)](m, device(q), p)
+        cp = _cupy()
+        if cp is not None:  # pragma: no cover - needs a GPU and CuPy
+            _matmul(cp, m, device(q), p)
+        else:
+            _mq[grid(p.size)](m, device(q), p)
     return p
 
 
 def compute_q(m: Any, p: Any, out: Any = None) -> Any:
-    """Q = M^T P (device M: m x n, P: m x r)."""
+    """Q = M^T P (device M: m x n, P: m x r); cuBLAS through CuPy where CuPy is installed."""
     q = _mat(m.shape[1], p.shape[1], m.dtype) if out is None else out
     if q.size:
-        _mtp[grid(q.size)](m, device(p), q)
+        cp = _cupy()
+        if cp is not None:  # pragma: no cover - needs a GPU and CuPy
+            _matmul(cp, m.T, device(p), q)
+        else:
+            _mtp[grid(q.size)](m, device(p), q)
     return q
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .launch import SIM, adopt, device, grid, host, is_device, one, stream
+from .launch import SIM, _count, adopt, device, grid, host, is_device, one, stream, transferred, upload
 
 __all__ = [
     "CRC_CHUNK",
@@ -30,9 +30,12 @@ __all__ = [
     "crc32c",
     "crc32c_store",
     "empty",
+    "fill",
     "put",
     "result",
+    "scale",
     "to_host",
+    "transferred",
     "view",
     "zero",
 ]
@@ -83,7 +86,7 @@ _TABLE_DEV: list[Any] = []
 
 def _dev_table() -> Any:
     if not _TABLE_DEV:
-        _TABLE_DEV.append(cuda.to_device(_TABLE_HOST))
+        _TABLE_DEV.append(upload(_TABLE_HOST))  # once per process: 1 KiB, counted like every copy
     return _TABLE_DEV[0]
 
 
@@ -137,6 +140,7 @@ def _crc_combine(crcs, x_full, x_last, dst):  # pragma: no cover - device
 def _crc_into(data: Any, dst: Any) -> None:
     n = int(data.shape[0])
     if n == 0:
+        _count(4)
         dst.copy_to_device(np.zeros(4, np.uint8), stream=stream())  # CRC32C of nothing is 0
         return
     nch = (n + CRC_CHUNK - 1) // CRC_CHUNK
@@ -160,6 +164,7 @@ def alloc(nbytes: int) -> Any:
 def put(buf: Any, lo: int, data: bytes) -> None:
     """buf[lo : lo + len(data)] = data (one host-to-device copy)."""
     if data:
+        _count(len(data))
         buf[lo : lo + len(data)].copy_to_device(np.frombuffer(data, np.uint8), stream=stream())
 
 
@@ -194,6 +199,31 @@ def copy(dst: Any, src: Any, accumulate: bool = False) -> None:
     arrays of one length; ``src`` may be host memory: copied once)."""
     if int(dst.shape[0]):
         _copy[grid(dst.shape[0])](dst, device(src), bool(accumulate))
+
+
+@cuda.jit
+def _scale(dst, src, s):  # pragma: no cover - device
+    for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+        dst[i] = src[i] * s
+
+
+def scale(dst: Any, src: Any, s: float) -> None:
+    """dst[:] = src * s, one multiplication in dst's type (float32 or float64; flat, one length;
+    ``dst`` may be ``src``)."""
+    if int(dst.shape[0]):
+        _scale[grid(dst.shape[0])](dst, src, dst.dtype.type(s))
+
+
+@cuda.jit
+def _fill(dst, v):  # pragma: no cover - device
+    for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+        dst[i] = v
+
+
+def fill(dst: Any, value: Any) -> None:
+    """dst[:] = value (flat; ``value`` a scalar of dst's type, or a bit pattern of it)."""
+    if int(dst.shape[0]):
+        _fill[grid(dst.shape[0])](dst, dst.dtype.type(value))
 
 
 def view(buf: Any, lo: int, hi: int, dtype: Any) -> Any:
