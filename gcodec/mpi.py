@@ -112,6 +112,17 @@ _policy_states: dict[tuple[int, int], PolicyState] = {}
 _ef_states: weakref.WeakKeyDictionary[ErrorFeedback, TransportState] = weakref.WeakKeyDictionary()
 
 
+def _array(x: Any) -> Any:
+    """``x`` as the protocols take it: a NumPy array for host data (lists, scalars, torch CPU
+    tensors are viewed or converted as ``gcodec.encode`` does), a Numba device array for CuPy,
+    Numba or torch CUDA arrays (no copy: a CUDA-aware MPI moves device memory itself)."""
+    if isinstance(x, np.ndarray) or not hasattr(x, "__cuda_array_interface__"):
+        return host_array(x)
+    from . import kernels
+
+    return kernels.of(x).view(x)
+
+
 def _adapter(comm: MPI.Comm) -> tuple[MPICommunicator, Serial]:
     key = id(comm)
     got = _adapters.get(key)
@@ -170,17 +181,17 @@ def iallreduce(
     """
     adapter, queue = _adapter(comm)
     try:
+        arr = _array(x)
+        if out is None:
+            out = xp.empty(arr, arr.size, arr.dtype).reshape(arr.shape)  # where x lives
+        elif not (isinstance(out, np.ndarray) or hasattr(out, "__cuda_array_interface__")):
+            raise ConfigError(f"out= must be a numpy or device array, not {type(out).__name__}")
+        elif xp.backend(out) != xp.backend(arr):
+            raise ConfigError(f"out= lives in {xp.backend(out)} memory and x in {xp.backend(arr)}")
         if isinstance(ef, PolicyState) or isinstance(codec, Policy):  # per-key choice: policy or controller
             routed = ef if isinstance(ef, PolicyState) else _policy_state(comm, codec)  # type: ignore[arg-type]
-            arr = host_array(x)
-            out = np.empty_like(arr) if out is None else out
             return queue.submit(routed.protocol(adapter, arr, out, key or "tensor", op))
         c = ef.codec if isinstance(ef, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)  # type: ignore[arg-type]
-        arr = host_array(x)
-        if out is None:
-            out = np.empty_like(arr)
-        elif not isinstance(out, np.ndarray):
-            raise ConfigError(f"out= must be a numpy array, not {type(out).__name__}")
         state = _state_for(comm, c, mode, ef)
     except GcodecError as e:  # take part, so that the peers raise too instead of waiting
         return queue.submit(failed_exchange(adapter, e, f"allreduce of {key or 'tensor'!r}"))
@@ -202,7 +213,9 @@ def allreduce(
 
     Args:
         comm: an mpi4py intracommunicator.
-        x: any array gcodec encodes (float32, float64, float16, bfloat16).
+        x: any array gcodec encodes (float32, float64, float16, bfloat16), in host memory or on a
+            CUDA device (CuPy, Numba, torch CUDA: the protocol runs there and a CUDA-aware MPI moves
+            device memory; docs/gpu.md).
         codec: a codec, its id or config. Must be the same on every rank (the handshake checks).
             A :class:`gcodec.policy.Policy` picks the codec per key and step (dense when it says
             None); None when ``ef`` is a :class:`PolicyState` (its policy or controller decides).

@@ -174,7 +174,8 @@ def copy(dst: Any, src: Any) -> None:
 def add(dst: Any, src: Any) -> None:
     """``dst += src`` (flat, one length; the addition in dst's type)."""
     if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
-        dst += src
+        # as NumPy promotes (float16 or bfloat16 + float32: in float32), rounded once into dst
+        np.add(dst, src, out=dst, casting="unsafe")
         return
     kernels.of(dst).memory.copy(dst, src, True)
 

@@ -95,7 +95,8 @@ def all_reduce(
         except GcodecError as e:
             queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
             raise
-        work = AllReduceWork(queue_for(group).submit(router.protocol(comm, arr, arr, key or "tensor", op)))
+        fut = queue_for(group).submit(router.protocol(comm, arr, arr, key or "tensor", op), tensor.device)
+        work = AllReduceWork(fut)
         if async_op:
             return work
         work.wait()
@@ -115,7 +116,7 @@ def all_reduce(
     except GcodecError as e:  # take part, so that the peers raise too instead of waiting
         queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
         raise
-    fut = queue_for(group).submit(allreduce_protocol(comm, state, arr, arr, key or "tensor", op, mode))
+    fut = queue_for(group).submit(allreduce_protocol(comm, state, arr, arr, key or "tensor", op, mode), tensor.device)
     work = AllReduceWork(fut)
     if async_op:
         return work

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Sequence
@@ -202,16 +203,25 @@ class FutureQueue:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[Protocol, torch.futures.Future]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Protocol, torch.futures.Future, Any]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def submit(self, proto: Protocol) -> torch.futures.Future:
-        result: torch.futures.Future = torch.futures.Future()
+    def submit(self, proto: Protocol, device: Any = None) -> torch.futures.Future:
+        """Queue ``proto``; for tensors on a CUDA ``device`` its work goes on the stream that is
+        current *now* (the caller's: DDP's, when DDP calls the hook) and the future is made for that
+        device, so a consumer waits on the stream (torch records an event when the value is set),
+        not on the host."""
+        stream = None
+        if device is not None and torch.device(device).type == "cuda":
+            stream = torch.cuda.current_stream(device)
+            result: torch.futures.Future = torch.futures.Future(devices=[torch.device(device)])
+        else:
+            result = torch.futures.Future()
         with self._lock:
             if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
                 self._thread = threading.Thread(target=self._serve, name="gcodec-torch-queue", daemon=True)
                 self._thread.start()
-            self._jobs.put((proto, result))
+            self._jobs.put((proto, result, stream))
         return result
 
     def run(self, proto: Protocol) -> Any:
@@ -231,17 +241,21 @@ class FutureQueue:
     def _serve(self) -> None:
         while True:
             job = self._jobs.get()
-            value, error = self._run(job[0])
-            result = job[1]
-            # Drop the protocol and its works before completing the future: the training thread,
-            # woken by the completion, may destroy the process group next, and the last reference
-            # to a c10d work must not be released on this thread after that.
-            del job
-            if error is None:
-                result.set_result(value)
-            else:
-                result.set_exception(error)
-            del result, value, error
+            stream = job[2]
+            # On the caller's stream: gcodec's kernels launch on torch's current stream, and the
+            # future records its completion event there.
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                value, error = self._run(job[0])
+                result = job[1]
+                # Drop the protocol and its works before completing the future: the training
+                # thread, woken by the completion, may destroy the process group next, and the last
+                # reference to a c10d work must not be released on this thread after that.
+                del job
+                if error is None:
+                    result.set_result(value)
+                else:
+                    result.set_exception(error)
+            del result, value, error, stream
 
     @staticmethod
     def _run(proto: Protocol) -> tuple[Any, BaseException | None]:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import xp
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, GcodecError
 from ..transports import DENSE, Piece, Router, TransportState
@@ -40,7 +41,7 @@ from ..transports.handshake import Agreement, fingerprint
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
 from ..transports.stats import Stats, StepStats
 from .comm import FutureWork, TorchCommunicator, comm_for, queue_for
-from .convert import to_numpy
+from .convert import as_array
 
 __all__ = ["FSDPState", "QuantizedAllGather", "ReduceScatter", "compress_fsdp", "reshard_state_dicts"]
 
@@ -492,8 +493,8 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             if n % p or output_tensor.numel() != n // p:
                 raise ConfigError(f"reduce-scatter of {n} elements into {output_tensor.numel()} on {p} ranks")
             layout = self._layout(n // p, p)
-            x = to_numpy(input_tensor).reshape(p, n // p)
-            out = to_numpy(output_tensor).reshape(-1)
+            x = as_array(input_tensor).reshape(p, n // p)  # the tensors' memory, host or device
+            out = xp.flat(as_array(output_tensor))
             groups = self._groups(layout, it, x, rung)
         except GcodecError as e:  # take part, so that the peers raise too instead of waiting
             queue_for(group).run(failed_exchange(comm, e, f"compressed reduce-scatter of {self.name!r}"))
@@ -512,7 +513,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         }
         proto = self._protocol(comm, x, out, groups, scale, fingerprint(**fields), rung)
         if async_op:
-            return FutureWork(queue_for(group).submit(proto))
+            return FutureWork(queue_for(group).submit(proto, input_tensor.device))
         queue_for(group).run(proto)  # FSDP2 waits for it anyway
         return None
 
@@ -562,11 +563,11 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
                 pos = 0
                 for i in idx:
                     _, _, a, clen = layout.entries[i]
-                    x[j, a : a + clen] += v[pos : pos + clen].astype(x.dtype)
+                    xp.add(x[j, a : a + clen], v[pos : pos + clen])
                     pos += clen
 
         if dense:
-            taken = router.take(rows(dense))  # parameters that left a codec send what it still owed
+            taken = router.take(rows(dense), x)  # parameters that left a codec send what it still owed
             if taken is not None:
                 add_rows(dense, taken)
             groups.append(RSGroup(f"{self.name}:dense", segs(dense), None, it))
@@ -575,7 +576,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             ts = st.state_for(codec)
             names = [layout.entries[i][0] for i in idx]
             key = router.group_key(f"{self.name}:", codec, names, layout.p)
-            flush = router.place(ts, key, "rows", rows(idx))
+            flush = router.place(ts, key, "rows", rows(idx), None, x)
             if flush is not None:  # no feedback in this codec: send it now
                 add_rows(idx, flush)
             for i in idx:
@@ -632,8 +633,8 @@ class QuantizedAllGather(_AGBase):  # type: ignore[misc,valid-type]
     stay exact. No error feedback: each all-gather encodes the current weights afresh. Every rank
     decodes the same bytes, its own payload included, so all ranks compute with the same weights.
 
-    Buffers of mixed dtypes (FSDP gathers them as uint8) go through FSDP's own all-gather, as do
-    non-CPU tensors until the CUDA backend lands.
+    Buffers of mixed dtypes (FSDP gathers them as uint8) go through FSDP's own all-gather. CUDA
+    tensors run on their device (docs/gpu.md).
 
     Args:
         state: the shared :class:`FSDPState` (its ``all_gather`` codec, statistics); or a codec for
@@ -669,7 +670,7 @@ class QuantizedAllGather(_AGBase):  # type: ignore[misc,valid-type]
         it = st.ag_iters.get(self.name, 0)
         st.ag_iters[self.name] = it + 1
         floats = (torch.float32, torch.bfloat16, torch.float16)
-        if input_tensor.dtype not in floats or input_tensor.device.type != "cpu":
+        if input_tensor.dtype not in floats:
             s = StepStats(f"{self.name}:all_gather_dense", it, "native", input_tensor.nbytes)
             s.add("payload_bytes", input_tensor.nbytes)
             s.add("wire_bytes", input_tensor.nbytes * (p - 1))
@@ -678,8 +679,8 @@ class QuantizedAllGather(_AGBase):  # type: ignore[misc,valid-type]
             st._ag.record(s)
             return work
         s = StepStats(f"{self.name}:all_gather", it, "all_gather", input_tensor.nbytes)
-        x = to_numpy(input_tensor).reshape(-1)
-        out = to_numpy(output_tensor).reshape(p, n)
+        x = xp.flat(as_array(input_tensor))
+        out = as_array(output_tensor).reshape(p, n)
         fp = fingerprint(
             module=self.name, all_gather=self.codec.get_config(), numel=n, dtype=str(input_tensor.dtype), size=p
         )

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import xp
 from ..arrays import tensors_from_arrays
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, GcodecError
@@ -56,7 +57,7 @@ from ..transports.stats import StepStats
 from ..transports.summable import summable_protocol
 from ..transports.two_phase import two_phase_protocol
 from .comm import TorchCommunicator, comm_for, queue_for
-from .convert import to_numpy
+from .convert import as_array
 
 __all__ = ["HookState", "Policy", "comm_hook"]
 
@@ -302,7 +303,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         yield from ex.begin()
         if plan.carried:
             for i, r in plan.carried.items():
-                to_numpy(plan.grads[i]).reshape(-1)[...] += r.astype(to_numpy(plan.grads[i]).dtype)
+                xp.add(xp.flat(as_array(plan.grads[i])), r)
         st = StepStats(ckey or f"bucket{bucket.index()}:dense", it, DENSE, buf.nbytes)
         st.add("payload_bytes", buf.nbytes)
         st.add("wire_bytes", 2 * (p - 1) * buf.nbytes // p)
@@ -318,11 +319,13 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     # parameter kept from a codec it has left goes with it.
     flat = None
     if plan.dense:
-        parts = [to_numpy(grads[i]).reshape(-1).astype(np.float32) for i in plan.dense]
-        for j, i in enumerate(plan.dense):
+        parts = [xp.flat(as_array(grads[i])) for i in plan.dense]
+        flat = xp.concat(parts, parts[0], np.float32)
+        pos = 0
+        for i, part in zip(plan.dense, parts):
             if i in plan.carried:
-                parts[j] = parts[j] + plan.carried[i].astype(np.float32)
-        flat = np.concatenate(parts)
+                xp.add(flat[pos : pos + part.shape[0]], plan.carried[i])
+            pos += part.shape[0]
     if flat is not None and plan.carrier is None:
         yield from ex.begin()
         yield comm.allreduce(flat, "sum")
@@ -332,11 +335,11 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         ts, mode, idx = g.state, g.mode, g.idx
         riders = flat if g is plan.carrier else None
         if mode == "powersgd":
-            items = [LowRankItem(names[i], to_numpy(grads[i]), to_numpy(grads[i])) for i in idx]
+            items = [LowRankItem(names[i], as_array(grads[i]), as_array(grads[i])) for i in idx]
             if g.flush is not None:
                 for item, owed in zip(items, g.flush):
                     if owed is not None:
-                        item.x.reshape(-1)[...] += owed.astype(item.x.dtype)
+                        xp.add(xp.flat(item.x), owed)
             for item in items:
                 sample_quality(ts, item.key, it, item.x)
             st = StepStats(g.key, it, mode, sum(i.x.nbytes for i in items))
@@ -346,13 +349,16 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             continue
         span = _span(buf, grads, idx)
         whole = span is not None  # the group lies back to back in the bucket: work on it in place
-        x = span if span is not None else np.concatenate([to_numpy(grads[i]).reshape(-1) for i in idx])
+        if span is not None:
+            x = span
+        else:
+            x = xp.concat([xp.flat(as_array(grads[i])) for i in idx], as_array(grads[idx[0]]))
         if g.flush is not None and g.flush[0] is not None:  # no feedback in this codec: send it now
-            x[...] += g.flush[0].astype(x.dtype)
+            xp.add(x, g.flush[0])
         step = ts.next_step(g.key)
         sample_quality(ts, g.key, step, x)
         st = StepStats(g.key, step, mode, x.nbytes)
-        out = x if whole else np.empty_like(x)
+        out = x if whole else xp.empty(x, x.shape[0], x.dtype)
         extra = {} if riders is None else {"dense": riders}  # only a summable group carries riders
         proto = _FLAT[mode](ex, ts, x.reshape(-1), out.reshape(-1), g.key, "mean", step, st, **extra)
         yield from timed(st, proto)
@@ -452,16 +458,20 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
         if mode == "powersgd":
             key = router.group_key("powersgd:", codec, gnames)
             vectors = [[Piece.whole(names[i], grads[i].numel())] for i in idx]
-            flush = router.place(ts, key, "lowrank", vectors, [tuple(grads[i].shape) for i in idx])
+            like = as_array(grads[idx[0]])
+            flush = router.place(ts, key, "lowrank", vectors, [tuple(grads[i].shape) for i in idx], like)
         else:
             key = router.group_key("", codec, gnames)
             vectors = [[Piece.whole(names[i], grads[i].numel()) for i in idx]]
             total = sum(grads[i].numel() for i in idx)
             split = mode == "two_phase"
-            flush = router.place(ts, key, "split" if split else "flat", vectors, [(p,) if split else (total,)])
+            like = as_array(grads[idx[0]])
+            flush = router.place(ts, key, "split" if split else "flat", vectors, [(p,) if split else (total,)], like)
         plan.groups.append(_Group(key, ts, mode, idx, flush))
     if plan.dense:
-        taken = router.take([[Piece.whole(names[i], grads[i].numel())] for i in plan.dense])
+        taken = router.take(
+            [[Piece.whole(names[i], grads[i].numel())] for i in plan.dense], as_array(grads[plan.dense[0]])
+        )
         if taken is not None:
             plan.carried = {i: r for i, r in zip(plan.dense, taken) if r is not None}
         plan.carrier = next((g for g in plan.groups if g.mode in ("summable", "powersgd")), None)
@@ -492,21 +502,21 @@ def _span(buf: torch.Tensor, grads: list[torch.Tensor], idx: list[int]) -> np.nd
         pos += g.numel() * isz
     if start < 0 or pos > buf.numel() * isz or start % isz:
         return None
-    return to_numpy(buf).reshape(-1)[start // isz : pos // isz]
+    return xp.flat(as_array(buf))[start // isz : pos // isz]
 
 
 def _scatter(grads: list[torch.Tensor], idx: list[int], flat: np.ndarray) -> None:
     """Write the consecutive slices of ``flat`` back into the gradients ``idx``, in order."""
     pos = 0
     for i in idx:
-        a = to_numpy(grads[i]).reshape(-1)
-        a[...] = flat[pos : pos + a.shape[0]]
+        a = xp.flat(as_array(grads[i]))
+        xp.copy(a, flat[pos : pos + a.shape[0]])
         pos += a.shape[0]
 
 
 def _write_dense(grads: list[torch.Tensor], dense: list[int], flat: np.ndarray, p: int) -> None:
     """The dense tensors' mean, from the sum ``flat``, written back into their gradients."""
-    flat *= np.float32(1.0 / p)
+    xp.scale(flat, flat, 1.0 / p)
     _scatter(grads, dense, flat)
 
 
@@ -520,7 +530,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     it = state.iter
     if bucket.is_last():
         state.iter += 1
-    return queue_for(state.process_group).submit(_bucket_protocol(state, bucket, it))
+    return queue_for(state.process_group).submit(_bucket_protocol(state, bucket, it), bucket.buffer().device)
 
 
 # DDP checks the hook's annotations against the real classes; postponed (string) annotations fail.

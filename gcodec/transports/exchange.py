@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import xp
 from ..arrays import dtype_name
 from ..errors import ConfigError, GcodecError
 from .comm import Communicator, Protocol
@@ -29,6 +30,14 @@ OPS = ("mean", "sum")
 _PROTOCOLS = {"summable": summable_protocol, "gather": gather_protocol, "two_phase": two_phase_protocol}
 
 
+def _writeable_contiguous(a: object) -> bool:
+    """NumPy's flags, or a device array's own C-contiguity (device memory is always writeable)."""
+    if isinstance(a, np.ndarray):
+        return bool(a.flags.c_contiguous and a.flags.writeable)
+    check = getattr(a, "is_c_contiguous", None)
+    return bool(check()) if callable(check) else False
+
+
 def exchange_for(comm: Communicator, state: TransportState, key: str, what: str, **fields: object) -> Exchange:
     """The exchange of ``key`` under ``state``: its fingerprint (codec config, error feedback and
     ``fields``), agreed in full the first time and whenever it changes, by digest at every step."""
@@ -43,8 +52,10 @@ def allreduce_protocol(
     try:
         if op not in OPS:
             raise ConfigError(f"op {op!r} is not one of {list(OPS)}")
-        if out.shape != x.shape or not out.flags.c_contiguous or not out.flags.writeable:
+        if tuple(out.shape) != tuple(x.shape) or not _writeable_contiguous(out):
             raise ConfigError(f"out must be a writeable C-contiguous array of shape {x.shape}")
+        if xp.backend(out) != xp.backend(x):
+            raise ConfigError(f"out lives in {xp.backend(out)} memory and x in {xp.backend(x)}: give both on one")
         resolved = resolve_mode(state.codec, mode, comm.size)
     except GcodecError as e:  # take part, so that the peers raise too instead of waiting
         yield from failed_exchange(comm, e, what)

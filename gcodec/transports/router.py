@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import xp
 from ..arrays import dtype_name
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError
@@ -248,8 +249,8 @@ class Router:
     def residual_norm(self, key: str) -> float:
         """The norm of ``key``'s pending residual (0 when none)."""
         got = self._read_names({key})
-        parts = [v for (_, _, v) in got.get(key, [])]
-        return float(np.sqrt(sum(float(np.dot(v.astype(np.float64), v.astype(np.float64))) for v in parts)))
+        parts = [_host(v).astype(np.float64) for (_, _, v) in got.get(key, [])]
+        return float(np.sqrt(sum(float(np.dot(v, v)) for v in parts)))
 
     # ---- residual placement --------------------------------------------------------------------
     def _vector(self, store: _Store, j: int) -> np.ndarray | None:
@@ -261,7 +262,7 @@ class Router:
             return None
         if store.form == "lowrank":
             r = ts.lowrank_residuals.get(store.vectors[j][0].name)
-            return None if r is None else np.asarray(r).reshape(-1)
+            return None if r is None else xp.flat(r)
         ef = ts.worker
         if ef is None:
             return None
@@ -274,8 +275,8 @@ class Router:
             parts = [ef.residual(f"{store.key}[{i}/{p}]") for i in range(p)]
             if any(q is None for q in parts):
                 return None
-            r = np.concatenate([np.asarray(q).reshape(-1) for q in parts])  # type: ignore[union-attr]
-        return None if r is None else np.asarray(r).reshape(-1)
+            r = xp.concat([xp.flat(q) for q in parts], parts[0])
+        return None if r is None else xp.flat(r)
 
     def _read_names(self, names: set[str]) -> dict[str, list[tuple[int, int, np.ndarray]]]:
         """Every pending element range of ``names``: {name: [(start, stop, values)]}."""
@@ -296,9 +297,11 @@ class Router:
         return out
 
     @staticmethod
-    def _fill(pieces: Sequence[Piece], got: Mapping[str, list[tuple[int, int, np.ndarray]]]) -> np.ndarray | None:
-        """A vector laid out as ``pieces`` from the element ranges ``got`` (None when none overlaps)."""
-        v: np.ndarray | None = None
+    def _fill(pieces: Sequence[Piece], got: Mapping[str, list[tuple[int, int, Any]]], like: Any = None) -> Any:
+        """A vector laid out as ``pieces`` from the element ranges ``got`` (None when none overlaps),
+        on the memory of ``like`` (the group's tensor) or else of the residuals it is made of: a
+        device job's residuals move on the device (a checkpoint's host ranges are uploaded once)."""
+        v: Any = None
         wide = any(vals.dtype == np.float64 for parts in got.values() for _, _, vals in parts)
         pos = 0
         for pc in pieces:
@@ -306,8 +309,9 @@ class Router:
                 lo, hi = max(a, pc.start), min(b, pc.stop)
                 if hi > lo:
                     if v is None:
-                        v = np.zeros(sum(q.slots for q in pieces), np.float64 if wide else np.float32)
-                    v[pos + lo - pc.start : pos + hi - pc.start] = vals[lo - a : hi - a]
+                        n = sum(q.slots for q in pieces)
+                        v = xp.zeros(vals if like is None else like, n, np.float64 if wide else np.float32)
+                    xp.copy(v[pos + lo - pc.start : pos + hi - pc.start], vals[lo - a : hi - a])
             pos += pc.slots
         return v
 
@@ -336,11 +340,13 @@ class Router:
         form: str,
         vectors: Sequence[Sequence[Piece]],
         shapes: Sequence[tuple[int, ...]] | None = None,
-    ) -> list[np.ndarray | None] | None:
+        like: Any = None,
+    ) -> list[Any] | None:
         """Make ``ts`` hold the pending residuals of the group ``key`` laid out as ``vectors``.
 
         ``form`` is one of :data:`FORMS`; ``shapes`` gives the residual's shape per vector (flat:
-        the tensor's; lowrank: each matrix's), and for ``split`` the number of owners as ``[(p,)]``.
+        the tensor's; lowrank: each matrix's), and for ``split`` the number of owners as ``[(p,)]``;
+        ``like``, an array of the group's memory (host or device), where the residuals go.
         Costs nothing in a steady job (the group already holds them). Returns None, or, when ``ts``
         keeps no residuals (no error feedback), the vectors to add to what is sent this step.
         """
@@ -359,7 +365,7 @@ class Router:
             self._owner.pop(n, None)
         self._stores.pop(sid, None)
         self._release(names)
-        filled = [self._fill(v, got) for v in layout]
+        filled = [self._fill(v, got, like) for v in layout]
         if ts.worker is None:
             return filled if any(f is not None for f in filled) else None
         self._stores[sid] = fresh
@@ -377,11 +383,11 @@ class Router:
             else:
                 p = shape[0] if shape else 1
                 b = owner_bounds(v.shape[0], p)
-                for i in range(p):
-                    ts.worker.set_residual(f"{key}[{i}/{p}]", v[b[i] : b[i + 1]].copy())
+                for i in range(p):  # views of the new vector, which nothing else holds
+                    ts.worker.set_residual(f"{key}[{i}/{p}]", v[b[i] : b[i + 1]])
         return None
 
-    def take(self, vectors: Sequence[Sequence[Piece]]) -> list[np.ndarray | None] | None:
+    def take(self, vectors: Sequence[Sequence[Piece]], like: Any = None) -> list[Any] | None:
         """The pending residuals of parameters about to go dense, laid out as ``vectors`` and
         forgotten (the caller sends them with this step); None when there are none."""
         names = {pc.name for v in vectors for pc in v}
@@ -391,7 +397,7 @@ class Router:
         for n in names:
             self._owner.pop(n, None)
         self._release(names)
-        filled = [self._fill(v, got) for v in vectors]
+        filled = [self._fill(v, got, like) for v in vectors]
         return filled if any(f is not None for f in filled) else None
 
     def clear_residuals(self) -> None:
@@ -411,7 +417,7 @@ class Router:
         for name, parts in self._read_names(set(self._owner)).items():
             for a, b, v in parts:
                 if b > a:  # a destination that holds only padding of this parameter has none
-                    out[f"{name}[{a}:{b}]"] = np.array(v, np.float64 if v.dtype == np.float64 else np.float32)
+                    out[f"{name}[{a}:{b}]"] = np.array(_host(v), np.float64 if v.dtype == np.float64 else np.float32)
         return out
 
     def hold(self, ranges: Mapping[str, Any]) -> None:
@@ -526,6 +532,11 @@ class Router:
 
 #: The router under the name ``gcodec.mpi`` has always given it (a per-key chooser's state).
 PolicyState = Router
+
+
+def _host(v: Any) -> np.ndarray:
+    """A host copy of a residual for a checkpoint or a norm (device residuals copied once)."""
+    return np.asarray(v) if isinstance(v, np.ndarray) else v.copy_to_host()
 
 
 def _parse_range(k: str) -> tuple[str, int, int]:
