@@ -134,12 +134,16 @@ class ErrorFeedback:
         a payload.
 
         The same arithmetic as :meth:`encode` (bit for bit, residual included): for transports that
-        send the values alone (the FSDP reduce-scatter's values path). CPU arrays only. If the new
-        residual is not finite, raises :class:`~gcodec.PayloadValueError` and keeps the old one.
+        send the values alone (the FSDP reduce-scatter's values path), host or device arrays (the
+        residual stays where ``x`` lives). If the new residual is not finite, raises
+        :class:`~gcodec.PayloadValueError` and keeps the old one.
         """
         codec = self.codec
         if codec.values_dtype is None:
             raise ConfigError(f"encode_values needs a codec with a values section (fp16, bf16), not {codec.codec_id!r}")
+        if backend_of(x) != "cpu":
+            self._encode_values_device(x, key, out)
+            return
         arr = np.asarray(x)
         K = kernels.of(arr)
         if key in self._disabled:
@@ -202,6 +206,25 @@ class ErrorFeedback:
             return encode(
                 dev, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta, out=out
             )
+        K, corrected, shape, scratch = self._device_corrected(K, dev, key)
+        buf = encode(
+            corrected.reshape(shape),
+            self.codec,
+            key=key,
+            step=step,
+            state=self.codec_state,
+            checksum=checksum,
+            meta=meta,
+            out=out,
+        )
+        decode(buf, out=scratch)
+        bad = K.feedback.residual_inplace(corrected, scratch)
+        self._keep_residual(key, corrected.reshape(shape), bad)
+        return buf
+
+    def _device_corrected(self, K: Any, dev: Any, key: str) -> tuple[Any, Any, tuple[int, ...], Any]:
+        """(kernels, ``x + e`` as a new flat device array, x's shape, the key's device scratch of
+        that size): the first half of every device encode with feedback."""
         wd = self._work_dtype(dev)
         if np.dtype(dev.dtype) != wd:
             raise ConfigError(
@@ -216,24 +239,26 @@ class ErrorFeedback:
         K.memory.copy(corrected, dev.reshape(n))
         if e is not None:
             K.memory.copy(corrected, e.reshape(n), True)  # x + e: one IEEE addition, as np.add
-        buf = encode(
-            corrected.reshape(shape),
-            self.codec,
-            key=key,
-            step=step,
-            state=self.codec_state,
-            checksum=checksum,
-            meta=meta,
-            out=out,
-        )
         scratch = self._scratch.get(key)
-        if scratch is None or backend_of(scratch) != arr.backend or tuple(scratch.shape) != (n,):
+        if scratch is None or backend_of(scratch) == "cpu" or tuple(scratch.shape) != (n,):
             scratch = K.memory.empty(n, wd)
         self._scratch[key] = scratch
-        decode(buf, out=scratch)
+        return K, corrected, shape, scratch
+
+    def _encode_values_device(self, x: Any, key: str, out: Any) -> None:
+        """:meth:`encode_values` with every array in device memory: ``x + e``, the values, their
+        decode and ``e <- corrected - decoded`` run there, bit-identical to the CPU."""
+        arr = intake(x)
+        K = kernels.get(arr.backend)
+        dev = K.view(arr.array)
+        if key in self._disabled:
+            self.codec.encode_values(dev.reshape(int(dev.size)), out)
+            return
+        K, corrected, shape, scratch = self._device_corrected(K, dev, key)
+        self.codec.encode_values(corrected, out)
+        self.codec.decode_values(out, scratch, False)
         bad = K.feedback.residual_inplace(corrected, scratch)
         self._keep_residual(key, corrected.reshape(shape), bad)
-        return buf
 
     # ---- state ---------------------------------------------------------------------------
     def residual(self, key: str) -> np.ndarray | None:

@@ -51,6 +51,7 @@ CASES: list[dict[str, Any]] = [
     _case("powersgd-p3-sum", "lowrank", "powersgd", 3, 0, op="sum", ef=False),
     _case("rs-values-p2", "reduce_scatter", None, 2, 200, groups=["fp16", "bf16", None], ef=False),
     _case("rs-values-p3", "reduce_scatter", None, 3, 120, groups=["fp16", None], ef=False),
+    _case("rs-values-ef-p2", "reduce_scatter", None, 2, 200, groups=["fp16", "bf16", None], steps=2),
     _case("rs-payload-p2", "reduce_scatter", None, 2, 200, groups=["uniform4", "topk", None], steps=2),
     _case("rs-payload-p3", "reduce_scatter", None, 3, 150, groups=["sign", "fp16", "qsgd"]),
     *[_case(f"allgather-{c}-p2", "allgather", c, 2, 200) for c in ["fp16", "uniform4", "topk", "sign", "randomk"]],

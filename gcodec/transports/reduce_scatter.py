@@ -49,7 +49,7 @@ import numpy as np
 from .. import xp
 from ..aggregate import add_values
 from ..arrays import BFLOAT16
-from ..errors import ConfigError, GcodecError
+from ..errors import GcodecError
 from .collectives import as_bytes, empty_like, error_code, raise_agreed
 from .comm import Protocol
 from .common import counted, gather_stream, work_dtype
@@ -245,13 +245,6 @@ def reduce_scatter_protocol(
     for g in groups:
         if g.stats is None:
             g.stats = StepStats(g.key, g.step, mode if g.state else "dense", g.numel * p * x.dtype.itemsize)
-    if dtypes is not None and xp.on_device(x) and any(g.state is not None and g.state.worker for g in groups):
-        bad = ConfigError(
-            f"{what}: the values path with error feedback has no device implementation (ErrorFeedback."
-            "encode_values takes host arrays); use error_feedback=False for fp16/bf16 groups on the device"
-        )
-        yield from ex.begin(bad)
-        raise bad
     if dtypes is not None:
         body = _values_protocol(ex, x, out, groups, dtypes, scale, what, threads)
     else:
