@@ -4,7 +4,7 @@ Parameters (the common "CRC-32C" of iSCSI, ext4, gRPC): reflected polynomial 0x8
 (normal form 0x1EDC6F41), initial value 0xFFFFFFFF, reflected input and output, final XOR
 0xFFFFFFFF. The check value of ASCII ``123456789`` is 0xE3069283.
 
-The `crc32c` package (SSE4.2 / ARMv8 CRC instructions, about 13 GB/s on the development machine)
+The `crc32c` package (SSE4.2 / ARMv8 CRC instructions, about 13 GB/s measured on a 2-core x86_64 KVM guest)
 is used when it imports; otherwise a slicing-by-8 Numba kernel computes the same function.
 ``crc32c(data, crc)`` continues a running checksum, so ``crc32c(b, crc32c(a)) == crc32c(a + b)``.
 """

@@ -205,7 +205,7 @@ def test_limits_on_encode():
 
 
 # ---------------------------------------------------------------------------------------------
-# out=: anything that is not exactly what the kernels need is refused, or handled (issue 10, item 1)
+# out=: anything that is not exactly what the kernels need is refused, or handled (docs/limits.md, out=)
 
 
 def _codec_payloads(n: int = 4096) -> list[bytes]:

@@ -323,7 +323,7 @@ def test_payload_accepts_any_buffer_type():
 
 
 # ---------------------------------------------------------------------------------------------
-# error classes of issue 10
+# the error classes of specs/format.md's rules (each a subclass of gcodec.GcodecError)
 
 
 def test_F9_name_nil_refused_in_a_newer_minor():

@@ -100,7 +100,7 @@ def test_default_limits_admit_realistic_tensors():
     assert lim.max_elements == 1 << 28 and lim.max_output_bytes == 1 << 30
     gcodec.validate(_topk_declaring([1 << 14, 1 << 14]))  # 2**28 float32: exactly 1 GiB
     gcodec.validate(_topk_declaring([1 << 14, 1 << 14], "bfloat16"))  # + 1 GiB float32 staging
-    tiny = _topk_declaring([1 << 29])  # issue 10: 204 bytes declaring 2 GiB of float32
+    tiny = _topk_declaring([1 << 29])  # 204 bytes declaring 2 GiB of float32
     assert len(tiny) < 300
     for fn in (gcodec.validate, gcodec.decode):
         with pytest.raises(LimitExceededError, match=r"max_elements=268435456.*gcodec\.limits\(max_elements="):
@@ -183,15 +183,26 @@ def test_limit_enforced_on_encode(field):
 
 @pytest.mark.parametrize("field", sorted(TIGHT))
 def test_what_encode_accepts_decode_accepts(field):
-    """Under any limit, encode and decode agree: either both refuse or both pass."""
+    """Under any limit, encode and decode agree: either both refuse or both pass. Both directions:
+    what the encoder writes under the limit decodes under it, and the payload written without the
+    limit is refused on decode exactly when the encoder refuses to write it."""
+    free = bytes(_encode_one())  # the same tensor, written under the default limits
     for value in (TIGHT[field], TIGHT[field] * 4, LARGEST.get(field, 1 << 40)):
         with gcodec.limits(**{field: value}):
             try:
-                b = bytes(_encode_one())
+                b: bytes | None = bytes(_encode_one())
             except LimitExceededError:
-                continue
-            gcodec.decode(b)
-            gcodec.validate(b)
+                b = None
+            try:
+                gcodec.decode(free)
+                gcodec.validate(free)
+                decodes = True
+            except LimitExceededError:
+                decodes = False
+            assert decodes == (b is not None), (field, value, decodes)
+            if b is not None:
+                gcodec.decode(b)
+                gcodec.validate(b)
 
 
 def test_limits_context_manager_nests_and_restores():
@@ -258,7 +269,7 @@ def test_max_sections_below_a_bundle_is_a_limit_error():
 
 
 # ---------------------------------------------------------------------------------------------
-# peak memory of a decode stays within the documented bound (docs/limits.md, issue 10 items 3, 6)
+# peak memory of a decode stays within the documented bound (docs/limits.md)
 
 
 def _memory_cases():
@@ -299,7 +310,7 @@ def test_the_scratch_limit_refuses_before_allocating_scratch(label):
 
 
 def test_sparse_index_temporaries_count_against_the_scratch_limit():
-    """Issue 10: an 18.9 MB topk payload (k = 2**27, 1-bit values) made validate allocate 1.5 GiB.
+    """A found case: an 18.9 MB topk payload (k = 2**27, 1-bit values) made validate allocate 1.5 GiB.
     Its k-sized temporaries (8k index bytes + 4k decoded values = 1.5 GiB) are now counted against
     max_scratch_bytes, and refused before they exist when they exceed it."""
     from tests.test_powersgd import _zero_payload

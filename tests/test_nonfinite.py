@@ -243,7 +243,7 @@ def test_error_feedback_other_keys_unaffected():
 
 
 # ---------------------------------------------------------------------------------------------
-# reject-policy codecs: a hostile payload (valid CRCs) cannot decode to NaN or ±Inf (issue 10, item 8)
+# reject-policy codecs: a hostile payload (valid CRCs) cannot decode to NaN or ±Inf (docs/nonfinite.md)
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -322,7 +322,7 @@ def test_largest_valid_uniform_scale_decodes_finite():
 
 
 # ---------------------------------------------------------------------------------------------
-# encoders write a valid payload or raise (issue 10, item 9)
+# encoders write a valid payload or raise: an encoder never writes what its decoder refuses
 
 
 @pytest.mark.parametrize(

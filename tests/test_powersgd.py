@@ -352,7 +352,7 @@ def test_rule(name, make, error, rule):
 
 
 # ---------------------------------------------------------------------------------------------
-# decode work is a limit (issue 10, item 5)
+# decode work is a limit (max_decode_work, docs/limits.md; specs/codecs/powersgd.md)
 
 
 def _zero_payload(codec: str, shape: list[int], params: dict) -> bytes:

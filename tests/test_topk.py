@@ -153,7 +153,7 @@ def test_delta_coding_matches_reference_implementation():
 
 
 def test_index_bits_at_one_percent():
-    """Issue target: <= 10 index bits per kept element at 1 % density (32 raw).
+    """Index coding target (specs/codecs/topk.md): <= 10 index bits per kept element at 1 % density (32 raw).
 
     Gaps of a uniform 1 % subset are ~geometric (p = 0.01); a block of 64 gaps needs 9 bits with
     probability (1 - 0.99**512)**64 = 0.69 and 10 bits in nearly all other blocks, plus one width
@@ -200,7 +200,7 @@ def test_decode_into_out_and_accumulate():
 
 
 def test_decode_has_no_full_size_temporary():
-    """Issue target: scatter into out= (and accumulate) without a temporary of the output's size."""
+    """Decode scatters into out= (and accumulates) without a temporary of the output's size (docs/limits.md)."""
     n = 1 << 20
     x = np.random.default_rng(9).standard_normal(n).astype(np.float32)
     for coding in ("delta", "raw"):

@@ -39,7 +39,7 @@ def inputs(shape: tuple[int, ...], seed: int) -> list[np.ndarray]:
     return [np.random.default_rng(seed * 100 + r).standard_t(4, size=shape).astype(np.float32) for r in range(P)]
 
 
-# Codecs and the modes each runs; the matrix of the issue (every codec, every mode).
+# Codecs and the modes each runs: every codec in every mode it can run (docs/transports.md, Modes).
 CODECS = [
     ({"id": "fp16"}, ["summable", "gather", "two_phase"]),
     ({"id": "bf16"}, ["summable", "gather", "two_phase"]),
