@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
 import msgpack
@@ -258,6 +259,19 @@ def test_F14_payload_crc():
     b[-6] ^= 1
     with pytest.raises(gcodec.ChecksumError, match="F14"):
         gcodec.decode(b)
+
+
+def test_F14_names_the_bytes_the_crc_covers():
+    """A user with a flipped data byte learns where to look: the covered range holds the byte."""
+    b = payload()
+    p = read_payload(b)
+    flip = p.data_start + 1
+    b[flip] ^= 1
+    with pytest.raises(gcodec.ChecksumError) as e:
+        gcodec.validate(b)
+    lo, hi = (int(v) for v in re.search(r"in (\d+)\.\.(\d+)", str(e.value)).groups())  # type: ignore[union-attr]
+    assert lo == 16 + p.header_length and hi == len(b) - 5 and lo <= flip <= hi
+    assert f"@ byte {len(b) - 4}" in str(e.value)  # and where the stored CRC itself is
 
 
 def test_F15_nonzero_padding():

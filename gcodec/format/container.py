@@ -300,8 +300,11 @@ def read_payload(buf: Any, *, limits: Limits | None = None, verify_checksum: boo
         (stored,) = struct.unpack("<I", b[n - 4 :].tobytes())
         got = crc32c(b[PREAMBLE_SIZE + hlen : n - 4])
         if got != stored:
+            # name the bytes the CRC covers (a flipped byte is somewhere in them), not only its own offset
             raise ChecksumError(
-                f"F14: payload CRC32C mismatch @ byte {n - 4}: stored 0x{stored:08x}, computed 0x{got:08x}"
+                f"F14: payload CRC32C mismatch: a byte in {PREAMBLE_SIZE + hlen}..{n - 5} (the padding after "
+                f"the header and the sections) differs from what was written; stored 0x{stored:08x} @ byte "
+                f"{n - 4}, computed 0x{got:08x}"
             )
     # F15: padding is zero.
     parsed = ParsedPayload(header, b, data_start, minor, flags, hlen)
