@@ -24,6 +24,7 @@ from .api import (
     decode_bundle,
     encode,
     encode_bundle,
+    inspect_header,
     validate,
 )
 from .codecs import Aggregation, Codec, codec_class, get_codec, list_codecs, register_codec
@@ -83,6 +84,7 @@ __all__ = [
     "get_codec",
     "get_limits",
     "get_num_threads",
+    "inspect_header",
     "limits",
     "list_codecs",
     "num_threads",

@@ -21,29 +21,30 @@ from ..errors import ConfigError, GcodecError
 from ..policy import Policy as CodecPolicy
 from ..transports import Router, TransportState, allreduce_protocol
 from ..transports.control import failed_exchange
-from .comm import FutureQueue, FutureWork, TorchCommunicator, comm_for, queue_for, synchronize
-from .convert import as_array, to_numpy, to_tensor
+from .comm import FutureQueue as FutureQueue  # importable for engines built on it; not the API
+from .comm import FutureWork, comm_for, queue_for, synchronize
+from .comm import TorchCommunicator as TorchCommunicator
+from .convert import as_array
+from .convert import to_numpy as to_numpy
+from .convert import to_tensor as to_tensor
 from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookState, Policy, comm_hook
 
 __all__ = [
     "AllReduceWork",
     "FSDPState",
-    "FutureQueue",
     "HookState",
     "Policy",
     "QuantizedAllGather",
     "ReduceScatter",
     "Router",
-    "TorchCommunicator",
     "TransportState",
     "all_reduce",
+    "as_array",
     "comm_hook",
     "compress_fsdp",
     "reshard_state_dicts",
     "synchronize",
-    "to_numpy",
-    "to_tensor",
 ]
 
 _states: dict[tuple[int, str, str], TransportState] = {}
