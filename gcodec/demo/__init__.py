@@ -31,7 +31,7 @@ from .data import train_test_split
 from .model import MLP, SEED, DemoSizes, collect_gradients, heavy_tailed, make_dataset
 from .runs import DEMO_RUNS, Settings, demo_specs, run_spec
 from .tour import codec_label, codec_variants
-from .tour_report import iter_text, run_tour
+from .tour_report import _table, iter_text, run_tour
 from .training import train
 
 __all__ = [
@@ -162,15 +162,6 @@ def _bar(total: int, enabled: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, unit="step", dynamic_ncols=True, leave=False)
-
-
-def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
 def demo_table(result: Mapping[str, Any]) -> Iterator[str]:

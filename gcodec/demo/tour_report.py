@@ -115,6 +115,7 @@ def _fmt_gradients(g: Mapping[str, Any]) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
+    """A text table: ``left`` columns left-aligned, the rest right-aligned (the demo's and the tour's)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
