@@ -34,7 +34,7 @@ import torch.distributed as dist
 from .. import xp
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, GcodecError
-from ..transports import DENSE, Piece, Router, TransportState
+from ..transports import Piece, Router, TransportState
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import allgather_protocol
 from ..transports.handshake import Agreement, fingerprint
@@ -484,10 +484,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         if st.router.adaptive:
             # One rung per module, from what its reduce-scatters measured; the controller's
             # figures allreduce is an exchange of its own, queued in order with the others.
-            cstep = st.router.steps.get(self.name, 0)
-            st.router.steps[self.name] = cstep + 1
-            rung = queue_for(group).run(st.router.select(comm, self.name, (max(n // p, 1),), cstep))
-            st.router.note_choice(self.name, cstep, rung)
+            rung, _ = queue_for(group).run(st.router.decide(comm, self.name, (max(n // p, 1),)))
         try:
             opname, scale = _op_scale(op, p)
             if n % p or output_tensor.numel() != n // p:
@@ -610,14 +607,8 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             assert g.stats is not None
             (g.state.record if g.state is not None else st._dense.record)(g.stats)
         if st.router.adaptive:  # what the controller reads of this module's step
-            vals: dict[str, float] = {}
-            for g in groups:
-                if g.state is not None or rung is None:
-                    for f, v in g.stats.values.items():  # type: ignore[union-attr]
-                        vals[f] = vals.get(f, 0) + v
-            step = st.router.steps[self.name] - 1
-            codec = DENSE if rung is None else rung.get_config()
-            st.router.record(self.name, {"step": step, "mode": "reduce_scatter", **vals, "codec": codec})
+            parts = [g.stats for g in groups if g.stats is not None and (g.state is not None or rung is None)]
+            st.router.record_step(self.name, rung, "reduce_scatter", parts)
         return None
 
 

@@ -284,11 +284,8 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         # its own, so every rank takes the same rung at the same step.
         names = [state._name(q) for q in bucket.parameters()]
         ckey = f"bucket:{names[0]}..{names[-1]}"
-        cstep = router.steps.get(ckey, 0)
-        router.steps[ckey] = cstep + 1
         numel = sum(g.numel() for g in bucket.gradients() if g.numel() >= state.min_numel)
-        rung = yield from router.select(comm, ckey, (max(numel, 1),), cstep)
-        router.note_choice(ckey, cstep, rung)
+        rung, _ = yield from router.decide(comm, ckey, (max(numel, 1),))
     # The bucket's plan (which tensors go dense, which codec and mode each group takes) is decided
     # locally, then agreed in the bucket's exchange: its fingerprint travels in full the first time
     # and as a digest in the first message of every later step (see gcodec.transports.control).
@@ -310,7 +307,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         yield from timed(st, _one(comm.allreduce_tensor(buf)))
         buf.div_(p)
         if ckey is not None:
-            router.record(ckey, {"step": router.steps[ckey] - 1, "mode": DENSE, **st.values, "codec": DENSE})
+            router.record_step(ckey, None, DENSE, [st])
         return buf
     grads, names = plan.grads, plan.names
     # Dense tensors: their concatenation (in float32) is summed uncompressed, riding with the
@@ -379,22 +376,14 @@ def _one(work: Any) -> Any:
 
 def _record_rung(router: Router, ckey: str, rung: Codec, plan: _Plan) -> None:
     """What the bucket's compressed groups measured this step, as the controller reads a key's
-    record (its rung's seconds and bytes, and the telemetry when it sampled the group)."""
-    vals: dict[str, float] = {}
+    record (its rung's seconds and bytes, and the telemetry when it sampled a group)."""
     quality = None
     for g in plan.groups:
-        if g.stats is None:
-            continue
-        for f, v in g.stats.values.items():
-            vals[f] = vals.get(f, 0) + v
         q = g.state.telemetry.records().get(g.key) if g.state.telemetry is not None else None
-        if q is not None and q["step"] == g.stats.step:
+        if q is not None and g.stats is not None and q["step"] == g.stats.step:
             quality = q
-    rec: dict[str, Any] = {"step": router.steps[ckey] - 1, "mode": plan.groups[0].mode, **vals}
-    rec["codec"] = rung.get_config()
-    if quality is not None:
-        rec["quality"] = quality
-    router.record(ckey, rec)
+    parts = [g.stats for g in plan.groups if g.stats is not None]
+    router.record_step(ckey, rung, plan.groups[0].mode, parts, quality)
 
 
 @dataclass

@@ -211,6 +211,15 @@ class Router:
             choice = self.chooser.codec_for(key, shape, step)
         return self.codec(choice)
 
+    def decide(self, comm: Communicator, key: str, shape: tuple[int, ...]) -> Protocol:
+        """``key``'s next step and its codec for it, as a protocol returning ``(codec, step)``: the
+        key's step counter advances, the chooser selects (:meth:`select`), a change is logged."""
+        step = self.steps.get(key, 0)
+        self.steps[key] = step + 1
+        codec = yield from self.select(comm, key, shape, step)
+        self.note_choice(key, step, codec)
+        return codec, step
+
     def note_choice(self, key: str, step: int, codec: Codec | None) -> bool:
         """Record ``key``'s codec at ``step``; True when it changed (a switch is logged)."""
         new = DENSE if codec is None else codec_key(codec)
@@ -236,6 +245,20 @@ class Router:
     def record(self, key: str, rec: dict[str, Any]) -> None:
         """Keep ``key``'s last step record (what :meth:`last` gives a controller)."""
         self._last[key] = rec
+
+    def record_step(self, key: str, codec: Codec | None, mode: str, parts: Sequence[Any], quality: Any = None) -> None:
+        """Record ``key``'s last step from the :class:`StepStats` of the exchanges it ran (their
+        bytes and seconds summed) under ``codec`` (None: dense), with a telemetry record if one
+        was sampled: what a controller reads of an engine's bucket or module."""
+        vals: dict[str, float] = {}
+        for st in parts:
+            for f, v in st.values.items():
+                vals[f] = vals.get(f, 0) + v
+        rec: dict[str, Any] = {"step": self.steps[key] - 1, "mode": mode, **vals}
+        rec["codec"] = DENSE if codec is None else codec.get_config()
+        if quality is not None:
+            rec["quality"] = quality
+        self.record(key, rec)
 
     def last(self, key: str) -> dict[str, Any] | None:
         """``key``'s last record (as in :meth:`stats`, not copied), or None before its first step."""
@@ -485,10 +508,7 @@ class Router:
     # ---- one key's allreduce (gcodec.mpi, gcodec.torch.all_reduce) ------------------------------
     def protocol(self, comm: Communicator, x: np.ndarray, out: np.ndarray, key: str, op: str) -> Protocol:
         """Choose ``key``'s codec for this step, move its residual on a change, exchange."""
-        step = self.steps.get(key, 0)
-        self.steps[key] = step + 1
-        codec = yield from self.select(comm, key, tuple(x.shape), step)
-        self.note_choice(key, step, codec)
+        codec, step = yield from self.decide(comm, key, tuple(x.shape))
         whole = [[Piece.whole(key, int(x.size))]]
         if codec is None:
             carried = self.take(whole)
