@@ -39,6 +39,7 @@ from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import allgather_protocol
 from ..transports.handshake import Agreement, fingerprint
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
+from ..transports.router import RouterSetting
 from ..transports.stats import Stats, StepStats
 from .comm import FutureWork, TorchCommunicator, comm_for, queue_for
 from .convert import as_array
@@ -153,36 +154,10 @@ class FSDPState:
         self._threads: int | None = num_threads
         self._shapes: dict[str, tuple[int, ...]] = {}
 
-    # ---- policy ------------------------------------------------------------------------------
-    @property
-    def codec(self) -> Codec:
-        return self._codec
-
-    @codec.setter
-    def codec(self, value: Codec | str | dict[str, Any]) -> None:
-        self._codec = get_codec(value)
-        if isinstance(getattr(self, "router", None), Router):
-            self.router.configure(codec=self._codec)
-
-    @property
-    def min_numel(self) -> int:
-        return self._min_numel
-
-    @min_numel.setter
-    def min_numel(self, value: int) -> None:
-        self._min_numel = int(value)
-        if isinstance(getattr(self, "router", None), Router):
-            self.router.configure(min_numel=self._min_numel)
-
-    @property
-    def policy(self) -> Any:
-        return self._policy
-
-    @policy.setter
-    def policy(self, value: Any) -> None:
-        self._policy = value
-        if isinstance(getattr(self, "router", None), Router):
-            self.router.policy = value
+    # ---- policy (the router's settings: changes reach it) -----------------------------------
+    codec = RouterSetting(get_codec)
+    min_numel = RouterSetting(int)
+    policy = RouterSetting()
 
     def codec_for(self, fqn: str, shape: Sequence[int], step: int = 0, rung: Codec | None = None) -> Codec | None:
         """The codec of a parameter at its module's ``step``, or None when it stays dense (policy,

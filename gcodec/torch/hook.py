@@ -53,6 +53,7 @@ from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import gather_protocol
 from ..transports.handshake import Agreement, fingerprint
 from ..transports.quality import sample_quality
+from ..transports.router import RouterSetting
 from ..transports.stats import StepStats
 from ..transports.summable import summable_protocol
 from ..transports.two_phase import two_phase_protocol
@@ -147,36 +148,10 @@ class HookState:
         self._agreed: dict[str, str] = {}  # bucket -> the plan its exchange last agreed on
         self.warmup_codec = self.router.codec(warmup_codec)
 
-    # ---- the configuration the router's shorthand policy holds -------------------------------
-    @property
-    def codec(self) -> Codec:
-        return self._codec
-
-    @codec.setter
-    def codec(self, value: Codec | str | dict[str, Any]) -> None:
-        self._codec = get_codec(value)
-        if isinstance(getattr(self, "router", None), Router):
-            self.router.configure(codec=self._codec)
-
-    @property
-    def min_numel(self) -> int:
-        return self._min_numel
-
-    @min_numel.setter
-    def min_numel(self, value: int) -> None:
-        self._min_numel = int(value)
-        if isinstance(getattr(self, "router", None), Router):
-            self.router.configure(min_numel=self._min_numel)
-
-    @property
-    def policy(self) -> Any:
-        return self._policy
-
-    @policy.setter
-    def policy(self, value: Any) -> None:
-        self._policy = value
-        if isinstance(getattr(self, "router", None), Router):
-            self.router.policy = value
+    # ---- the configuration the router's shorthand policy holds (changes reach the router) ----
+    codec = RouterSetting(get_codec)
+    min_numel = RouterSetting(int)
+    policy = RouterSetting()
 
     # ---- names, codecs, states ---------------------------------------------------------------
     def _name(self, p: torch.Tensor) -> str:

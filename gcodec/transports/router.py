@@ -52,7 +52,7 @@ from .state import MODES, TransportState, resolve_mode
 from .stats import StepStats
 from .two_phase import owner_bounds
 
-__all__ = ["DENSE", "FORMS", "Piece", "PolicyState", "Router", "codec_key"]
+__all__ = ["DENSE", "FORMS", "Piece", "PolicyState", "Router", "RouterSetting", "codec_key"]
 
 #: The name of the uncompressed path in statistics and switch records.
 DENSE = "dense"
@@ -548,6 +548,31 @@ class Router:
             buf *= buf.dtype.type(1.0 / p)
         out.reshape(-1)[...] = buf
         self.record(key, {"step": step, "mode": DENSE, **st.values, "codec": DENSE})
+
+
+class RouterSetting:
+    """An engine attribute that is also one of its router's settings (``codec``, ``min_numel`` or
+    ``policy``): reading it gives the engine's value; setting it (``convert`` applied) re-adapts the
+    router's policy from the next choice, once the engine has its ``router``."""
+
+    def __init__(self, convert: Any = None) -> None:
+        self.convert = convert
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.slot = name, "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.slot)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        value = value if self.convert is None else self.convert(value)
+        setattr(obj, self.slot, value)
+        router = obj.__dict__.get("router")
+        if isinstance(router, Router):
+            if self.name == "policy":
+                router.policy = value
+            else:
+                router.configure(**{self.name: value})
 
 
 #: The router under the name ``gcodec.mpi`` has always given it (a per-key chooser's state).

@@ -47,12 +47,18 @@ def data(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(
-    model: torch.nn.Module, params: Any, ctl: AdaptiveController, x: torch.Tensor, y: torch.Tensor, lr: float
+    model: torch.nn.Module,
+    params: Any,
+    ctl: AdaptiveController | None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    steps: int = STEPS,
 ) -> list[float]:
     opt = torch.optim.SGD(params, lr=lr)
     losses = []
-    for step in range(STEPS):
-        if step == FAST_FROM:
+    for step in range(steps):
+        if ctl is not None and step == FAST_FROM:
             ctl.bandwidth_bps = 1e12  # the link gets fast: compression must get out of the way
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -141,11 +147,7 @@ def run(rank: int, world: int, outdir: Path) -> None:
     fully_shard(net, mesh=mesh)
     policy = Policy([{"name": "0.*", "codec": {"id": "uniform", "bits": 4}}], default="bf16", min_numel=1024)
     pstate = gcodec.torch.compress_fsdp(net, policy=policy, start_iter=0)
-    opt = torch.optim.SGD(net.parameters(), lr=0.5)
-    for _ in range(3):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(net(x), y2).backward()
-        opt.step()
+    train(net, net.parameters(), None, x, y2, 0.5, steps=3)
     by_module: dict[str, set] = {}
     for k, v in pstate.stats().items():
         by_module.setdefault(k.split(":")[0], set()).add(None if v["codec"] is None else v["codec"]["id"])
