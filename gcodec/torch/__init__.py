@@ -1,5 +1,6 @@
-"""gcodec on torch.distributed: a compressed ``all_reduce``, a DDP communication hook and FSDP2's
-reduce-scatter (:func:`compress_fsdp`, docs/fsdp.md).
+"""gcodec on torch.distributed: a compressed ``all_reduce``, a DDP communication hook, FSDP2's
+reduce-scatter (:func:`compress_fsdp`, docs/fsdp.md) and DiLoCo's outer loop (:class:`DiLoCo`,
+docs/lowcomm.md).
 
 >>> import gcodec.torch                                                         # doctest: +SKIP
 >>> ddp.register_comm_hook(gcodec.torch.HookState(codec="fp16"), gcodec.torch.comm_hook)  # doctest: +SKIP
@@ -27,11 +28,13 @@ from .comm import TorchCommunicator as TorchCommunicator
 from .convert import as_array
 from .convert import to_numpy as to_numpy
 from .convert import to_tensor as to_tensor
+from .diloco import DiLoCo
 from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookState, Policy, comm_hook
 
 __all__ = [
     "AllReduceWork",
+    "DiLoCo",
     "FSDPState",
     "HookState",
     "Policy",

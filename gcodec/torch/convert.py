@@ -11,7 +11,7 @@ import torch
 from ..arrays import BFLOAT16
 from ..errors import ConfigError
 
-__all__ = ["as_array", "as_tensor", "to_numpy", "to_tensor"]
+__all__ = ["arrays_from_tensors", "as_array", "as_tensor", "to_numpy", "to_tensor"]
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -73,3 +73,15 @@ def as_tensor(a: Any) -> torch.Tensor:
     if hasattr(a, "__cuda_array_interface__"):
         return torch.as_tensor(a)  # on the array's own device, no copy
     raise ConfigError(f"cannot view {type(a).__name__} as a torch tensor without a copy")
+
+
+def arrays_from_tensors(obj: Any) -> Any:
+    """Every tensor in a nested dict/list as a NumPy array (copied to host memory), the rest as it
+    is: the inverse of :func:`gcodec.arrays.tensors_from_arrays`, for loading checkpoints."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy().copy()
+    if isinstance(obj, dict):
+        return {k: arrays_from_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [arrays_from_tensors(v) for v in obj]
+    return obj

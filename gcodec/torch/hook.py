@@ -58,7 +58,7 @@ from ..transports.stats import StepStats
 from ..transports.summable import summable_protocol
 from ..transports.two_phase import two_phase_protocol
 from .comm import TorchCommunicator, comm_for, queue_for
-from .convert import as_array
+from .convert import arrays_from_tensors, as_array
 
 __all__ = ["HookState", "Policy", "comm_hook"]
 
@@ -197,7 +197,7 @@ class HookState:
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         self._agreed.clear()  # agree again after a restore: the peers may have changed
         self.iter = int(sd["iter"])
-        self.router.load_state_dict(_to_arrays(sd["router"]))
+        self.router.load_state_dict(arrays_from_tensors(sd["router"]))
 
     def __getstate__(self) -> dict[str, Any]:
         # Like torch's PowerSGDState: the configuration and the state, not the process group (nor
@@ -233,16 +233,6 @@ class HookState:
             warmup_codec=d.get("warmup_codec"),
         )
         self.load_state_dict(d["state"])
-
-
-def _to_arrays(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().numpy().copy()
-    if isinstance(obj, dict):
-        return {k: _to_arrays(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_arrays(v) for v in obj]
-    return obj
 
 
 def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
