@@ -527,6 +527,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
+    lm = args.workload == "lm" or args.diloco
+    if lm and args.mpi:
+        raise UsageError("the language-model workload runs over gloo (gcodec.torch); --mpi is the digits demo's")
     import importlib.util
 
     missing = [m for m in ("torch", *(() if args.no_progress else ("tqdm",))) if importlib.util.find_spec(m) is None]
@@ -534,6 +537,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         missing.append("mpi4py")
     if missing:
         raise UsageError(f"the demo needs {', '.join(missing)}: pip install 'gcodec[demo]'")
+    if lm:
+        return _lm_demo(args)
     try:
         result = run_demo(workers=args.workers, mpi=args.mpi, quick=args.quick, progress=not args.no_progress)
     except LaunchError as e:
@@ -548,6 +553,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.plot:
         why = write_plot(result, args.plot)
         print(why if why else f"accuracy curves: {args.plot}")
+    return EXIT_OK if all(r.get("ok") for r in result["runs"]) else EXIT_INVALID
+
+
+def _lm_demo(args: argparse.Namespace) -> int:
+    from .demo.launch import LaunchError
+    from .demo.lm import lm_table, run_lm_demo, write_lm_plot
+
+    try:
+        result = run_lm_demo(
+            workers=args.workers, quick=args.quick, diloco_only=args.diloco, progress=not args.no_progress
+        )
+    except LaunchError as e:
+        print(f"gcodec demo: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    for line in lm_table(result):
+        print(line, flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            _print_json(result, f)
+        print(f"results: {args.json}")
+    if args.plot:
+        why = write_lm_plot(result, args.plot)
+        print(why if why else f"validation-loss curves: {args.plot}")
     return EXIT_OK if all(r.get("ok") for r in result["runs"]) else EXIT_INVALID
 
 
@@ -628,6 +656,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH", help="write the test-accuracy curves as a PNG (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--tour", action="store_true", help="run the codec tour instead (as `gcodec tour`)")
+    p.add_argument(
+        "--workload",
+        choices=["digits", "lm"],
+        default="digits",
+        help="digits: the MLP on handwritten digits (default); lm: a byte-level transformer on Python's "
+        "standard library, by DDP and by DiLoCo (docs/lowcomm.md)",
+    )
+    p.add_argument("--diloco", action="store_true", help="the lm workload's DiLoCo runs and their DDP reference")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("tour", help="tour every codec on real gradients: sizes, errors, speeds, a bundle, training")

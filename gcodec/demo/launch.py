@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .runs import Settings
-
 PROGRESS = "@progress "  # the worker's progress lines (gcodec.demo.worker.PROGRESS)
 
 
@@ -37,7 +35,7 @@ def mpiexec() -> str | None:
 
 def run_job(
     runs: list[dict[str, Any]],
-    settings: Settings,
+    settings: Any,
     workers: int = 2,
     backend: str = "gloo",
     progress: Callable[[int, int], None] | None = None,
@@ -46,13 +44,15 @@ def run_job(
     timeout_s: float = 1800.0,
     split_seed: int | None = None,
     before_wait: Callable[[], Any] | None = None,
+    module: str = "gcodec.demo.worker",
 ) -> dict[str, Any]:
     """Train ``runs`` on ``workers`` real processes; return rank 0's results.
 
     ``progress(run_index, step)`` is called for every step rank 0 finishes. ``prefix`` goes before
     each worker's command line (``ip netns exec NAME`` for the link benchmark); ``env`` is added to
     the workers' environment. ``before_wait()`` runs here once the workers are started (the demo
-    fills the kernel cache while they import torch).
+    fills the kernel cache while they import torch). ``module`` is the worker program
+    (``gcodec.demo.lm_worker`` for the language-model workload; ``settings`` is then its own).
     """
     if workers < 1:
         raise ValueError("workers must be >= 1")
@@ -71,7 +71,7 @@ def run_job(
         # gcodec may run from a source tree rather than an install: keep it importable in the workers
         root = str(Path(__file__).resolve().parents[2])
         base_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, base_env.get("PYTHONPATH", "")) if p)
-        cmd = [*prefix, sys.executable, "-m", "gcodec.demo.worker", str(job_path)]
+        cmd = [*prefix, sys.executable, "-m", module, str(job_path)]
         errs = [Path(tmp) / f"rank{r}.err" for r in range(workers)]
         procs: list[subprocess.Popen] = []
         if backend == "mpi":

@@ -70,3 +70,53 @@ def run_spec(label: str, codec: dict[str, Any] | None, error_feedback: bool, hoo
 
 def demo_specs() -> list[dict[str, Any]]:
     return [run_spec(*r) for r in DEMO_RUNS]
+
+
+@dataclass
+class LMSettings:
+    """The language-model workload (:mod:`gcodec.demo.lm_worker`): a byte-level decoder-only
+    transformer on the standard library's source (:mod:`gcodec.demo.corpus`)."""
+
+    d_model: int = 128
+    layers: int = 2
+    heads: int = 4
+    context: int = 64
+    #: windows per rank per inner step (the global batch is batch * workers)
+    batch: int = 16
+    steps: int = 300
+    #: AdamW (betas 0.9, 0.95; weight decay 0.1) with linear warm-up, then cosine to 10 %
+    lr: float = 3e-3
+    warmup: int = 20
+    #: validation loss every this many steps (and at the end), on ``val_windows`` windows
+    eval_every: int = 30
+    val_windows: int = 64
+    seed: int = 0
+    #: the DDP hook's dense warm-up steps and dense size limit (HookState's start_iter, min_numel)
+    start_iter: int = 10
+    min_numel: int = 1024
+    #: stop after this many steps (0: ``steps``), keeping the schedule of ``steps`` (timing runs)
+    max_steps: int = 0
+    timeout_s: float = 300.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def quick(cls) -> LMSettings:
+        return cls(d_model=32, layers=1, heads=2, context=32, batch=4, steps=24, warmup=4, eval_every=8, val_windows=8)
+
+
+def lm_spec(
+    label: str,
+    method: str,
+    codec: dict[str, Any] | None = None,
+    error_feedback: bool = False,
+    **diloco: Any,
+) -> dict[str, Any]:
+    """One language-model run: ``method`` ``ddp`` (plain DDP allreduce), ``ddp-gcodec``
+    (:func:`gcodec.torch.comm_hook` with ``codec``), ``diloco`` (:class:`gcodec.torch.DiLoCo` with
+    ``codec`` for the pseudo-gradients; ``diloco`` holds ``sync_every``, ``fragments``, ``delay``,
+    ``mix``) or ``torchft`` (torchft's DiLoCo, fp32)."""
+    if method not in ("ddp", "ddp-gcodec", "diloco", "torchft"):
+        raise ValueError(f"unknown method {method!r}")
+    return {"label": label, "method": method, "codec": codec, "error_feedback": error_feedback, **diloco}

@@ -167,6 +167,7 @@ class DiLoCo:
         #: (inner step, fragment, "send" or "apply") of every synchronisation event, in order.
         self.log: list[tuple[int, int, str]] = []
         self._bytes = 0
+        self._payload = 0
         self._raw = 0
         self._wait_s = 0.0
         synchronize(group)  # nothing of gcodec's may be in flight on the group during the broadcast
@@ -212,6 +213,7 @@ class DiLoCo:
             rec = self.router.last(name)
             if rec is not None:
                 self._bytes += int(rec.get("wire_bytes", 0))
+                self._payload += int(rec.get("payload_bytes", 0))
         return avg
 
     def _apply(self, f: int) -> None:
@@ -254,13 +256,15 @@ class DiLoCo:
         return dict(self._global)
 
     def stats(self) -> dict[str, Any]:
-        """Inner steps, outer steps, bytes this rank put on the wire for the averages (as the
-        transports count them) against the raw pseudo-gradient bytes, and seconds spent waiting
-        for exchanges (what the overlap did not hide)."""
+        """Inner steps, outer steps, this rank's encoded pseudo-gradient bytes (``payload_bytes``:
+        what it contributes to each exchange) and the bytes it put on the wire for them as the
+        transports count them (``wire_bytes``), against the raw pseudo-gradient bytes, and seconds
+        spent waiting for exchanges (what the overlap did not hide)."""
         outer = sum(1 for _, _, kind in self.log if kind == "apply")
         return {
             "inner_steps": self.inner_step,
             "outer_steps": outer,
+            "payload_bytes": self._payload,
             "wire_bytes": self._bytes,
             "raw_bytes": self._raw,
             "wire_bytes_per_inner_step": self._bytes / max(1, self.inner_step),
@@ -296,7 +300,7 @@ class DiLoCo:
                 str(f): {"sent": sent, "average": {n: t.detach().cpu().clone() for n, t in avg.items()}}
                 for f, (sent, avg) in self._ready.items()
             },
-            "counters": {"wire_bytes": self._bytes, "raw_bytes": self._raw},
+            "counters": {"wire_bytes": self._bytes, "payload_bytes": self._payload, "raw_bytes": self._raw},
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -321,6 +325,7 @@ class DiLoCo:
         self.inner_step = int(sd["inner_step"])
         self._bytes = int(sd["counters"]["wire_bytes"])
         self._raw = int(sd["counters"]["raw_bytes"])
+        self._payload = int(sd["counters"]["payload_bytes"])
 
 
 def _all_reduce(t: torch.Tensor, router: Router, key: str, group: Any) -> Any:

@@ -1,0 +1,215 @@
+"""One rank of the language-model workload: ``python -m gcodec.demo.lm_worker JOB.json``.
+
+Started by :func:`gcodec.demo.launch.run_job` (``module="gcodec.demo.lm_worker"``) with gloo's
+environment. The job holds :class:`~gcodec.demo.runs.LMSettings` and runs made by
+:func:`~gcodec.demo.runs.lm_spec`; every rank trains every run from the same initial weights on its
+own batches of the standard library's source (:mod:`gcodec.demo.corpus`), and rank 0 writes the
+results: validation loss against tokens and seconds, bytes per rank per inner step, step times.
+
+The model: bytes embedded in ``d_model`` dimensions plus a learned position embedding, ``layers``
+pre-norm transformer blocks (``heads`` heads, GELU MLP of 4 x ``d_model``, no dropout) under a
+causal mask, a final LayerNorm and the embedding as output layer (tied weights).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import corpus
+from .runs import LMSettings
+
+PROGRESS = "@progress "
+
+
+class TinyLM(torch.nn.Module):
+    """The byte-level decoder-only transformer of the module docstring."""
+
+    def __init__(self, d_model: int, layers: int, heads: int, context: int) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(256, d_model)
+        torch.nn.init.normal_(self.tok.weight, std=0.02)  # it is the output layer too: small logits
+        self.pos = torch.nn.Parameter(torch.randn(context, d_model) * 0.02)
+        block = torch.nn.TransformerEncoderLayer(
+            d_model, heads, 4 * d_model, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.blocks = torch.nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(d_model)
+        self.mask: torch.Tensor
+        self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(context), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        h = self.tok(x) + self.pos[:t]
+        h = self.blocks(h, mask=self.mask[:t, :t], is_causal=True)
+        return self.norm(h) @ self.tok.weight.T
+
+
+def make_model(s: LMSettings) -> TinyLM:
+    torch.manual_seed(s.seed)
+    return TinyLM(s.d_model, s.layers, s.heads, s.context)
+
+
+def lm_loss(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
+    logits = model(windows[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, 256), windows[:, 1:].reshape(-1))
+
+
+def lr_at(s: LMSettings, step: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then a half cosine from ``lr`` to ``lr / 10``."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    frac = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+def _hook_bytes(state: Any, model: torch.nn.Module, s: LMSettings, steps: int) -> float:
+    """Bytes per step the DDP hook's rank contributed: its statistics' payloads after the dense
+    warm-up, plus the dense warm-up steps at 4 bytes per element."""
+    total = sum(float(v["total"]["payload_bytes"]) for v in state.stats().values())
+    n = sum(p.numel() for p in model.parameters())
+    warm = min(steps, s.start_iter)
+    return (total + warm * 4.0 * n) / max(1, steps)
+
+
+def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: int) -> dict[str, Any]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model(s)
+    n_params = sum(p.numel() for p in model.parameters())
+    method = run["method"]
+    module: torch.nn.Module = model
+    state = dl = None
+    if method in ("ddp", "ddp-gcodec"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        module = DDP(model)
+        if method == "ddp-gcodec":
+            import gcodec.torch
+
+            state = gcodec.torch.HookState(
+                codec=run["codec"],
+                error_feedback=run["error_feedback"],
+                start_iter=s.start_iter,
+                min_numel=s.min_numel,
+            )
+            module.register_comm_hook(state, gcodec.torch.comm_hook)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    if method == "diloco":
+        import gcodec.torch
+
+        dl = gcodec.torch.DiLoCo(
+            model,
+            opt,
+            sync_every=int(run["sync_every"]),
+            codec=run["codec"],
+            error_feedback=run["error_feedback"],
+            fragments=int(run.get("fragments", 1)),
+            delay=int(run.get("delay", 0)),
+            mix=float(run.get("mix", 0.0)),
+        )
+    elif method == "torchft":
+        raise NotImplementedError("torchft's DiLoCo runs from bench/lowcomm.py")
+    val = torch.from_numpy(corpus.val_windows(data.val, s.val_windows, s.context))
+    evaluator = make_model(s) if dl is not None else None
+    curve: list[dict[str, float]] = []
+    times: list[float] = []
+    train_s = 0.0
+    steps = s.max_steps or s.steps
+    dist.barrier()
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(s, step)
+        x = torch.from_numpy(corpus.batch(data.train, s.batch, s.context, s.seed, step, rank))
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss(module, x)
+        loss.backward()
+        opt.step()  # DiLoCo's post-step hook sends and applies here
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        train_s += dt
+        done = step + 1
+        if done % s.eval_every == 0 or done == steps:
+            net = model
+            if dl is not None and evaluator is not None:
+                evaluator.load_state_dict(dl.global_parameters(), strict=False)
+                net = evaluator
+            with torch.no_grad():
+                v = float(lm_loss(net, val))
+            curve.append(
+                {
+                    "step": done,
+                    "tokens": float(done * s.batch * s.context * world),
+                    "train_s": train_s,
+                    "val_loss": v,
+                    "train_loss": float(loss.detach()),
+                }
+            )
+        if rank == 0:
+            print(f"{PROGRESS}{json.dumps({'run': index, 'step': done})}", flush=True)
+    if dl is not None:
+        dl.close()  # its exchanges run on gcodec's queue: finish them before a collective of our own
+    dist.barrier()
+    if method == "ddp":
+        per_step = 4.0 * n_params
+    elif method == "ddp-gcodec":
+        per_step = _hook_bytes(state, model, s, steps)
+    else:
+        assert dl is not None
+        per_step = dl.stats()["payload_bytes"] / max(1, steps)
+    warm = times[min(len(times) - 1, 3) :]
+    return {
+        **run,
+        "ok": True,
+        "params": n_params,
+        "steps": steps,
+        "bytes_per_inner_step": per_step,
+        "step_ms": 1e3 * float(np.median(warm)),
+        "mean_step_ms": 1e3 * float(np.mean(warm)),
+        "train_s": train_s,
+        "val_loss": curve[-1]["val_loss"] if curve else None,
+        "curve": curve,
+        "diloco": dl.stats() if dl is not None else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job = json.loads(Path(argv[0]).read_text())
+    s = LMSettings(**job["settings"])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=s.timeout_s))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // dist.get_world_size()))
+    data = corpus.load()
+    results = []
+    for i, run in enumerate(job["runs"]):
+        try:
+            results.append(train_run(run, s, data, i))
+        except Exception as e:  # gcodec's error agreement: every rank raises, none hangs
+            results.append({**run, "ok": False, "error": f"{type(e).__name__}: {e}"})
+            traceback.print_exc(file=sys.stderr)
+            if dist.get_rank() == 0:
+                print(f"{PROGRESS}{json.dumps({'run': i, 'failed': True})}", flush=True)
+    if dist.get_rank() == 0:
+        out = Path(job["out"])
+        tmp = out.with_suffix(".tmp")
+        meta = {"python": data.python, "corpus_sha256": data.sha256, "train_bytes": int(data.train.shape[0])}
+        tmp.write_text(json.dumps({"workers": dist.get_world_size(), "corpus": meta, "runs": results}))
+        tmp.replace(out)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
