@@ -83,6 +83,72 @@ def _hook_bytes(state: Any, model: torch.nn.Module, s: LMSettings, steps: int) -
     return (total + warm * 4.0 * n) / max(1, steps)
 
 
+def _warm(run: dict[str, Any]) -> None:
+    """Encode, decode and sum a small tensor with the run's codec (and its error feedback) before
+    the clock starts: the first call of a Numba kernel in a process loads it from the cache."""
+    if run.get("codec") is None:
+        return
+    from ..api import decode
+    from ..codecs import get_codec
+    from ..feedback import ErrorFeedback
+
+    codec = get_codec(run["codec"])
+    if codec.low_rank:
+        return
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    buf = ErrorFeedback(codec).encode(x, "warm") if run.get("error_feedback") else codec.encode(x, key="warm")
+    decode(buf)
+    decode(buf, out=np.zeros_like(x), accumulate=True)
+
+
+class _TorchFT:
+    """torchft's DiLoCo (``torchft.local_sgd.DiLoCo``, fp32) as the outside anchor: every rank is a
+    replica group of one, with its own store and manager; rank 0 runs the lighthouse."""
+
+    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, run: dict[str, Any], index: int) -> None:
+        from torch.distributed import TCPStore
+        from torchft import Manager, ProcessGroupGloo
+        from torchft.local_sgd import DiLoCo as FTDiLoCo
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.lighthouse = None
+        addr = [None]
+        if rank == 0:
+            from torchft.coordination import LighthouseServer
+
+            self.lighthouse = LighthouseServer(bind="[::]:0", min_replicas=world)
+            addr = [self.lighthouse.address()]
+        dist.broadcast_object_list(addr, src=0)
+        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        timeout = datetime.timedelta(seconds=120)
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=lambda sd: model.load_state_dict(sd["model"]),
+            state_dict=lambda: {"model": model.state_dict()},
+            min_replica_size=world,
+            replica_id=f"lm{index}-rank{rank}",
+            lighthouse_addr=addr[0],
+            rank=0,
+            world_size=1,
+            store_addr="127.0.0.1",
+            store_port=self.store.port,
+            hostname="localhost",
+            use_async_quorum=False,
+            timeout=timeout,
+            quorum_timeout=timeout,
+        )
+        outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        self.diloco = FTDiLoCo(self.manager, [model], opt, outer, sync_every=int(run["sync_every"]))
+        self.diloco.__enter__()
+
+    def close(self) -> None:
+        self.diloco.__exit__(None, None, None)
+        self.manager.shutdown()
+        dist.barrier()  # every manager is down before the lighthouse goes
+        if self.lighthouse is not None:
+            self.lighthouse.shutdown()
+
+
 def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: int) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_model(s)
@@ -118,8 +184,8 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
             delay=int(run.get("delay", 0)),
             mix=float(run.get("mix", 0.0)),
         )
-    elif method == "torchft":
-        raise NotImplementedError("torchft's DiLoCo runs from bench/lowcomm.py")
+    ft = _TorchFT(model, opt, run, index) if method == "torchft" else None
+    _warm(run)
     val = torch.from_numpy(corpus.val_windows(data.val, s.val_windows, s.context))
     evaluator = make_model(s) if dl is not None else None
     curve: list[dict[str, float]] = []
@@ -160,9 +226,13 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
             print(f"{PROGRESS}{json.dumps({'run': index, 'step': done})}", flush=True)
     if dl is not None:
         dl.close()  # its exchanges run on gcodec's queue: finish them before a collective of our own
+    if ft is not None:
+        ft.close()
     dist.barrier()
     if method == "ddp":
         per_step = 4.0 * n_params
+    elif method == "torchft":  # float32 pseudo-gradients, one allreduce per parameter, every H steps
+        per_step = 4.0 * n_params * (steps // int(run["sync_every"])) / steps
     elif method == "ddp-gcodec":
         per_step = _hook_bytes(state, model, s, steps)
     else:

@@ -1,0 +1,279 @@
+"""Low-communication training, side by side: DDP against DiLoCo (gcodec's and torchft's) on the
+language-model workload, through emulated links.
+
+    sudo python bench/lowcomm.py                               # 2 and 4 workers; 100 Mbit/s, 1 Gbit/s, unlimited
+    sudo python bench/lowcomm.py --workers 2 --quick           # small model, a few contenders
+    sudo python bench/lowcomm.py --json r.json --markdown docs/lowcomm_table.md --plot docs/lowcomm.png
+
+**Workload.** :mod:`gcodec.demo.lm_worker`'s byte-level transformer on the standard library's source
+(:mod:`gcodec.demo.corpus`; the results record the Python version and the corpus hash), real gloo
+processes, AdamW inner steps with warm-up and cosine decay, the same weights and batches for every
+contender.
+
+**Contenders.** DDP fp32 (plain allreduce of every gradient, every step); DDP with gcodec's hook;
+DiLoCo fp32 (:class:`gcodec.torch.DiLoCo`, uncompressed pseudo-gradients every H steps); torchft's
+DiLoCo (``torchft.local_sgd.DiLoCo``, fp32, the outside anchor); gcodec's DiLoCo with 4-bit
+pseudo-gradients and error feedback, with chunked top-k 2-bit values and error feedback, with the
+chunked DCT (those two when the codecs are registered); Streaming DiLoCo (2 fragments, each
+exchange overlapping 2 inner steps, mix 0.5) with 4-bit values and error feedback.
+
+**Method** (as bench/link.py's). A run's trajectory does not depend on the link, only its wall time:
+
+1. on the unshaped loopback every contender trains the whole schedule; its validation curve gives
+   the inner steps it needs to reach the *target*, DDP fp32's final validation loss within 2 %
+   (relative), and its bytes per rank per inner step (the encoded contribution of one rank, as
+   gcodec's statistics and the payload sizes count it);
+2. at every shaped rate (a network namespace whose loopback is shaped by a token bucket, as
+   bench/link.py builds it; both ranks' traffic shares it) every contender runs ``H + 3`` inner
+   steps and its mean step time over the last ``H`` (one whole synchronisation period, the
+   exchange included) is taken;
+3. time to target at a rate = steps to target x that mean step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from link import NoNamespace, namespace  # noqa: E402
+
+from gcodec.codecs.registry import list_codecs  # noqa: E402
+from gcodec.demo.launch import run_job  # noqa: E402
+from gcodec.demo.runs import LMSettings, lm_spec  # noqa: E402
+
+RATES = ["100mbit", "1gbit", "unlimited"]
+#: relative margin on DDP fp32's final validation loss that counts as reaching it
+MARGIN = 0.02
+U4 = {"id": "uniform", "bits": 4}
+
+
+def contenders(h: int, quick: bool = False) -> list[dict[str, Any]]:
+    """The contenders (module docstring); the first is the reference."""
+    ids = set(list_codecs())
+    out = [
+        lm_spec("DDP fp32", "ddp"),
+        lm_spec("DDP + gcodec uniform 4 + EF", "ddp-gcodec", U4, True),
+        lm_spec(f"DiLoCo H={h} fp32", "diloco", None, False, sync_every=h),
+        lm_spec(f"torchft DiLoCo H={h} fp32", "torchft", None, False, sync_every=h),
+        lm_spec(f"DiLoCo H={h} uniform 4 + EF", "diloco", U4, True, sync_every=h),
+    ]
+    chunked = next((i for i in ("chunktopk", "chunked_topk", "chunk_topk") if i in ids), None)
+    if chunked is not None:
+        cfg = {"id": chunked, "chunk": 4096, "k": 64, "values": {"id": "uniform", "bits": 2, "group_size": 64}}
+        out.append(lm_spec(f"DiLoCo H={h} chunked top-k 64/4096 2-bit + EF", "diloco", cfg, True, sync_every=h))
+    if "dct" in ids:
+        out.append(lm_spec(f"DiLoCo H={h} chunked DCT + EF", "diloco", {"id": "dct"}, True, sync_every=h))
+    out.append(
+        lm_spec(
+            f"Streaming DiLoCo H={h} P=2 uniform 4 + EF",
+            "diloco",
+            U4,
+            True,
+            sync_every=h,
+            fragments=2,
+            delay=2,
+            mix=0.5,
+        )
+    )
+    if quick:
+        keep = ("DDP fp32", f"DiLoCo H={h} fp32", f"torchft DiLoCo H={h} fp32", f"DiLoCo H={h} uniform 4 + EF")
+        out = [c for c in out if c["label"] in keep]
+    return out
+
+
+def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
+    """The first evaluated inner step whose validation loss is within the margin of ``target``."""
+    for c in curve:
+        if c["val_loss"] <= target * (1.0 + MARGIN):
+            return int(c["step"])
+    return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    h = args.sync_every
+    cons = contenders(h, args.quick)
+    s = LMSettings.quick() if args.quick else LMSettings(steps=args.steps, eval_every=h)
+    if args.quick:
+        s = LMSettings(**{**s.to_dict(), "eval_every": h, "steps": 3 * h})
+    env = {"GLOO_SOCKET_IFNAME": "lo"}
+    out: dict[str, Any] = {"settings": s.to_dict(), "sync_every": h, "margin": MARGIN, "worlds": {}}
+    for world in args.workers:
+        t0 = time.perf_counter()
+        print(f"[{world} workers] curves on the unshaped loopback: {len(cons)} contenders", file=sys.stderr)
+        with namespace("unlimited") as prefix:
+            res = run_job(cons, s, world, prefix=prefix, env=env, module="gcodec.demo.lm_worker", timeout_s=7200)
+        out["corpus"] = res["corpus"]
+        runs = {r["label"]: r for r in res["runs"]}
+        base = runs[cons[0]["label"]]
+        target = float(base["val_loss"]) if base.get("ok") else math.nan
+        timed: dict[str, dict[str, float]] = {}
+        timing = LMSettings(**{**s.to_dict(), "max_steps": h + 3})
+        for rate in args.rates:
+            print(f"[{world} workers] timing at {rate}: {h + 3} steps per contender", file=sys.stderr, flush=True)
+            with namespace(rate) as prefix:
+                tr = run_job(
+                    cons, timing, world, prefix=prefix, env=env, module="gcodec.demo.lm_worker", timeout_s=3600
+                )
+            for r in tr["runs"]:
+                if r.get("ok"):
+                    timed.setdefault(r["label"], {})[rate] = r["mean_step_ms"] / 1e3
+        rows = []
+        for c in cons:
+            r = runs[c["label"]]
+            if not r.get("ok"):
+                rows.append({"label": c["label"], "ok": False, "error": r.get("error")})
+                continue
+            n = steps_to(r["curve"], target)
+            step_s = timed.get(c["label"], {})
+            rows.append(
+                {
+                    "label": c["label"],
+                    "method": c["method"],
+                    "ok": True,
+                    "val_loss": r["val_loss"],
+                    "loss_vs_ddp": r["val_loss"] / target - 1.0,
+                    "bytes_per_inner_step": r["bytes_per_inner_step"],
+                    "steps_to_target": n,
+                    "step_s": step_s,
+                    "time_to_target_s": {k: (None if n is None else n * v) for k, v in step_s.items()},
+                    "curve": r["curve"],
+                    "params": r["params"],
+                }
+            )
+        _ratios(rows, cons, h)
+        out["worlds"][str(world)] = {"target": target, "rows": rows, "elapsed_s": time.perf_counter() - t0}
+    return out
+
+
+def _ratios(rows: list[dict[str, Any]], cons: list[dict[str, Any]], h: int) -> None:
+    by = {r["label"]: r for r in rows if r.get("ok")}
+    ddp = by.get("DDP fp32")
+    dil = by.get(f"DiLoCo H={h} fp32")
+    ft = by.get(f"torchft DiLoCo H={h} fp32")
+    for r in by.values():
+        if ddp:
+            r["bytes_vs_ddp"] = ddp["bytes_per_inner_step"] / r["bytes_per_inner_step"]
+        if dil:
+            r["bytes_vs_diloco_fp32"] = dil["bytes_per_inner_step"] / r["bytes_per_inner_step"]
+        for name, ref in (("ddp", ddp), ("torchft", ft)):
+            if ref is None:
+                continue
+            r[f"time_vs_{name}"] = {
+                rate: (
+                    None
+                    if t is None or ref["time_to_target_s"].get(rate) in (None, 0)
+                    else t / ref["time_to_target_s"][rate]
+                )
+                for rate, t in r["time_to_target_s"].items()
+            }
+
+
+def _f(v: Any, fmt: str, none: str = "n/a") -> str:
+    return none if v is None else format(v, fmt)
+
+
+def markdown(res: dict[str, Any], rates: list[str]) -> str:
+    s = res["settings"]
+    c = res["corpus"]
+    lines = [
+        "<!-- written by bench/lowcomm.py; do not edit by hand -->",
+        f"Byte-level transformer ({s['layers']} layers x {s['d_model']}, context {s['context']}), "
+        f"{s['steps']} inner steps of {s['batch']} windows per rank; corpus: Python {c['python']} standard "
+        f"library, sha256 `{c['corpus_sha256'][:16]}`. Target: DDP fp32's final validation loss "
+        f"+{100 * res['margin']:.0f} %.",
+        "",
+    ]
+    for world, w in res["worlds"].items():
+        lines += [f"**{world} workers** (target {w['target']:.4f} nats/byte)", ""]
+        head = ["contender", "bytes/rank/inner step", "vs DDP", "vs DiLoCo fp32", "val loss", "vs DDP", "steps"]
+        head += [f"time @ {r}" for r in rates] + ["@100mbit vs DDP", "@100mbit vs torchft"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in w["rows"]:
+            if not r.get("ok"):
+                lines.append(f"| {r['label']} | failed: {r.get('error')} |")
+                continue
+            cells = [
+                r["label"],
+                f"{r['bytes_per_inner_step']:,.0f}",
+                _f(r.get("bytes_vs_ddp"), ".1f") + "x",
+                _f(r.get("bytes_vs_diloco_fp32"), ".1f") + "x",
+                f"{r['val_loss']:.4f}",
+                f"{100 * r['loss_vs_ddp']:+.2f} %",
+                _f(r["steps_to_target"], "d", "not reached"),
+            ]
+            cells += [_f(r["time_to_target_s"].get(rate), ".1f", "-") + " s" for rate in rates]
+            for name in ("ddp", "torchft"):
+                cells.append(_f((r.get(f"time_vs_{name}") or {}).get("100mbit"), ".3f", "-"))
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict[str, Any], path: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed"
+    worlds = list(res["worlds"].items())
+    fig, axes = plt.subplots(1, len(worlds), figsize=(7 * len(worlds), 4.5), dpi=110, squeeze=False)
+    for ax, (world, w) in zip(axes[0], worlds, strict=True):
+        for r in w["rows"]:
+            if r.get("ok"):
+                ax.plot([c["tokens"] for c in r["curve"]], [c["val_loss"] for c in r["curve"]], label=r["label"])
+        ax.axhline(w["target"] * (1 + res["margin"]), color="grey", ls=":", lw=1)
+        ax.set_xlabel("tokens (all ranks)")
+        ax.set_ylabel("validation loss (nats/byte)")
+        ax.set_title(f"{world} workers")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", default="2,4", help="world sizes, comma-separated (default 2,4)")
+    ap.add_argument("--rates", default=",".join(RATES), help="links to time at (tc tbf rates, or unlimited)")
+    ap.add_argument("--steps", type=int, default=300, help="inner steps of the schedule")
+    ap.add_argument("--sync-every", type=int, default=25, help="DiLoCo's H")
+    ap.add_argument("--quick", action="store_true", help="the quick model and 4 contenders")
+    ap.add_argument("--json", help="write the results")
+    ap.add_argument("--markdown", help="write the table")
+    ap.add_argument("--plot", help="write the validation curves (PNG)")
+    args = ap.parse_args(argv)
+    args.workers = [int(v) for v in args.workers.split(",")]
+    args.rates = args.rates.split(",")
+    try:
+        res = run(args)
+    except NoNamespace as e:
+        print(f"bench/lowcomm.py: {e}; no results", file=sys.stderr)
+        return 0
+    text = markdown(res, args.rates)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    if args.plot:
+        why = plot(res, args.plot)
+        if why:
+            print(why, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
