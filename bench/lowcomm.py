@@ -33,6 +33,7 @@ exchange overlapping 2 inner steps, mix 0.5) with 4-bit values and error feedbac
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -66,6 +67,9 @@ def contenders(h: int, quick: bool = False) -> list[dict[str, Any]]:
         lm_spec(f"torchft DiLoCo H={h} fp32", "torchft", None, False, sync_every=h),
         lm_spec(f"DiLoCo H={h} uniform 4 + EF", "diloco", U4, True, sync_every=h),
     ]
+    if importlib.util.find_spec("torchft") is None:  # pip install 'gcodec[torchft]'
+        print("torchft is not installed (pip install 'gcodec[torchft]'): its DiLoCo is left out", file=sys.stderr)
+        out = [c for c in out if c["method"] != "torchft"]
     chunked = next((i for i in ("chunktopk", "chunked_topk", "chunk_topk") if i in ids), None)
     if chunked is not None:
         cfg = {"id": chunked, "chunk": 4096, "k": 64, "values": {"id": "uniform", "bits": 2, "group_size": 64}}
