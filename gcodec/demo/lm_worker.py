@@ -66,11 +66,12 @@ def lm_loss(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, 256), windows[:, 1:].reshape(-1))
 
 
-def lr_at(s: LMSettings, step: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then a half cosine from ``lr`` to ``lr / 10``."""
+def lr_at(s: LMSettings, step: int, total: int | None = None) -> float:
+    """Linear warm-up over ``warmup`` steps, then a half cosine from ``lr`` to ``lr / 10`` at step
+    ``total`` (default ``s.steps``)."""
     if step < s.warmup:
         return s.lr * (step + 1) / s.warmup
-    frac = (step - s.warmup) / max(1, s.steps - s.warmup)
+    frac = (step - s.warmup) / max(1, (total or s.steps) - s.warmup)
     return s.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
@@ -137,7 +138,8 @@ class _TorchFT:
             timeout=timeout,
             quorum_timeout=timeout,
         )
-        outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        m = float(run.get("outer_momentum", 0.9))
+        outer = torch.optim.SGD(model.parameters(), lr=float(run.get("outer_lr", 0.7)), momentum=m, nesterov=m > 0)
         self.diloco = FTDiLoCo(self.manager, [model], opt, outer, sync_every=int(run["sync_every"]))
         self.diloco.__enter__()
 
@@ -183,6 +185,12 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
             fragments=int(run.get("fragments", 1)),
             delay=int(run.get("delay", 0)),
             mix=float(run.get("mix", 0.0)),
+            outer_optimizer=torch.optim.SGD(
+                model.parameters(),
+                lr=float(run.get("outer_lr", 0.7)),
+                momentum=float(run.get("outer_momentum", 0.9)),
+                nesterov=float(run.get("outer_momentum", 0.9)) > 0,
+            ),
         )
     ft = _TorchFT(model, opt, run, index) if method == "torchft" else None
     _warm(run)
@@ -191,11 +199,12 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
     curve: list[dict[str, float]] = []
     times: list[float] = []
     train_s = 0.0
-    steps = s.max_steps or s.steps
+    total = int(run.get("steps") or s.steps)  # a run may train a longer schedule than the job's
+    steps = s.max_steps or total
     dist.barrier()
     for step in range(steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(s, step)
+            g["lr"] = lr_at(s, step, total)
         x = torch.from_numpy(corpus.batch(data.train, s.batch, s.context, s.seed, step, rank))
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
