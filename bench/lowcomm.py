@@ -103,7 +103,7 @@ def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     h = args.sync_every
     cons = contenders(h, args.diloco_steps or (3 * h if args.quick else args.steps * 3 // 2), args.quick)
-    s = LMSettings.quick() if args.quick else LMSettings(steps=args.steps, eval_every=h)
+    s = LMSettings.quick() if args.quick else LMSettings(steps=args.steps, batch=args.batch, eval_every=h)
     if args.quick:
         s = LMSettings(**{**s.to_dict(), "eval_every": h, "steps": 3 * h})
     env = {"GLOO_SOCKET_IFNAME": "lo"}
@@ -250,7 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", default="2,4", help="world sizes, comma-separated (default 2,4)")
     ap.add_argument("--rates", default=",".join(RATES), help="links to time at (tc tbf rates, or unlimited)")
-    ap.add_argument("--steps", type=int, default=300, help="inner steps of the schedule")
+    ap.add_argument("--steps", type=int, default=600, help="inner steps of DDP's schedule")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=4,
+        help="windows of 64 bytes per rank per step (small: the step is communication-bound, as across sites)",
+    )
     ap.add_argument("--sync-every", type=int, default=25, help="DiLoCo's H")
     ap.add_argument(
         "--diloco-steps", type=int, default=0, help="inner steps of the DiLoCo runs (default 1.5 x --steps)"
