@@ -1,14 +1,10 @@
 """float32 <-> binary16 / bfloat16 conversions with round-to-nearest-even (specs/codecs/fp16.md, bf16.md).
 
-The results are exactly the ones the spec tables give; the formulations below are chosen so that
-LLVM vectorises every loop with 32-bit lanes (eight elements per AVX2 instruction):
+The results are exactly the ones the spec tables give; the formulations are chosen so that LLVM
+vectorises every loop with 32-bit lanes (eight elements per AVX2 instruction):
 
-* the scalar helpers are branch-free (every case is computed, one is selected) and wrap every
-  integer step in ``np.uint32(...)``: Numba widens integer arithmetic to 64 bits, and without the
-  truncations the vectoriser works on 64-bit lanes (half the elements per instruction);
-* the rounding of ``f32_to_f16_bits`` is done by the FPU: adding a power of two whose ulp is the
-  binary16 ulp of ``|v|`` makes the float addition round to nearest even at exactly the right bit,
-  for normal and subnormal results alike;
+* the scalar conversions (:mod:`gcodec.kernels.scalar`, shared with the CUDA backend) are
+  branch-free and keep every integer step in 32 bits;
 * kernels index with unsigned offsets (``base + np.uint64(j)``): with a signed run-time index
   Numba emits a negative-index wraparound select that hides the access pattern from the
   vectoriser.
@@ -19,59 +15,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .. import scalar
 from .threads import run_chunks
 
 CHUNK = 1 << 16
 
 
-@njit(cache=True, inline="always")
-def f32_to_f16_bits(x: np.float32) -> np.uint16:  # pragma: no cover - jitted
-    u = np.float32(x).view(np.uint32)
-    a = np.uint32(u & np.uint32(0x7FFFFFFF))
-    sign = np.uint32(np.uint32(u >> np.uint32(16)) & np.uint32(0x8000))
-    # |v| >= 65520 (infinities and NaNs too) is clamped to 65520, which the rounding below carries
-    # up to 2**16, that is 0x7C00 (infinity)
-    ac = min(a, np.uint32(0x477FF000))
-    # m = 2**(e + 13), with e the exponent of |v| but at least -14 (the binary16 subnormal range):
-    # the ulp of m + |v| is 2**(e - 10), the binary16 ulp of |v|, so the float addition rounds |v|
-    # to nearest even there, and the low bits of m + |v| hold k = round(|v| / 2**(e - 10)) <= 2048
-    mb = np.uint32(max(np.uint32(ac & np.uint32(0x7F800000)), np.uint32(0x38800000)) + np.uint32(13 << 23))
-    s = np.float32(np.uint32(ac).view(np.float32) + np.uint32(mb).view(np.float32)).view(np.uint32)
-    # h = k + ((e + 14) << 10): k carries the implicit leading 1 (1024) of a normal result, and a
-    # rounding carry (k = 2048) increments the exponent; e + 140 is the biased exponent of m
-    o = np.uint32(np.uint32(s - mb) + np.uint32(np.uint32(mb >> np.uint32(13)) - np.uint32(126 << 10)))
-    # NaN: 0x7C00 from the clamp, plus the quiet bit gives 0x7E00
-    nan = np.uint32(0x0200) if a > np.uint32(0x7F800000) else np.uint32(0)
-    return np.uint16(o | nan | sign)
-
-
-@njit(cache=True, inline="always")
-def f16_bits_to_f32(h: np.uint16) -> np.float32:  # pragma: no cover - jitted
-    hu = np.uint32(h)
-    sign = np.uint32(np.uint32(hu & np.uint32(0x8000)) << np.uint32(16))
-    em = np.uint32(hu & np.uint32(0x7FFF))
-    sh = np.uint32(em << np.uint32(13))
-    normal = np.uint32(sh + np.uint32(0x38000000))
-    special = np.uint32(sh + np.uint32(0x70000000))  # inf, NaN (payload kept)
-    # zero or subnormal: em * 2**-24 = (0.5 + em * 2**-24) - 0.5, both steps exact
-    sub = np.float32(np.uint32(em + np.uint32(0x3F000000)).view(np.float32) - np.float32(0.5)).view(np.uint32)
-    u = special if em >= np.uint32(0x7C00) else (sub if em < np.uint32(0x0400) else normal)
-    return np.uint32(u | sign).view(np.float32)
-
-
-@njit(cache=True, inline="always")
-def f32_to_bf16_bits(x: np.float32) -> np.uint16:  # pragma: no cover - jitted
-    u = np.float32(x).view(np.uint32)
-    odd = np.uint32(np.uint32(u >> np.uint32(16)) & np.uint32(1))
-    r = np.uint32(np.uint32(u + np.uint32(0x7FFF) + odd) >> np.uint32(16))
-    # NaN: the quiet NaN 0x7FC0, sign kept
-    nan = np.uint32(np.uint32(np.uint32(u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0))
-    return np.uint16(nan if np.uint32(u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else r)
-
-
-@njit(cache=True, inline="always")
-def bf16_bits_to_f32(h: np.uint16) -> np.float32:  # pragma: no cover - jitted
-    return np.uint32(np.uint32(h) << np.uint32(16)).view(np.float32)
+# The scalar conversions are gcodec.kernels.scalar's, compiled here for the CPU.
+_inline = njit(cache=True, inline="always")
+f32_to_f16_bits = _inline(scalar.f32_to_f16_bits)
+f16_bits_to_f32 = _inline(scalar.f16_bits_to_f32)
+f32_to_bf16_bits = _inline(scalar.f32_to_bf16_bits)
+bf16_bits_to_f32 = _inline(scalar.bf16_bits_to_f32)
 
 
 @njit(cache=True, nogil=True)

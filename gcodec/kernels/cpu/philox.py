@@ -32,6 +32,7 @@ from numba import njit
 
 from ... import alloc
 from ...rng import MASK64, split64
+from .. import scalar
 from .threads import run_chunks
 
 __all__ = [
@@ -48,35 +49,14 @@ __all__ = [
 if sys.byteorder != "little":  # pragma: no cover - every platform Numba targets is little-endian
     raise ImportError("gcodec's kernels assume a little-endian host")
 
-_M0 = np.uint64(0xD2511F53)
-_M1 = np.uint64(0xCD9E8D57)
-_W0 = np.uint32(0x9E3779B9)
-_W1 = np.uint32(0xBB67AE85)
+_M0, _M1, _W0, _W1 = scalar.M0, scalar.M1, scalar.W0, scalar.W1  # specs/rng.md
 _LO32 = np.uint64(0xFFFFFFFF)
 _SH32 = np.uint64(32)
 _FILL_CHUNK = 1 << 14  # blocks per parallel chunk in _fill_u32
 
 
-@njit(cache=True, inline="always")
-def philox4x32(c0, c1, c2, c3, k0, k1):  # pragma: no cover - jitted
-    """Philox4x32 with 10 rounds on one counter block; returns four uint32 words (reference form)."""
-    c0 = np.uint32(c0)
-    c1 = np.uint32(c1)
-    c2 = np.uint32(c2)
-    c3 = np.uint32(c3)
-    k0 = np.uint32(k0)
-    k1 = np.uint32(k1)
-    for _ in range(10):
-        p0 = _M0 * np.uint64(c0)
-        p1 = _M1 * np.uint64(c2)
-        hi0 = np.uint32(p0 >> np.uint64(32))
-        lo0 = np.uint32(p0 & np.uint64(0xFFFFFFFF))
-        hi1 = np.uint32(p1 >> np.uint64(32))
-        lo1 = np.uint32(p1 & np.uint64(0xFFFFFFFF))
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-        k0 = np.uint32(k0 + _W0)
-        k1 = np.uint32(k1 + _W1)
-    return c0, c1, c2, c3
+#: Philox4x32-10 on one counter block (gcodec.kernels.scalar's, shared with the CUDA backend).
+philox4x32 = njit(cache=True, inline="always")(scalar.philox4x32)
 
 
 @njit(cache=True, inline="always")
@@ -167,16 +147,8 @@ def fill_blocks(buf, block0, nblocks, stream_lo, stream_hi, ks):  # pragma: no c
         _store4(buf, np.uint64(8) * h, p)
 
 
-@njit(cache=True, inline="always")
-def u32_to_uniform01(w):  # pragma: no cover - jitted
-    """The float32 (w >> 8) * 2**-24: uniform on the 2**24 multiples of 2**-24 in [0, 1)."""
-    return np.float32(np.uint32(w) >> np.uint32(8)) * np.float32(5.9604644775390625e-08)
-
-
-@njit(cache=True, inline="always")
-def u16_to_open01(r):  # pragma: no cover - jitted
-    """The float32 (2r + 1) * 2**-17 for a 16-bit draw r: the midpoints of 2**16 equal cells of (0, 1), exact."""
-    return np.float32(np.int32(r) * np.int32(2) + np.int32(1)) * np.float32(7.62939453125e-06)
+u32_to_uniform01 = njit(cache=True, inline="always")(scalar.u32_to_uniform01)
+u16_to_open01 = njit(cache=True, inline="always")(scalar.u16_to_open01)
 
 
 @njit(cache=True, inline="always")

@@ -1,7 +1,7 @@
 """float32 <-> binary16 / bfloat16 on the device (specs/codecs/fp16.md, bf16.md).
 
-The scalar conversions are the CPU backend's formulations (``gcodec.kernels.cpu.cast``), written as
-CUDA device functions: integer steps plus one float addition that rounds to nearest even at the
+The scalar conversions are :mod:`gcodec.kernels.scalar`'s, the CPU backend's too, compiled as CUDA
+device functions: integer steps plus one float addition that rounds to nearest even at the
 binary16 ulp (no multiply, so nothing for the compiler to contract; subnormals are kept: Numba
 compiles without flush-to-zero unless ``fastmath``). One thread per element, grid-stride.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from .. import scalar
 from .launch import device, grid
 
 __all__ = [
@@ -25,44 +26,11 @@ __all__ = [
 ]
 
 
-@cuda.jit(device=True)
-def f32_to_f16_bits(x):  # pragma: no cover - device
-    u = np.float32(x).view(np.uint32)
-    a = np.uint32(u & np.uint32(0x7FFFFFFF))
-    sign = np.uint32(np.uint32(u >> np.uint32(16)) & np.uint32(0x8000))
-    ac = min(a, np.uint32(0x477FF000))
-    mb = np.uint32(max(np.uint32(ac & np.uint32(0x7F800000)), np.uint32(0x38800000)) + np.uint32(13 << 23))
-    s = np.float32(np.uint32(ac).view(np.float32) + np.uint32(mb).view(np.float32)).view(np.uint32)
-    o = np.uint32(np.uint32(s - mb) + np.uint32(np.uint32(mb >> np.uint32(13)) - np.uint32(126 << 10)))
-    nan = np.uint32(0x0200) if a > np.uint32(0x7F800000) else np.uint32(0)
-    return np.uint16(o | nan | sign)
-
-
-@cuda.jit(device=True)
-def f16_bits_to_f32(h):  # pragma: no cover - device
-    hu = np.uint32(h)
-    sign = np.uint32(np.uint32(hu & np.uint32(0x8000)) << np.uint32(16))
-    em = np.uint32(hu & np.uint32(0x7FFF))
-    sh = np.uint32(em << np.uint32(13))
-    normal = np.uint32(sh + np.uint32(0x38000000))
-    special = np.uint32(sh + np.uint32(0x70000000))
-    sub = np.float32(np.uint32(em + np.uint32(0x3F000000)).view(np.float32) - np.float32(0.5)).view(np.uint32)
-    u = special if em >= np.uint32(0x7C00) else (sub if em < np.uint32(0x0400) else normal)
-    return np.uint32(u | sign).view(np.float32)
-
-
-@cuda.jit(device=True)
-def f32_to_bf16_bits(x):  # pragma: no cover - device
-    u = np.float32(x).view(np.uint32)
-    odd = np.uint32(np.uint32(u >> np.uint32(16)) & np.uint32(1))
-    r = np.uint32(np.uint32(u + np.uint32(0x7FFF) + odd) >> np.uint32(16))
-    nan = np.uint32(np.uint32(np.uint32(u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0))
-    return np.uint16(nan if np.uint32(u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else r)
-
-
-@cuda.jit(device=True)
-def bf16_bits_to_f32(h):  # pragma: no cover - device
-    return np.uint32(np.uint32(h) << np.uint32(16)).view(np.float32)
+# gcodec.kernels.scalar's conversions, compiled as device functions
+f32_to_f16_bits = cuda.jit(device=True)(scalar.f32_to_f16_bits)
+f16_bits_to_f32 = cuda.jit(device=True)(scalar.f16_bits_to_f32)
+f32_to_bf16_bits = cuda.jit(device=True)(scalar.f32_to_bf16_bits)
+bf16_bits_to_f32 = cuda.jit(device=True)(scalar.bf16_bits_to_f32)
 
 
 @cuda.jit

@@ -10,37 +10,20 @@ import numpy as np
 from numba import cuda
 
 from ...rng import MASK64, split64
+from .. import scalar
 from .launch import grid
 
 __all__ = ["block", "random_u32", "u16_to_open01", "u32_to_uniform01", "word"]
 
-_M0 = np.uint64(0xD2511F53)
-_M1 = np.uint64(0xCD9E8D57)
-_W0 = np.uint32(0x9E3779B9)
-_W1 = np.uint32(0xBB67AE85)
+_philox4x32 = cuda.jit(device=True)(scalar.philox4x32)
 
 
 @cuda.jit(device=True)
 def block(b, s0, s1, k0, k1):  # pragma: no cover - device
-    """The four words of counter block ``b`` (uint64) of stream (s0, s1) under key (k0, k1)."""
+    """The four words of counter block ``b`` (uint64) of stream (s0, s1) under key (k0, k1):
+    gcodec.kernels.scalar's Philox4x32-10, the CPU backend's too."""
     b = np.uint64(b)
-    c0 = np.uint32(b & np.uint64(0xFFFFFFFF))
-    c1 = np.uint32(b >> np.uint64(32))
-    c2 = np.uint32(s0)
-    c3 = np.uint32(s1)
-    k0 = np.uint32(k0)
-    k1 = np.uint32(k1)
-    for _ in range(10):
-        p0 = _M0 * np.uint64(c0)
-        p1 = _M1 * np.uint64(c2)
-        n0 = np.uint32(np.uint32(p1 >> np.uint64(32)) ^ c1 ^ k0)
-        n1 = np.uint32(p1 & np.uint64(0xFFFFFFFF))
-        n2 = np.uint32(np.uint32(p0 >> np.uint64(32)) ^ c3 ^ k1)
-        n3 = np.uint32(p0 & np.uint64(0xFFFFFFFF))
-        c0, c1, c2, c3 = n0, n1, n2, n3
-        k0 = np.uint32(k0 + _W0)
-        k1 = np.uint32(k1 + _W1)
-    return c0, c1, c2, c3
+    return _philox4x32(np.uint32(b & np.uint64(0xFFFFFFFF)), np.uint32(b >> np.uint64(32)), s0, s1, k0, k1)
 
 
 @cuda.jit(device=True)
@@ -52,15 +35,8 @@ def word(j, s0, s1, k0, k1):  # pragma: no cover - device
     return w[0] if r == 0 else (w[1] if r == 1 else (w[2] if r == 2 else w[3]))
 
 
-@cuda.jit(device=True)
-def u16_to_open01(r):  # pragma: no cover - device
-    """float32((2r + 1)) * 2**-17: exact (an integer below 2**17 times a power of two)."""
-    return np.float32(np.int32(r) * np.int32(2) + np.int32(1)) * np.float32(7.62939453125e-06)
-
-
-@cuda.jit(device=True)
-def u32_to_uniform01(w):  # pragma: no cover - device
-    return np.float32(np.uint32(w) >> np.uint32(8)) * np.float32(5.9604644775390625e-08)
+u16_to_open01 = cuda.jit(device=True)(scalar.u16_to_open01)
+u32_to_uniform01 = cuda.jit(device=True)(scalar.u32_to_uniform01)
 
 
 @cuda.jit

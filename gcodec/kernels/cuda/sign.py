@@ -64,5 +64,7 @@ def fuses_feedback(n: int, group_size: int) -> bool:
     return False
 
 
-def encode_feedback(*args: Any) -> int:  # pragma: no cover - never called: fuses_feedback is False
-    raise NotImplementedError
+def encode_feedback(
+    flat: Any, e: Any, has_e: bool, new_e: Any, bits: Any, scales: Any, group_size: int
+) -> int:  # pragma: no cover - never called: fuses_feedback is False here
+    raise NotImplementedError("the CUDA backend has no fused sign + feedback kernel (fuses_feedback is False)")

@@ -369,9 +369,9 @@ def topk_select(
     k: int,
     out: Any,
     out_bits: Any,
-    cand: Any = None,
-    cbits: Any = None,
-    hist: Any = None,
+    cand: Any,
+    cbits: Any,
+    hist: Any,
 ) -> int:
     """Device ``out`` (int64, k) gets the indices of the top-k keys, increasing, and device
     ``out_bits`` their bit patterns. ``cand``, ``cbits``, ``hist`` (the CPU's scratch) are ignored.
