@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401  (registration side effect)
     cast,
+    chunktopk,
     fp8,
     mx,
     nvfp4,
