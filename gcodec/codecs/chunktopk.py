@@ -144,9 +144,8 @@ class ChunkTopK(ValuesHost):
 
     @classmethod
     def _check_config(cls, params: dict[str, Any], err: type[Exception], where: str) -> None:
-        if params["k"] > params["chunk"]:
-            rule = "CK1: " if err is HeaderError else ""
-            raise err(f"{where}{rule}k={params['k']} exceeds chunk={params['chunk']}")
+        if err is not HeaderError and params["k"] > params["chunk"]:  # a header's k is rule CK1
+            raise err(f"{where}k={params['k']} exceeds chunk={params['chunk']}")
 
     def compression_rate(self, shape: tuple[int, ...]) -> float | None:
         n = numel(shape)
@@ -219,6 +218,8 @@ class ChunkTopK(ValuesHost):
         """Rule CK1 against the shape; returns the kept count."""
         n = numel(shape)
         chunk, k = params["chunk"], params["k"]
+        if k > chunk:
+            raise HeaderError(f"CK1: k={k} exceeds chunk={chunk}")
         total = kept_count(n, chunk, k)
         nb = params["index_bytes"]
         if params["index_coding"] == "packed":
@@ -290,7 +291,9 @@ class ChunkTopK(ValuesHost):
             c = -1 - got
             raise PayloadValueError(f"CK2: chunk {c} has index width {int(widths[c])}, more than its length allows")
         if got != params["index_bytes"]:
-            raise PayloadValueError(f"CK2: index widths imply {got} index bytes; index_bytes is {params['index_bytes']}")
+            raise PayloadValueError(
+                f"CK2: index widths imply {got} index bytes; index_bytes is {params['index_bytes']}"
+            )
         code, where = KP.gap_unpack(packed, widths, chunk, k, n, idx)
         if code == slayout.ERR_RANGE:
             raise PayloadValueError(f"CK3: index {where} is not below the length of its chunk")
