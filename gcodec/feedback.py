@@ -65,9 +65,7 @@ class ErrorFeedback:
     The payload declares the residual dtype (the corrected tensor is what gets encoded).
     """
 
-    def __init__(
-        self, codec: Codec | str | dict[str, Any], *, residual_dtype: Any = None, decay: float = 1.0
-    ) -> None:
+    def __init__(self, codec: Codec | str | dict[str, Any], *, residual_dtype: Any = None, decay: float = 1.0) -> None:
         self.codec = get_codec(codec)
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) <= 1.0:
             raise ConfigError(f"decay must be a number in (0, 1], got {decay!r}")

@@ -581,7 +581,7 @@ def ck_indices(pm, n, sec):
             raise E("PayloadValueError", "CK2 pad")
         return out
     widths, data = sec["index_widths"], sec["indices"]
-    for c, (L, kc) in enumerate(ch):
+    for c, (L, _kc) in enumerate(ch):
         if widths[c] > (L - 1).bit_length():
             raise E("PayloadValueError", "CK2 width")
     if sum(-(-kc * widths[c] // 8) for c, (L, kc) in enumerate(ch)) != pm["index_bytes"]:

@@ -147,11 +147,6 @@ class ChunkTopK(ValuesHost):
         if err is not HeaderError and params["k"] > params["chunk"]:  # a header's k is rule CK1
             raise err(f"{where}k={params['k']} exceeds chunk={params['chunk']}")
 
-    def compression_rate(self, shape: tuple[int, ...]) -> float | None:
-        n = numel(shape)
-        kept = kept_count(n, self._params["chunk"], self._params["k"])
-        return n / kept if kept else None
-
     # ---- encoding --------------------------------------------------------------------------
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = x.reshape(-1)
