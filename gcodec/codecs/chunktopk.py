@@ -22,7 +22,6 @@ scale per chunk (group = k). Train with :class:`gcodec.ErrorFeedback` (SparseLoC
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,8 +52,6 @@ __all__ = ["ChunkTopK", "kept_count"]
 _NONE = type(None)
 MAX_CHUNK = 1 << 24  # spec §1: chunk lengths up to 2^24 (in-chunk indices below 2^24)
 
-_SCRATCH = threading.local()
-
 
 def kept_count(n: int, chunk: int, k: int) -> int:
     """How many elements a tensor of ``n`` elements keeps: ``min(k, length)`` per chunk (spec §1)."""
@@ -75,24 +72,6 @@ def _max_gap_bytes(n: int, chunk: int, k: int) -> int:
     if rest:
         out += (min(k, rest) * index_width(rest) + 7) // 8
     return out
-
-
-def _scratch(chunk: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per-thread selection scratch (a chunk's candidates, their bits and keys, a radix histogram),
-    kept and grown between calls."""
-    st = _SCRATCH.__dict__
-    cap = chunk + 8  # the compaction writes 8 slots at a time
-    cand = st.get("cand")
-    if cand is None or cand.shape[0] < cap:
-        cand = st["cand"] = np.empty(cap, np.int64)
-    key = f"b{np.dtype(dtype).itemsize}"
-    got = st.get(key)
-    if got is None or got[0].shape[0] < cap:
-        got = st[key] = (np.empty(cap, dtype), np.empty(cap, dtype))
-    hist = st.get("hist")
-    if hist is None:
-        hist = st["hist"] = np.empty(1 << 16, np.int64)
-    return cand, got[0].view(dtype), got[1].view(dtype), hist
 
 
 @register_codec
@@ -160,8 +139,7 @@ class ChunkTopK(ValuesHost):
         idx = K.memory.empty(total, np.int64)
         vbits = K.memory.empty(total, bits.dtype)
         if n:
-            cand, cbits, ckeys, hist = _scratch(chunk, bits.dtype)
-            if K.chunked.select(bits, mask, infkey, chunk, k, idx, vbits, cand, cbits, ckeys, hist):
+            if K.chunked.select(bits, mask, infkey, chunk, k, idx, vbits):
                 bad = K.sparse.count_nonfinite(bits, mask, infkey)
                 raise PayloadValueError(
                     f"chunktopk: input has NaN or infinite values ({bad} found); "

@@ -23,6 +23,9 @@ Index codings (spec §3, §4)
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -42,8 +45,38 @@ __all__ = [
 _CB = 8  # keys per vector compare
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(chunk: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-thread selection scratch (a chunk's candidates, their bits and keys, a radix histogram),
+    kept and grown between calls: re-allocating it per encode costs page faults."""
+    st = _SCRATCH.__dict__
+    cap = chunk + _CB  # the compaction writes 8 slots at a time
+    cand = st.get("cand")
+    if cand is None or cand.shape[0] < cap:
+        cand = st["cand"] = np.empty(cap, np.int64)
+    key = f"b{np.dtype(dtype).itemsize}"
+    got = st.get(key)
+    if got is None or got[0].shape[0] < cap:
+        got = st[key] = (np.empty(cap, dtype), np.empty(cap, dtype))
+    hist = st.get("hist")
+    if hist is None:
+        hist = st["hist"] = np.empty(1 << 16, np.int64)
+    return cand, got[0], got[1], hist
+
+
+def select(bits: np.ndarray, mask: Any, infkey: Any, chunk: int, k: int, idx: np.ndarray, out_bits: np.ndarray) -> int:
+    """The top ``min(k, length)`` of every chunk of ``chunk`` keys, in increasing index order: global
+    indices into ``idx`` (int64) and the elements' bit patterns into ``out_bits`` (both of the total
+    kept count). Returns 1 when some element is NaN or ±inf (the outputs are then unspecified)."""
+    if bits.shape[0] == 0:
+        return 0
+    return int(_select(bits, mask, infkey, chunk, k, idx, out_bits, *_scratch(chunk, bits.dtype)))
+
+
 @njit(cache=True)
-def select(bits, mask, infkey, chunk, k, idx, out_bits, cand, cbits, ckeys, hist):  # pragma: no cover - jitted
+def _select(bits, mask, infkey, chunk, k, idx, out_bits, cand, cbits, ckeys, hist):  # pragma: no cover - jitted
     """The top ``min(k, length)`` of every chunk of ``chunk`` keys, in increasing index order.
 
     Writes global indices into ``idx`` and the elements' bit patterns into ``out_bits`` (both of the
