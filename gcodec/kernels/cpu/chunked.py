@@ -6,10 +6,13 @@ Selection (one pass per chunk, exact, ties to the lowest index)
 
     1. cut the chunk into ``kc`` groups and take ``t``, the smallest of the groups' largest keys:
        every group has a key ``>= t``, so at least ``kc`` keys reach it (a vectorised max pass);
-    2. collect the candidates ``key >= t`` in increasing index order, 8 keys per vector compare
-       (the compaction of :mod:`.sparse`); for Gaussian data about 5 ``kc`` of them;
-    3. find the exact ``kc``-th largest candidate key ``K`` (Wirth's selection);
-    4. keep the candidates with ``key > K`` and the lowest-indexed ones with ``key == K``.
+    2. tighten it, when a counting pass (8 keys per vector compare) shows that at least ``kc`` keys
+       reach it, to the group maximum of rank ``kc - kc/8`` (about 2 ``kc`` keys reach that for
+       Gaussian data, against 5 ``kc`` for ``t``);
+    3. collect the candidates in increasing index order: 64 keys make one bit word of 8 vector
+       compares, whose few set bits are read with a count of trailing zeros;
+    4. find the exact ``kc``-th largest candidate key ``K`` (Wirth's selection);
+    5. keep the candidates with ``key > K`` and the lowest-indexed ones with ``key == K``.
 
     The chunk's largest key is a candidate, so a non-finite element (key >= the infinity key)
     shows among them: no separate counting pass.
@@ -28,9 +31,10 @@ from typing import Any
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ...layout.sparse import ERR_BYTES, ERR_NOT_MINIMAL, ERR_ORDER, ERR_PAD, ERR_RANGE, OK
-from .sparse import _CNTU, _POSU, _bit_length, _emit_from64, _ge_mask8, _kth_largest
+from .sparse import _CNTU, _bit_length, _emit_from64, _ge_mask8, _kth_largest
 
 __all__ = [
     "gap_bytes",
@@ -134,18 +138,21 @@ def _select(bits, mask, infkey, chunk, k, idx, out_bits, cand, cbits, ckeys, his
                 i += np.uint64(1)
             if cnt >= np.uint64(kc):
                 t = bits.dtype.type(t1)
-        # 3. the candidates (key >= t), in increasing index order, 8 keys a compare
+        # 3. the candidates (key >= t), in increasing index order: 64 keys a word of 8 vector
+        # compares, then the word's set bits (a few per word: the loop rarely mispredicts)
         m = np.uint64(0)
         i = us
-        while i + cb <= ue:
-            mk = _ge_mask8(bits, np.int64(i), mask, t)
-            if mk:
-                for q in range(cb):
-                    jj = i + _POSU[mk, q]
-                    cand[m + q] = jj
-                    cbits[m + q] = bits[jj]
-                m += _CNTU[mk]
-            i += cb
+        while i + np.uint64(64) <= ue:
+            w = np.uint64(0)
+            for q in range(8):
+                w |= np.uint64(_ge_mask8(bits, np.int64(i) + 8 * q, mask, t)) << np.uint64(8 * q)
+            while w != np.uint64(0):
+                jj = i + np.uint64(trailing_zeros(w))
+                cand[m] = jj
+                cbits[m] = bits[jj]
+                m += np.uint64(1)
+                w &= w - np.uint64(1)
+            i += np.uint64(64)
         while i < ue:
             if (bits[i] & mask) >= t:
                 cand[m] = i
