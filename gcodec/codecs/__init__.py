@@ -3,6 +3,7 @@
 from . import (  # noqa: F401  (registration side effect)
     cast,
     chunktopk,
+    dct,
     fp8,
     mx,
     nvfp4,

@@ -126,9 +126,23 @@ class ChunkTopK(ValuesHost):
         if err is not HeaderError and params["k"] > params["chunk"]:  # a header's k is rule CK1
             raise err(f"{where}k={params['k']} exceeds chunk={params['chunk']}")
 
+    # ---- what a subclass that selects from another array changes (``dct``'s coefficients) -------
+    @classmethod
+    def _layout_len(cls, n: int, chunk: int) -> int:
+        """Elements of the array the chunks cut, for a tensor of ``n``: the tensor itself."""
+        return n
+
+    @classmethod
+    def _raw_values_dtype(cls, dtype: str) -> str:
+        """The dtype of raw values for a tensor of ``dtype``: its own."""
+        return dtype
+
     # ---- encoding --------------------------------------------------------------------------
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
-        flat = x.reshape(-1)
+        return self._plan_flat(x.reshape(-1), ctx)
+
+    def _plan_flat(self, flat: np.ndarray, ctx: EncodeContext) -> EncodePlan:
+        """Select from the flat array ``flat`` (of the layout length) and plan every section."""
         dname = _dtype_name(flat.dtype)
         n = flat.shape[0]
         chunk, k = self._params["chunk"], self._params["k"]
@@ -142,8 +156,8 @@ class ChunkTopK(ValuesHost):
             if K.chunked.select(bits, mask, infkey, chunk, k, idx, vbits):
                 bad = K.sparse.count_nonfinite(bits, mask, infkey)
                 raise PayloadValueError(
-                    f"chunktopk: input has NaN or infinite values ({bad} found); "
-                    "see specs/codecs/chunktopk.md section 2"
+                    f"{self.codec_id}: input has NaN or infinite values ({bad} found); "
+                    f"see specs/codecs/{self.codec_id}.md section 2"
                 )
         nchunks = (n + chunk - 1) // chunk
         sections: list[SectionSpec] = []
@@ -183,26 +197,29 @@ class ChunkTopK(ValuesHost):
             return
         over, _ = kernels.of(vbits).sparse.count_ge(vbits, mask, infkey, bits.dtype.type(kt))
         if over:
-            raise nested_overflow(self.codec_id, "CK4", self._nested, over, "kept value(s)", kt, dtype_name, ctx.key)
+            raise nested_overflow(
+                self.codec_id, f"{self.RULE}4", self._nested, over, "kept value(s)", kt, dtype_name, ctx.key
+            )
 
     # ---- header ----------------------------------------------------------------------------
     @classmethod
     def _check_wire_shape(cls, params: dict[str, Any], shape: tuple[int, ...]) -> int:
         """Rule CK1 against the shape; returns the kept count."""
-        n = numel(shape)
+        r = cls.RULE
         chunk, k = params["chunk"], params["k"]
+        n = cls._layout_len(numel(shape), chunk)
         if k > chunk:
-            raise HeaderError(f"CK1: k={k} exceeds chunk={chunk}")
+            raise HeaderError(f"{r}1: k={k} exceeds chunk={chunk}")
         total = kept_count(n, chunk, k)
         nb = params["index_bytes"]
         if params["index_coding"] == "packed":
             want = (total * index_width(chunk) + 7) // 8
             if nb != want:
                 raise HeaderError(
-                    f"CK1: index_bytes={nb} but {total} packed indices of {index_width(chunk)} bits take {want}"
+                    f"{r}1: index_bytes={nb} but {total} packed indices of {index_width(chunk)} bits take {want}"
                 )
         elif nb > _max_gap_bytes(n, chunk, k):
-            raise HeaderError(f"CK1: index_bytes={nb} is more than the gaps of {total} kept elements can take")
+            raise HeaderError(f"{r}1: index_bytes={nb} is more than the gaps of {total} kept elements can take")
         return total
 
     @classmethod
@@ -211,12 +228,12 @@ class ChunkTopK(ValuesHost):
     ) -> list[tuple[str, str, int]]:
         """Sections of a payload; raw values depend on the tensor dtype (default float32)."""
         total = cls._check_wire_shape(params, shape)
-        n = numel(shape)
+        n = cls._layout_len(numel(shape), params["chunk"])
         out: list[tuple[str, str, int]] = []
         if params["index_coding"] == "gap":
             out.append(("index_widths", "u1", (n + params["chunk"] - 1) // params["chunk"]))
         out.append(("indices", "u1", params["index_bytes"]))
-        return out + expected_values(params, dtype, total)
+        return out + expected_values(params, cls._raw_values_dtype(dtype), total)
 
     @classmethod
     def _entry_sections(cls, params: dict[str, Any], entry: TensorEntry) -> list[tuple[str, str, int]]:
@@ -232,17 +249,18 @@ class ChunkTopK(ValuesHost):
             check_nested(entry, {"values": cls._total(params, entry)}, where, strict)
         return params
 
-    @staticmethod
-    def _total(params: dict[str, Any], entry: TensorEntry) -> int:
-        return kept_count(entry.numel, params["chunk"], params["k"])
+    @classmethod
+    def _total(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        return kept_count(cls._layout_len(entry.numel, params["chunk"]), params["chunk"], params["k"])
 
     # ---- decoding --------------------------------------------------------------------------
     @classmethod
     def _decode_indices(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> np.ndarray:
-        n = entry.numel
         chunk, k = params["chunk"], params["k"]
+        n = cls._layout_len(entry.numel, chunk)
+        r = cls.RULE
         total = cls._total(params, entry)
-        idx = alloc.empty("chunktopk indices", total, np.int64)
+        idx = alloc.empty(f"{cls.codec_id} indices", total, np.int64)
         packed = views["indices"]
         KP = kernels.of(packed).chunked
         if params["index_coding"] == "packed":
@@ -250,11 +268,11 @@ class ChunkTopK(ValuesHost):
                 return idx
             code, where = KP.packed_unpack(packed, chunk, k, index_width(chunk), n, total, idx)
             if code == slayout.ERR_RANGE:
-                raise PayloadValueError(f"CK3: index {where} is not below the length of its chunk")
+                raise PayloadValueError(f"{r}3: index {where} is not below the length of its chunk")
             if code == slayout.ERR_ORDER:
-                raise PayloadValueError(f"CK3: index {where} is not above the one before it in its chunk")
+                raise PayloadValueError(f"{r}3: index {where} is not above the one before it in its chunk")
             if code == slayout.ERR_PAD:
-                raise PayloadValueError("CK2: unused bits at the end of the indices are not zero")
+                raise PayloadValueError(f"{r}2: unused bits at the end of the indices are not zero")
             return idx
         widths = views["index_widths"]
         if widths.shape[0] == 0:
@@ -262,22 +280,22 @@ class ChunkTopK(ValuesHost):
         got = int(KP.gap_bytes(widths, chunk, k, n))
         if got < 0:
             c = -1 - got
-            raise PayloadValueError(f"CK2: chunk {c} has index width {int(widths[c])}, more than its length allows")
+            raise PayloadValueError(f"{r}2: chunk {c} has index width {int(widths[c])}, more than its length allows")
         if got != params["index_bytes"]:
             raise PayloadValueError(
-                f"CK2: index widths imply {got} index bytes; index_bytes is {params['index_bytes']}"
+                f"{r}2: index widths imply {got} index bytes; index_bytes is {params['index_bytes']}"
             )
         code, where = KP.gap_unpack(packed, widths, chunk, k, n, idx)
         if code == slayout.ERR_RANGE:
-            raise PayloadValueError(f"CK3: index {where} is not below the length of its chunk")
+            raise PayloadValueError(f"{r}3: index {where} is not below the length of its chunk")
         if code == slayout.ERR_NOT_MINIMAL:
             raise PayloadValueError(
-                f"CK2: chunk {where} has width {int(widths[where])}, not the bit length of its largest gap"
+                f"{r}2: chunk {where} has width {int(widths[where])}, not the bit length of its largest gap"
             )
         if code == slayout.ERR_PAD:
-            raise PayloadValueError(f"CK2: unused bits at the end of chunk {where}'s indices are not zero")
+            raise PayloadValueError(f"{r}2: unused bits at the end of chunk {where}'s indices are not zero")
         if code != slayout.OK:  # pragma: no cover - gap_bytes agreed with index_bytes
-            raise PayloadValueError("CK2: index bytes do not match the widths")
+            raise PayloadValueError(f"{r}2: index bytes do not match the widths")
         return idx
 
     @classmethod
@@ -285,7 +303,7 @@ class ChunkTopK(ValuesHost):
         total = cls._total(params, entry)
         if params["values"] is not None:
             return compose.nested_scratch_bytes(params["values"], entry, total)
-        return 4 * total if entry.dtype in ("float16", "bfloat16") else 0
+        return 4 * total if cls._raw_values_dtype(entry.dtype) in ("float16", "bfloat16") else 0
 
     @classmethod
     def decode_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
@@ -296,11 +314,11 @@ class ChunkTopK(ValuesHost):
     def _values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> np.ndarray:
         vals = decode_values(params, entry, views, cls._total(params, entry))
         if params["values"] is not None:
-            check_nested_values_finite(vals, "CK4")
+            check_nested_values_finite(vals, f"{cls.RULE}4")
         else:
             bad = kernels.of(vals).sparse.count_nonfinite_values(vals)
             if bad:
-                raise PayloadValueError(f"CK4: {bad} value(s) are NaN or infinite")
+                raise PayloadValueError(f"{cls.RULE}4: {bad} value(s) are NaN or infinite")
         return vals
 
     @classmethod
