@@ -147,6 +147,10 @@ CASES: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
     ("ck-c1", {"id": "chunktopk", "chunk": 1, "k": 1, "index_coding": "packed"}, 20, 85, None, "normal"),
     ("ck-empty", {"id": "chunktopk", "chunk": 16, "k": 2}, 0, 86, None, "normal"),
     ("ck-nan", {"id": "chunktopk", "chunk": 16, "k": 2}, 64, 87, None, "nan"),
+    ("dct-c8", {"id": "dct", "chunk": 8, "k": 2}, 101, 90, None, "normal"),
+    ("dct-c64-packed", {"id": "dct", "chunk": 64, "k": 5, "index_coding": "packed"}, 200, 91, None, "ties"),
+    ("dct-sign", {"id": "dct", "chunk": 16, "k": 3, "values": {"id": "sign", "group_size": 3}}, 90, 92, None, "normal"),
+    ("dct-nan", {"id": "dct", "chunk": 8, "k": 2}, 40, 93, None, "nan"),
     (
         "ck-u2",
         {"id": "chunktopk", "chunk": 64, "k": 8, "values": {"id": "uniform", "bits": 2, "group_size": 8}},
@@ -192,7 +196,7 @@ SHAPES: dict[str, tuple[int, ...]] = {
 }
 #: NaN input, and values beyond a nested fp16's range: the device encoder refuses them as the CPU one does
 OVERFLOWS = ["topk-fp16-huge", "rk-fp16-huge", "th-fp16-huge", "psgd-fp16-huge"]
-REFUSED = {"u8-nan", "rk-nan", "topk-nan", "ck-nan", "mx-nan", "nvfp4-nan", *OVERFLOWS}
+REFUSED = {"u8-nan", "rk-nan", "topk-nan", "ck-nan", "dct-nan", "mx-nan", "nvfp4-nan", *OVERFLOWS}
 PHILOX = [(0, 0, 37, 0), (1, 0, 8, 0), (2**64 - 1, 2**63 + 5, 50, 2**34), (12345, 678, 101, 4)]
 #: (n, k, seed, stream) for the device's parallel Floyd sampling: k close to n forces chains of collisions.
 RANDOMK_INDICES = [
@@ -315,6 +319,7 @@ def test_decode_into_device_out(sim: dict[str, Any], case: tuple) -> None:
         ("rk-nan", "randomk"),
         ("topk-nan", "topk"),
         ("ck-nan", "chunktopk"),
+        ("dct-nan", "dct"),
         ("mx-nan", "mx"),
         ("nvfp4-nan", "nvfp4"),
     ],

@@ -94,8 +94,8 @@ class Dct(ChunkTopK):
         big, bad = K.sparse.count_ge(bits, mask, infkey, bits.dtype.type(min(lim, int(infkey))))
         if bad or big:
             raise PayloadValueError(
-                f"dct: input has {bad} NaN or infinite value(s) and {big - bad} of magnitude >= 2**100; "
-                "see specs/codecs/dct.md section 2"
+                f"dct: input has NaN or infinite values ({bad} found) or magnitudes >= 2**100 "
+                f"({big - bad} found); see specs/codecs/dct.md section 2"
             )
         x32 = flat if dname == "float32" else flat.astype(np.float32)
         n = flat.shape[0]
