@@ -49,6 +49,7 @@ NONFINITE: list[tuple[Case, str]] = [
     (Case("topk", {"ratio": 0.1, "values": {"id": "fp16"}}, (130,)), "reject"),
     (Case("chunktopk", {"chunk": 32, "k": 4}, (130,)), "reject"),
     (Case("chunktopk", {"chunk": 64, "k": 64, "index_coding": "packed", "values": {"id": "fp16"}}, (130,)), "reject"),
+    (Case("dct", {"chunk": 16, "k": 2}, (130,)), "reject"),
     (Case("threshold", {"threshold": 0.5}, (130,)), "reject"),
     (Case("randomk", {"ratio": 0.1}, (130,)), "reject"),
     (Case("randomk", {"ratio": 0.1, "values": "fp16"}, (130,)), "reject"),

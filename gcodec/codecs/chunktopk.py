@@ -137,6 +137,11 @@ class ChunkTopK(ValuesHost):
         """The dtype of raw values for a tensor of ``dtype``: its own."""
         return dtype
 
+    @classmethod
+    def _value_entry(cls, entry: TensorEntry) -> TensorEntry:
+        """The record as the value sections see it (its dtype decides raw and nested value types)."""
+        return entry
+
     # ---- encoding --------------------------------------------------------------------------
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         return self._plan_flat(x.reshape(-1), ctx)
@@ -246,7 +251,7 @@ class ChunkTopK(ValuesHost):
             compose.parse_nested(raw, f"{where}.params.values", strict=strict)
         params = super(ValuesHost, cls).check_entry(entry, where, strict=strict)
         if params["values"] is not None:
-            check_nested(entry, {"values": cls._total(params, entry)}, where, strict)
+            check_nested(cls._value_entry(entry), {"values": cls._total(params, entry)}, where, strict)
         return params
 
     @classmethod
@@ -302,7 +307,7 @@ class ChunkTopK(ValuesHost):
     def values_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
         total = cls._total(params, entry)
         if params["values"] is not None:
-            return compose.nested_scratch_bytes(params["values"], entry, total)
+            return compose.nested_scratch_bytes(params["values"], cls._value_entry(entry), total)
         return 4 * total if cls._raw_values_dtype(entry.dtype) in ("float16", "bfloat16") else 0
 
     @classmethod
@@ -312,7 +317,7 @@ class ChunkTopK(ValuesHost):
 
     @classmethod
     def _values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> np.ndarray:
-        vals = decode_values(params, entry, views, cls._total(params, entry))
+        vals = decode_values(params, cls._value_entry(entry), views, cls._total(params, entry))
         if params["values"] is not None:
             check_nested_values_finite(vals, f"{cls.RULE}4")
         else:
@@ -324,7 +329,7 @@ class ChunkTopK(ValuesHost):
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         cls._decode_indices(params, entry, views)
-        compose.check_role_values(params, "values", entry, views, cls._total(params, entry))
+        compose.check_role_values(params, "values", cls._value_entry(entry), views, cls._total(params, entry))
         cls._values(params, entry, views)
 
     @classmethod

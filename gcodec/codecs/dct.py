@@ -16,6 +16,7 @@ the flattened tensor in 1-D chunks; 2-D tiles (a DCT along both dimensions) are 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +25,8 @@ import numpy as np
 
 from .. import kernels
 from ..arrays import dtype_name as _dtype_name
-from ..errors import ConfigError, HeaderError, PayloadValueError
+from ..arrays import backend_of
+from ..errors import ConfigError, PayloadValueError
 from ..layout import dct as dlayout
 from ..sections import TensorEntry
 from .base import EncodeContext, EncodePlan, Param
@@ -52,7 +54,8 @@ class Dct(ChunkTopK):
         values: ``None`` sends the kept coefficients as float32; a codec config such as
             ``{"id": "sign", "group_size": 4}`` (1 bit and a scale per chunk) encodes them with it.
 
-    Tensors are float32, float16 or bfloat16 (float64 is refused: the transform works in binary32).
+    The transform works in binary32: float16 and bfloat16 tensors are converted exactly, float64
+    tensors rounded to binary32 first (a float64 tensor decodes to the binary32 reconstruction).
     NaN, infinite or huge (``|x| >= 2**100``) input raises :class:`~gcodec.PayloadValueError`.
     """
 
@@ -81,23 +84,32 @@ class Dct(ChunkTopK):
     def _raw_values_dtype(cls, dtype: str) -> str:
         return "float32"
 
+    @classmethod
+    def _value_entry(cls, entry: TensorEntry) -> TensorEntry:
+        """Coefficients are binary32 whatever the tensor's dtype, a nested codec's included (spec §1)."""
+        return entry if entry.dtype != "float64" else dataclasses.replace(entry, dtype="float32")
+
     # ---- encoding --------------------------------------------------------------------------
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = x.reshape(-1)
         dname = _dtype_name(flat.dtype)
-        if dname == "float64":
-            raise ConfigError("dct: float64 tensors are not supported (the transform works in binary32); cast first")
         chunk = self._params["chunk"]
         bits, mask, infkey = key_bits(flat, dname)
         K = kernels.of(bits)
-        lim = {"float32": 0x71800000, "float16": 0x7C00, "bfloat16": 0x7180}[dname]  # 2^100 (none for binary16)
+        # the key of 2^100 (binary16 never reaches it)
+        lim = {"float32": 0x71800000, "float64": 0x4630000000000000, "float16": 0x7C00, "bfloat16": 0x7180}[dname]
         big, bad = K.sparse.count_ge(bits, mask, infkey, bits.dtype.type(min(lim, int(infkey))))
         if bad or big:
             raise PayloadValueError(
                 f"dct: input has NaN or infinite values ({bad} found) or magnitudes >= 2**100 "
                 f"({big - bad} found); see specs/codecs/dct.md section 2"
             )
-        x32 = flat if dname == "float32" else flat.astype(np.float32)
+        if dname == "float32":
+            x32 = flat
+        elif backend_of(flat) == "cpu":
+            x32 = flat.astype(np.float32)  # exact for 16-bit inputs, nearest even for float64
+        else:
+            raise ConfigError(f"dct: device tensors must be float32 (got {dname}); cast on the device first")
         n = flat.shape[0]
         coef = K.memory.empty(self._layout_len(n, chunk), np.float32)
         K.dct.forward(x32, chunk, self._table(K, chunk), coef)
@@ -125,12 +137,6 @@ class Dct(ChunkTopK):
         return K.dct.table(dlayout.basis(chunk))
 
     # ---- header ----------------------------------------------------------------------------
-    @classmethod
-    def check_entry(cls, entry: TensorEntry, where: str, *, strict: bool = True) -> dict[str, Any]:
-        if entry.dtype == "float64":  # before the params: the section list depends on nothing else
-            raise HeaderError(f"DC1: {where} is float64; dct tensors are float32, float16 or bfloat16")
-        return super().check_entry(entry, where, strict=strict)
-
     @classmethod
     def decode_work(cls, params: dict[str, Any], entry: TensorEntry) -> int:
         """k multiply-adds per element."""
