@@ -4,7 +4,8 @@ It implements the container (specs/format.md, with its own msgpack reader and a 
 codecs fp16, bf16 and uniform (nearest rounding, float32 scales), the low-precision float codecs
 fp8, mx and nvfp4 (element values from the bit fields of mx.md §3, not from a library),
 powersgd with raw or nested (hybrid.md) factors, chunktopk (both index codings, raw or nested
-values), and the header rules (not the decoding) of topk.
+values), dct (its basis table from dct.md §3, its reconstruction from §6), and the header rules (not
+the decoding) of topk.
 tests/test_spec_decoder.py runs it over the golden vectors: it must decode every valid one bit for bit and refuse every
 invalid container vector with the error class the manifest names. It is deliberately plain and
 slow; nothing in gcodec may import it.
@@ -348,6 +349,8 @@ def read(p, READER_MINOR=0):
             want, nest = topk_header(pm, n, t["dtype"], strict)
         elif c == "chunktopk":
             want, nest = ck_header(pm, n, t["dtype"], strict)
+        elif c == "dct":
+            want, nest = dct_header(pm, n, strict)
         elif c in LOWP:
             want = lowp_header(c, pm, n, strict)
         else:
@@ -365,6 +368,8 @@ def read(p, READER_MINOR=0):
             raise E("NotImplemented", "topk: only its header rules are implemented here")
         elif c == "chunktopk":
             y = ck_decode(pm, nest, n, t["dtype"], sec)
+        elif c == "dct":
+            y = dct_decode(pm, nest, n, sec)
         elif c in LOWP:
             y = lowp_decode(c, pm, n, sec)
         else:
@@ -374,9 +379,9 @@ def read(p, READER_MINOR=0):
 
 
 SIMPLE = ("fp16", "bf16", "uniform")
-HOSTS = ("topk", "chunktopk", "threshold", "randomk", "powersgd")
+HOSTS = ("topk", "chunktopk", "dct", "threshold", "randomk", "powersgd")
 LOWP = ("fp8", "mx", "nvfp4")
-KNOWN = (*SIMPLE, "powersgd", "topk", "chunktopk", *LOWP)
+KNOWN = (*SIMPLE, "powersgd", "topk", "chunktopk", "dct", *LOWP)
 UNIFORM = {
     "bits": lambda v: type(v) is int and v in (8, 4, 2),
     "group_size": lambda v: type(v) is int and 1 <= v <= 1 << 24,
@@ -619,6 +624,54 @@ def ck_decode(pm, nest, n, dtype, sec):
         raise E("PayloadValueError", "CK4")
     y = np.zeros(n, DT[dtype])
     y[idx] = v.astype(DT[dtype])
+    return y
+
+
+def dct_header(pm, n, strict):
+    """dct.md §1 and DC1: chunktopk's header over the m = ceil(n / C) C coefficients, C a power of
+    two up to 256, k <= 256, values binary32 whatever the tensor's dtype."""
+    H(type(pm.get("chunk")) is int and pm["chunk"] in [1 << j for j in range(9)], "C1 chunk")
+    H(type(pm.get("k")) is int and 1 <= pm["k"] <= 256, "C1 k")
+    m = -(-n // pm["chunk"]) * pm["chunk"]
+    return ck_header(pm, m, "float32", strict)
+
+
+def dct_basis(C):
+    """dct.md §3: a_u cos(pi (2i + 1) u / (2C)) in binary64, rounded once to binary32."""
+    import math
+
+    B = np.empty((C, C), np.float32)
+    for u in range(C):
+        a = math.sqrt((1.0 if u == 0 else 2.0) / C)
+        for i in range(C):
+            B[u, i] = np.float32(a * math.cos(math.pi * (2 * i + 1) * u / (2 * C)))
+    return B
+
+
+def dct_decode(pm, nest, n, sec):
+    """dct.md §6: for each chunk and position, the binary64 sum in increasing coefficient order of the
+    exact products B[u][i] v, rounded once to binary32; DC4 and DC5 on the values first."""
+    C, k = pm["chunk"], pm["k"]
+    m = -(-n // C) * C
+    idx = ck_indices(pm, m, sec)
+    if nest:
+        v = simple_decode(nest["values"][0], nest["values"][1], len(idx), sec, "values.")
+    else:
+        v = np.frombuffer(sec["values"], "<f4")
+    if not np.all(np.isfinite(v)):
+        raise E("PayloadValueError", "DC4")
+    if np.any(np.abs(v.astype(np.float64)) >= 2.0**118):
+        raise E("PayloadValueError", "DC5")
+    B = dct_basis(C)
+    y = np.zeros(n, np.float32)
+    for c in range(m // C):
+        us = [idx[c * k + j] - c * C for j in range(k)]
+        vs = [float(v[c * k + j]) for j in range(k)]
+        for i in range(min(C, n - c * C)):
+            acc = 0.0
+            for u, vv in zip(us, vs):
+                acc += float(B[u, i]) * vv  # exact: two binary32 factors
+            y[c * C + i] = np.float32(acc)
     return y
 
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent / "specs" / "vectors"
 MANIFEST = json.loads((ROOT / "manifest.json").read_text())
 KNOWN = {"fp16", "bf16", "uniform"}
 #: chunktopk vectors whose nested value codec the independent decoder does not implement
-NESTED_ELSEWHERE = {"chunktopk_values_sign"}
+NESTED_ELSEWHERE = {"chunktopk_values_sign", "dct_values_sign"}
 
 
 def _supported(entry: dict) -> bool:
@@ -28,7 +28,7 @@ def _supported(entry: dict) -> bool:
         (entry["module"] == "core" and codecs <= KNOWN)
         or codecs == {"powersgd"}
         or entry["module"] == "formats"
-        or (codecs == {"chunktopk"} and entry["name"] not in NESTED_ELSEWHERE)
+        or (codecs <= {"chunktopk", "dct"} and entry["name"] not in NESTED_ELSEWHERE)
     )
 
 
@@ -209,4 +209,28 @@ def test_chunktopk_on_random_inputs_decodes_identically(coding, n, chunk, k, val
     x = rng.standard_normal(n).astype(np.float32)
     x[::3] = np.round(x[::3])
     buf = bytes(gcodec.get_codec("chunktopk", chunk=chunk, k=k, index_coding=coding, values=values).encode(x))
+    assert sd.same(sd.read(buf), gcodec.decode(buf))
+
+
+@pytest.mark.parametrize("coding", ["gap", "packed"])
+@pytest.mark.parametrize(
+    "n, chunk, k, values",
+    [
+        (1000, 64, 5, None),
+        (100, 8, 8, None),
+        (300, 256, 17, {"id": "uniform", "bits": 2, "group_size": 17}),
+        (77, 16, 3, {"id": "fp16"}),
+        (9, 1, 1, None),
+    ],
+)
+def test_dct_on_random_inputs_decodes_identically(coding, n, chunk, k, values):
+    """The reconstruction written from dct.md §3 and §6 gives gcodec's bits."""
+    import numpy as np
+
+    import gcodec
+
+    rng = np.random.default_rng(n + chunk)
+    top = 4 if values == {"id": "fp16"} else 20  # fp16 values stay below 65520
+    x = (rng.standard_normal(n) * 2.0 ** rng.integers(-20, top, n)).astype(np.float32)
+    buf = bytes(gcodec.get_codec("dct", chunk=chunk, k=k, index_coding=coding, values=values).encode(x))
     assert sd.same(sd.read(buf), gcodec.decode(buf))
