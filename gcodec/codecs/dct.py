@@ -113,9 +113,10 @@ class Dct(ChunkTopK):
         n = flat.shape[0]
         coef = K.memory.empty(self._layout_len(n, chunk), np.float32)
         K.dct.forward(x32, chunk, self._table(K, chunk), coef)
+        plan = self._plan_flat(coef, ctx)  # refuses values the nested codec would overflow (DC4)
         if self._nested is not None and n:
             self._refuse_large_values(K, coef)
-        return self._plan_flat(coef, ctx)
+        return plan
 
     def _refuse_large_values(self, K: Any, coef: Any) -> None:
         """Refuse coefficients the nested codec might decode to 2**118 or more (rule DC5 refuses
