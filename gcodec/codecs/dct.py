@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
-from ..arrays import dtype_name as _dtype_name
 from ..arrays import backend_of
+from ..arrays import dtype_name as _dtype_name
 from ..errors import ConfigError, PayloadValueError
 from ..layout import dct as dlayout
 from ..sections import TensorEntry

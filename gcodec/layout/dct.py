@@ -20,7 +20,7 @@ __all__ = ["CHUNKS", "basis"]
 CHUNKS = tuple(1 << j for j in range(9))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def basis(chunk: int) -> np.ndarray:
     """The ``chunk`` x ``chunk`` float32 table ``B[u, i]`` (read-only)."""
     c = int(chunk)
