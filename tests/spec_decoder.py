@@ -350,7 +350,7 @@ def read(p, READER_MINOR=0):
         elif c == "chunktopk":
             want, nest = ck_header(pm, n, t["dtype"], strict)
         elif c == "dct":
-            want, nest = dct_header(pm, n, strict)
+            want, nest = dct_header(pm, t["shape"], n, strict)
         elif c in LOWP:
             want = lowp_header(c, pm, n, strict)
         else:
@@ -369,7 +369,7 @@ def read(p, READER_MINOR=0):
         elif c == "chunktopk":
             y = ck_decode(pm, nest, n, t["dtype"], sec)
         elif c == "dct":
-            y = dct_decode(pm, nest, n, sec)
+            y = dct_decode(pm, nest, t["shape"], n, sec)
         elif c in LOWP:
             y = lowp_decode(c, pm, n, sec)
         else:
@@ -627,13 +627,29 @@ def ck_decode(pm, nest, n, dtype, sec):
     return y
 
 
-def dct_header(pm, n, strict):
-    """dct.md §1 and DC1: chunktopk's header over the m = ceil(n / C) C coefficients, C a power of
-    two up to 256, k <= 256, values binary32 whatever the tensor's dtype."""
-    H(type(pm.get("chunk")) is int and pm["chunk"] in [1 << j for j in range(9)], "C1 chunk")
+def dct_view(shape):
+    """dct.md §1: the matrix view of 2-D tiles, (shape[0], the rest), one row for 0-d and 1-d."""
+    if len(shape) < 2:
+        return 1, int(np.prod(shape, dtype=np.int64))
+    return shape[0], int(np.prod(shape[1:], dtype=np.int64))
+
+
+def dct_header(pm, shape, n, strict):
+    """dct.md §1 and DC1: chunktopk's header over the coefficients (m = nchunks C), C a power of two
+    up to 256 (dims 1) or s^2 with s = 2 .. 64 (dims 2), k <= 256, values binary32 for any dtype."""
+    H(type(pm.get("dims")) is int and pm["dims"] in (1, 2), "C1 dims")
+    sizes = [1 << j for j in range(9)] if pm["dims"] == 1 else [1 << (2 * j) for j in range(1, 7)]
+    H(type(pm.get("chunk")) is int and pm["chunk"] in sizes, "C1 chunk")
     H(type(pm.get("k")) is int and 1 <= pm["k"] <= 256, "C1 k")
-    m = -(-n // pm["chunk"]) * pm["chunk"]
-    return ck_header(pm, m, "float32", strict)
+    C = pm["chunk"]
+    if pm["dims"] == 1:
+        m = -(-n // C) * C
+    else:
+        s = int(round(C**0.5))
+        rows, cols = dct_view(shape)
+        m = -(-rows // s) * -(-cols // s) * C
+    rest = {key: v for key, v in pm.items() if key != "dims"}
+    return ck_header(rest, m, "float32", strict)
 
 
 def dct_basis(C):
@@ -648,11 +664,18 @@ def dct_basis(C):
     return B
 
 
-def dct_decode(pm, nest, n, sec):
+def dct_decode(pm, nest, shape, n, sec):
     """dct.md §6: for each chunk and position, the binary64 sum in increasing coefficient order of the
-    exact products B[u][i] v, rounded once to binary32; DC4 and DC5 on the values first."""
+    exact products B[u][i] v (2-D: the binary32 product B[p][i] B[q][j] times v), rounded once to
+    binary32; DC4 and DC5 on the values first."""
     C, k = pm["chunk"], pm["k"]
-    m = -(-n // C) * C
+    if pm["dims"] == 1:
+        m = -(-n // C) * C
+    else:
+        s = int(round(C**0.5))
+        rows, cols = dct_view(shape)
+        ntr, ntc = -(-rows // s), -(-cols // s)
+        m = ntr * ntc * C
     idx = ck_indices(pm, m, sec)
     if nest:
         v = simple_decode(nest["values"][0], nest["values"][1], len(idx), sec, "values.")
@@ -662,6 +685,21 @@ def dct_decode(pm, nest, n, sec):
         raise E("PayloadValueError", "DC4")
     if np.any(np.abs(v.astype(np.float64)) >= 2.0**118):
         raise E("PayloadValueError", "DC5")
+    if pm["dims"] == 2:
+        B = dct_basis(s)
+        y = np.zeros(n, np.float32)
+        for t in range(ntr * ntc):
+            r0, c0 = (t // ntc) * s, (t % ntc) * s
+            pqs = [(idx[t * k + j] - t * C) for j in range(k)]
+            vs = [float(v[t * k + j]) for j in range(k)]
+            for i in range(min(s, rows - r0)):
+                for jj in range(min(s, cols - c0)):
+                    acc = 0.0
+                    for pq, vv in zip(pqs, vs):
+                        b = np.float32(B[pq // s, i]) * np.float32(B[pq % s, jj])  # one binary32 rounding
+                        acc += float(b) * vv
+                    y[(r0 + i) * cols + c0 + jj] = np.float32(acc)
+        return y
     B = dct_basis(C)
     y = np.zeros(n, np.float32)
     for c in range(m // C):

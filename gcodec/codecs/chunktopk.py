@@ -128,9 +128,9 @@ class ChunkTopK(ValuesHost):
 
     # ---- what a subclass that selects from another array changes (``dct``'s coefficients) -------
     @classmethod
-    def _layout_len(cls, n: int, chunk: int) -> int:
-        """Elements of the array the chunks cut, for a tensor of ``n``: the tensor itself."""
-        return n
+    def _layout_len(cls, shape: tuple[int, ...], params: dict[str, Any]) -> int:
+        """Elements of the array the chunks cut, for a tensor of ``shape``: the tensor itself."""
+        return numel(shape)
 
     @classmethod
     def _raw_values_dtype(cls, dtype: str) -> str:
@@ -141,6 +141,10 @@ class ChunkTopK(ValuesHost):
     def _value_entry(cls, entry: TensorEntry) -> TensorEntry:
         """The record as the value sections see it (its dtype decides raw and nested value types)."""
         return entry
+
+    def _extra_wire(self) -> dict[str, Any]:
+        """Header params besides the layout's (none here)."""
+        return {}
 
     # ---- encoding --------------------------------------------------------------------------
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
@@ -178,7 +182,8 @@ class ChunkTopK(ValuesHost):
             self._refuse_nested_overflow(bits, mask, infkey, vbits, dname, ctx)
         vwire, vsections, vfill = plan_values(self._nested, flat, idx, dname, ctx, vbits)
         sections += vsections
-        params = {"chunk": chunk, "k": k, "index_coding": coding, "index_bytes": nbytes, "values": vwire}
+        params = {**self._extra_wire(), "chunk": chunk, "k": k, "index_coding": coding, "index_bytes": nbytes}
+        params["values"] = vwire
 
         def fill(views: Mapping[str, np.ndarray]) -> None:
             if coding == "gap":
@@ -212,7 +217,7 @@ class ChunkTopK(ValuesHost):
         """Rule CK1 against the shape; returns the kept count."""
         r = cls.RULE
         chunk, k = params["chunk"], params["k"]
-        n = cls._layout_len(numel(shape), chunk)
+        n = cls._layout_len(shape, params)
         if k > chunk:
             raise HeaderError(f"{r}1: k={k} exceeds chunk={chunk}")
         total = kept_count(n, chunk, k)
@@ -233,7 +238,7 @@ class ChunkTopK(ValuesHost):
     ) -> list[tuple[str, str, int]]:
         """Sections of a payload; raw values depend on the tensor dtype (default float32)."""
         total = cls._check_wire_shape(params, shape)
-        n = cls._layout_len(numel(shape), params["chunk"])
+        n = cls._layout_len(shape, params)
         out: list[tuple[str, str, int]] = []
         if params["index_coding"] == "gap":
             out.append(("index_widths", "u1", (n + params["chunk"] - 1) // params["chunk"]))
@@ -256,13 +261,13 @@ class ChunkTopK(ValuesHost):
 
     @classmethod
     def _total(cls, params: dict[str, Any], entry: TensorEntry) -> int:
-        return kept_count(cls._layout_len(entry.numel, params["chunk"]), params["chunk"], params["k"])
+        return kept_count(cls._layout_len(entry.shape, params), params["chunk"], params["k"])
 
     # ---- decoding --------------------------------------------------------------------------
     @classmethod
     def _decode_indices(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> np.ndarray:
         chunk, k = params["chunk"], params["k"]
-        n = cls._layout_len(entry.numel, chunk)
+        n = cls._layout_len(entry.shape, params)
         r = cls.RULE
         total = cls._total(params, entry)
         idx = alloc.empty(f"{cls.codec_id} indices", total, np.int64)

@@ -10,8 +10,9 @@ giving DeMo's 1 bit per kept coefficient (times a scale).
 
 The reconstruction is fixed to the bit (spec §6): a float32 basis table (``gcodec.layout.dct``),
 exact float32 x float32 products accumulated in float64 in increasing order and rounded once, so every
-rank, every backend and a stranger's decoder produce the same float32 values. This version transforms
-the flattened tensor in 1-D chunks; 2-D tiles (a DCT along both dimensions) are not implemented.
+rank, every backend and a stranger's decoder produce the same float32 values. ``dims=1`` transforms
+chunks of the flattened tensor; ``dims=2`` transforms s x s tiles of its matrix view along both
+dimensions (DeMo's layout).
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ class Dct(ChunkTopK):
     """Top-k DCT-II coefficients of every chunk of ``chunk`` elements.
 
     Parameters:
-        chunk: elements per chunk, a power of two up to 256 (default 64, DeMo's).
+        chunk: elements per chunk, a power of two up to 256 (default 64); with ``dims=2`` the
+            elements of an s x s tile, s = 2 .. 64 (DeMo: 64 x 64 tiles, ``chunk=4096``).
+        dims: 1 (default) transforms chunks of the flattened tensor; 2 transforms s x s tiles of the
+            tensor's matrix view (``shape[0]`` rows) along both dimensions.
         k: coefficients kept per chunk, 1 to ``chunk`` (default 4).
         index_coding: ``"gap"`` (default) or ``"packed"``, as in ``chunktopk``.
         values: ``None`` sends the kept coefficients as float32; a codec config such as
@@ -62,13 +66,20 @@ class Dct(ChunkTopK):
     codec_id = "dct"
     RULE = "DC"
     PARAMS = {
-        "chunk": Param(int, 64, "elements per chunk (a power of two up to 256)", choices=dlayout.CHUNKS),
+        "chunk": Param(
+            int,
+            64,
+            "elements per chunk: a power of two up to 256 (dims=1), s*s for s = 2..64 (dims=2)",
+            choices=dlayout.ALL_CHUNKS,
+        ),
+        "dims": Param(int, 1, "1: chunks of the flat tensor; 2: s x s tiles of its matrix view", choices=(1, 2)),
         "k": Param(int, 4, "coefficients kept per chunk", min=1, max=256),
         "index_coding": Param(str, "gap", "how in-chunk indices are stored", choices=("gap", "packed")),
         "values": Param((dict, str, _NONE), None, "codec config for the kept coefficients, or None for float32"),
     }
     WIRE = {
-        "chunk": Param(int, 64, "elements per chunk", choices=dlayout.CHUNKS),
+        "chunk": Param(int, 64, "elements per chunk", choices=dlayout.ALL_CHUNKS),
+        "dims": Param(int, 1, "1-D chunks or 2-D tiles", choices=(1, 2)),
         "k": Param(int, 4, "coefficients kept per chunk", min=1, max=256),
         "index_coding": Param(str, "gap", "index coding", choices=("gap", "packed")),
         "index_bytes": Param(int, 0, "bytes of the indices section", min=0),
@@ -76,13 +87,28 @@ class Dct(ChunkTopK):
     }
 
     @classmethod
-    def _layout_len(cls, n: int, chunk: int) -> int:
-        """The coefficients: every chunk full (a short last chunk is padded with zeros)."""
-        return -(-n // chunk) * chunk
+    def _check_config(cls, params: dict[str, Any], err: type[Exception], where: str) -> None:
+        super()._check_config(params, err, where)
+        allowed = dlayout.CHUNKS if params["dims"] == 1 else dlayout.CHUNKS_2D
+        if params["chunk"] not in allowed:
+            raise err(f"{where}chunk={params['chunk']} is not one of {list(allowed)} for dims={params['dims']}")
+
+    @classmethod
+    def _layout_len(cls, shape: tuple[int, ...], params: dict[str, Any]) -> int:
+        """The coefficients: every chunk (tile) full, short ones padded with zeros."""
+        chunk = params["chunk"]
+        if params["dims"] == 1:
+            return -(-math.prod(shape) // chunk) * chunk
+        s = dlayout.side(chunk)
+        rows, cols = dlayout.matrix_view(shape)
+        return -(-rows // s) * -(-cols // s) * chunk
 
     @classmethod
     def _raw_values_dtype(cls, dtype: str) -> str:
         return "float32"
+
+    def _extra_wire(self) -> dict[str, Any]:
+        return {"dims": self._params["dims"]}
 
     @classmethod
     def _value_entry(cls, entry: TensorEntry) -> TensorEntry:
@@ -111,8 +137,14 @@ class Dct(ChunkTopK):
         else:
             raise ConfigError(f"dct: device tensors must be float32 (got {dname}); cast on the device first")
         n = flat.shape[0]
-        coef = K.memory.empty(self._layout_len(n, chunk), np.float32)
-        K.dct.forward(x32, chunk, self._table(K, chunk), coef)
+        shape = tuple(int(d) for d in x.shape)
+        coef = K.memory.empty(self._layout_len(shape, self._params), np.float32)
+        if self._params["dims"] == 1:
+            K.dct.forward(x32, chunk, self._table(K, chunk), coef)
+        elif coef.shape[0]:
+            s = dlayout.side(chunk)
+            rows, cols = dlayout.matrix_view(shape)
+            K.dct.forward2(x32, rows, cols, s, self._table(K, s), coef)
         plan = self._plan_flat(coef, ctx)  # refuses values the nested codec would overflow (DC4)
         if self._nested is not None and n:
             self._refuse_large_values(K, coef)
@@ -166,7 +198,12 @@ class Dct(ChunkTopK):
         vals = cls._values(params, entry, views)
         K = kernels.of(out)
         chunk = params["chunk"]
-        K.dct.inverse(idx, vals, chunk, params["k"], cls._table(K, chunk), out, accumulate)
+        if params["dims"] == 1:
+            K.dct.inverse(idx, vals, chunk, params["k"], cls._table(K, chunk), out, accumulate)
+        elif out.shape[0]:
+            s = dlayout.side(chunk)
+            rows, cols = dlayout.matrix_view(entry.shape)
+            K.dct.inverse2(idx, vals, rows, cols, s, params["k"], cls._table(K, s), out, accumulate)
 
     def magnitude_bound(self, max_abs: float, count: int) -> float:  # pragma: no cover - a host never nests
         return math.inf

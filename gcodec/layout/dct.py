@@ -14,10 +14,26 @@ import math
 
 import numpy as np
 
-__all__ = ["CHUNKS", "basis"]
+__all__ = ["ALL_CHUNKS", "CHUNKS", "CHUNKS_2D", "basis", "matrix_view", "side"]
 
-#: The chunk lengths a ``dct`` payload may use (C1): powers of two up to 256.
+#: The chunk lengths of a 1-D ``dct`` payload (C1): powers of two up to 256.
 CHUNKS = tuple(1 << j for j in range(9))
+#: The chunk lengths of a 2-D payload: tiles of s x s, s a power of two from 2 to 64.
+CHUNKS_2D = tuple(1 << (2 * j) for j in range(1, 7))
+ALL_CHUNKS = tuple(sorted(set(CHUNKS) | set(CHUNKS_2D)))
+
+
+def side(chunk: int) -> int:
+    """s of a 2-D tile of ``chunk = s * s`` elements."""
+    return math.isqrt(chunk)
+
+
+def matrix_view(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, cols) of the tensor as 2-D tiles see it: ``shape[0]`` rows of the remaining elements;
+    one row for a 0-d or 1-d tensor (spec §1)."""
+    if len(shape) < 2:
+        return 1, math.prod(shape)
+    return shape[0], math.prod(shape[1:])
 
 
 @functools.cache

@@ -66,6 +66,19 @@ VALID = [
     ("dct_empty", _enc(np.zeros(0, F32), chunk=16, k=2)),
     ("dct_2d", _enc(heavy_input(96, 86).reshape(8, 12), chunk=16, k=3)),
     ("dct_values_sign", _enc(heavy_input(512, 87), chunk=64, k=8, values={"id": "sign", "group_size": 8})),
+    ("dct_tiles_4x4", _enc(heavy_input(130, 90).reshape(10, 13), chunk=16, k=3, dims=2)),
+    ("dct_tiles_8x8_3d", _enc(heavy_input(360, 91).reshape(9, 5, 8), chunk=64, k=6, dims=2, index_coding="packed")),
+    (
+        "dct_tiles_64x64_u2",
+        _enc(
+            heavy_input(70 * 90, 92).reshape(70, 90),
+            chunk=4096,
+            k=32,
+            dims=2,
+            values={"id": "uniform", "bits": 2, "group_size": 32},
+        ),
+    ),
+    ("dct_tiles_vector", _enc(heavy_input(37, 93), chunk=4, k=2, dims=2)),
     (
         "dct_values_uniform2",
         _enc(heavy_input(512, 88), chunk=64, k=8, values={"id": "uniform", "bits": 2, "group_size": 8}),
@@ -146,6 +159,8 @@ INVALID = [
     ("dc1_dct_packed_index_bytes", _relayout(packed_base, _params(index_bytes=2)), "HeaderError", "DC1"),
     ("c1_dct_chunk_not_power_of_two", _relayout(base, _params(chunk=6)), "HeaderError", "C1"),
     ("c1_dct_chunk_too_large", _relayout(base, _params(chunk=512)), "HeaderError", "C1"),
+    ("c1_dct_tile_not_square", _relayout(base, _params(dims=2, chunk=8)), "HeaderError", "C1"),
+    ("c1_dct_bad_dims", _relayout(base, _params(dims=3)), "HeaderError", "C1"),
     ("c3_dct_values_short", _relayout(base, fn_blobs=_set("values", bytes(4))), "SizeMismatchError", "C3"),
     ("dc2_dct_pad_bits", _relayout(base, fn_blobs=_set("indices", b"\x06")), "PayloadValueError", "DC2"),
     (
