@@ -645,7 +645,7 @@ def dct_header(pm, shape, n, strict):
     if pm["dims"] == 1:
         m = -(-n // C) * C
     else:
-        s = int(round(C**0.5))
+        s = round(C**0.5)
         rows, cols = dct_view(shape)
         m = -(-rows // s) * -(-cols // s) * C
     rest = {key: v for key, v in pm.items() if key != "dims"}
@@ -672,7 +672,7 @@ def dct_decode(pm, nest, shape, n, sec):
     if pm["dims"] == 1:
         m = -(-n // C) * C
     else:
-        s = int(round(C**0.5))
+        s = round(C**0.5)
         rows, cols = dct_view(shape)
         ntr, ntc = -(-rows // s), -(-cols // s)
         m = ntr * ntc * C
