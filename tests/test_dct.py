@@ -137,3 +137,81 @@ def test_bad_configuration_is_refused(params):
 @pytest.mark.parametrize("name, make, error, rule", INVALID, ids=[c[0] for c in INVALID])
 def test_rule(name, make, error, rule):
     assert_refused(make(), error, rule)
+
+
+def _forward2_reference(x2: np.ndarray, s: int) -> np.ndarray:
+    """§2 with dims = 2: columns then rows, each a binary64 sum of exact products in increasing order."""
+    rows, cols = x2.shape
+    ntr, ntc = -(-rows // s), -(-cols // s)
+    pad = np.zeros((ntr * s, ntc * s), np.float64)
+    pad[:rows, :cols] = x2.astype(np.float32)
+    B = basis(s).astype(np.float64)
+    out = np.empty(ntr * ntc * s * s, np.float32)
+    for tr in range(ntr):
+        for tc in range(ntc):
+            tile = pad[tr * s : tr * s + s, tc * s : tc * s + s]
+            T = np.zeros((s, s))
+            for i in range(s):
+                T += B[:, i : i + 1] * tile[i : i + 1, :]
+            T = T.astype(np.float32).astype(np.float64)
+            Y = np.zeros((s, s))
+            for j in range(s):
+                Y += T[:, j : j + 1] * B[:, j][None, :]
+            t = tr * ntc + tc
+            out[t * s * s : (t + 1) * s * s] = Y.astype(np.float32).reshape(-1)
+    return out
+
+
+@pytest.mark.parametrize(
+    "shape, chunk, k", [((10, 13), 16, 3), ((9, 5, 8), 64, 6), ((37,), 4, 4), ((70, 90), 4096, 32)]
+)
+def test_tiles_follow_the_spec_bit_for_bit(shape, chunk, k):
+    """dims = 2: the coefficients, their top k per tile, and the reconstruction with the binary32
+    2-D basis entries b = fl32(B[p][i] B[q][j]), against NumPy written from §2 and §6."""
+    rng = np.random.default_rng(len(shape) + chunk)
+    x = rng.standard_normal(shape).astype(np.float32)
+    s = int(np.sqrt(chunk))
+    rows = shape[0] if len(shape) >= 2 else 1
+    x2 = x.reshape(rows, -1)
+    buf = gcodec.get_codec("dct", chunk=chunk, k=k, dims=2).encode(x)
+    coef = _forward2_reference(x2, s)
+    idx, vals = _parts(buf)
+    a = np.abs(coef.astype(np.float64))
+    want = np.concatenate(
+        [c + np.sort(np.lexsort((np.arange(chunk), -a[c : c + chunk]))[:k]) for c in range(0, a.size, chunk)]
+    )
+    np.testing.assert_array_equal(idx, want)
+    np.testing.assert_array_equal(vals.view(np.uint32), coef[want].view(np.uint32))
+    B = basis(s)
+    ntc = -(-x2.shape[1] // s)
+    y = np.zeros(x2.shape, np.float32)
+    for t in range(a.size // chunk):
+        r0, c0 = (t // ntc) * s, (t % ntc) * s
+        pq = idx[t * k : t * k + k] - t * chunk
+        v = vals[t * k : t * k + k].astype(np.float64)
+        for i in range(min(s, x2.shape[0] - r0)):
+            for j in range(min(s, x2.shape[1] - c0)):
+                b = (B[pq // s, i] * B[pq % s, j]).astype(np.float32)  # binary32 products
+                acc = 0.0
+                for bl, vl in zip(b.astype(np.float64), v):
+                    acc += bl * vl
+                y[r0 + i, c0 + j] = np.float32(acc)
+    np.testing.assert_array_equal(gcodec.decode(buf).reshape(x2.shape).view(np.uint32), y.view(np.uint32))
+
+
+def test_smooth_matrices_need_few_tile_coefficients():
+    """A smooth 2-D field (a product of slow sines): 4 of 64 coefficients per 8 x 8 tile keep it
+    within 2 % (measured 0.5 %), the 1-D chunks of 64 along the rows within 5 %."""
+    r = np.arange(128)[:, None]
+    c = np.arange(128)[None, :]
+    x = (np.sin(r * 2 * np.pi / 256) * np.cos(c * 2 * np.pi / 256)).astype(np.float32)
+    y = gcodec.decode(gcodec.get_codec("dct", chunk=64, k=4, dims=2).encode(x))
+    assert np.linalg.norm(y - x) <= 0.02 * np.linalg.norm(x)
+
+
+@pytest.mark.parametrize(
+    "params", [{"dims": 2, "chunk": 8}, {"dims": 2, "chunk": 1}, {"dims": 1, "chunk": 1024}, {"dims": 3}]
+)
+def test_chunk_sizes_follow_dims(params):
+    with pytest.raises(gcodec.ConfigError):
+        gcodec.get_codec("dct", **params)

@@ -151,6 +151,8 @@ CASES: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
     ("dct-c64-packed", {"id": "dct", "chunk": 64, "k": 5, "index_coding": "packed"}, 200, 91, None, "ties"),
     ("dct-sign", {"id": "dct", "chunk": 16, "k": 3, "values": {"id": "sign", "group_size": 3}}, 90, 92, None, "normal"),
     ("dct-nan", {"id": "dct", "chunk": 8, "k": 2}, 40, 93, None, "nan"),
+    ("dct-tiles-4", {"id": "dct", "chunk": 16, "k": 3, "dims": 2}, 130, 94, None, "normal"),
+    ("dct-tiles-8", {"id": "dct", "chunk": 64, "k": 5, "dims": 2, "index_coding": "packed"}, 180, 95, None, "ties"),
     (
         "ck-u2",
         {"id": "chunktopk", "chunk": 64, "k": 8, "values": {"id": "uniform", "bits": 2, "group_size": 8}},
@@ -193,6 +195,8 @@ SHAPES: dict[str, tuple[int, ...]] = {
     "psgd-r2-fp16": (16, 12),
     "psgd-r3-u8": (12, 16),
     "psgd-fp16-huge": (16, 12),
+    "dct-tiles-4": (10, 13),
+    "dct-tiles-8": (12, 15),
 }
 #: NaN input, and values beyond a nested fp16's range: the device encoder refuses them as the CPU one does
 OVERFLOWS = ["topk-fp16-huge", "rk-fp16-huge", "th-fp16-huge", "psgd-fp16-huge"]

@@ -38,7 +38,7 @@ from .sparse import key_bits, smallest_key
 __all__ = ["Dct"]
 
 _NONE = type(None)
-#: Inputs must stay below this magnitude (spec §2): then every coefficient is below 2^104 and every
+#: Inputs must stay below this magnitude (spec §2): then every coefficient is below 2^106 and every
 #: value and reconstruction stays finite (rule DC5's 2^118 with room for any nested rounding).
 INPUT_LIMIT = 2.0**100
 VALUE_LIMIT = 2.0**118
