@@ -125,6 +125,7 @@ CASES: dict[str, list[Case]] = {
         _c("dct", chunk=8, k=2),
         _c("dct", (5, 7), chunk=16, k=16, index_coding="packed"),
         _c("dct", (70,), chunk=32, k=3, values={"id": "sign", "group_size": 3}),
+        _c("dct", (9, 7), chunk=16, k=2, dims=2),
     ],
     "randomk": [_c("randomk", ratio=0.2, seed=9), _c("randomk", (5, 7), k=5, values="fp16")],
     "threshold": [
