@@ -18,6 +18,10 @@ alike. Reported as ratios measured in the same run:
   formulation (``(P^T M)^T``, which avoids its slow transposed ``bmm``) is reported too.
 * Decode (scatter / P Q^T) into ``out=`` and accumulate, and Random-K / threshold encode for
   reference.
+* Chunked top-k (``chunktopk``, 64 of every 4096, both index codings, raw and 2-bit values) against
+  ``topk`` at the same density (1/64), in the same rounds: the per-element cost of the two selections.
+  ``--chunktopk-ratio`` prints instead the measured wire ratios of SparseLoCo's setting on a
+  64 Mi-element float32 tensor (``len(payload)``, everything counted).
 
 Results go to stdout as a markdown table and, with ``--json``, to a file.
 """
@@ -105,6 +109,43 @@ def bench_others(n: int, repeat: int) -> dict[str, float]:
     )
 
 
+U2 = {"id": "uniform", "bits": 2, "group_size": 64}
+
+
+def bench_chunktopk(n: int, repeat: int) -> dict[str, float]:
+    x = heavy_tailed(n, 3)
+    gap = gcodec.get_codec("chunktopk", chunk=4096, k=64)
+    packed = gcodec.get_codec("chunktopk", chunk=4096, k=64, index_coding="packed")
+    u2 = gcodec.get_codec("chunktopk", chunk=4096, k=64, values=U2)
+    ref = gcodec.get_codec("topk", ratio=1 / 64)
+    buf = u2.encode(x)
+    out = np.empty(n, np.float32)
+    return best_of(
+        {
+            "gcodec topk 1/64 encode": lambda: ref.encode(x),
+            "gcodec chunktopk 64/4096 encode (gap)": lambda: gap.encode(x),
+            "gcodec chunktopk 64/4096 encode (packed)": lambda: packed.encode(x),
+            "gcodec chunktopk 64/4096 encode (gap, 2-bit values)": lambda: u2.encode(x),
+            "gcodec chunktopk 64/4096 decode (out=, 2-bit values)": lambda: gcodec.decode(buf, out=out),
+        },
+        repeat,
+    )
+
+
+def chunktopk_ratios(n: int = 64 << 20) -> list[tuple[str, str, int, float]]:
+    """(index coding, scale dtype, payload bytes, float32 bytes / payload bytes) for 64 of every
+    4096 elements with 2-bit values, one scale per chunk, on standard normal float32 values."""
+    x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    rows = []
+    for coding in ("gap", "packed"):
+        for sd in ("float32", "float16"):
+            values = {**U2, "scale_dtype": sd}
+            c = gcodec.get_codec("chunktopk", chunk=4096, k=64, index_coding=coding, values=values)
+            size = len(c.encode(x))
+            rows.append((coding, sd, size, x.nbytes / size))
+    return rows
+
+
 def bench_powersgd(m: int, rank: int, repeat: int, with_torch: bool) -> dict[str, float]:
     rng = np.random.default_rng(2)
     mat = rng.standard_normal((m, m), dtype=np.float32)
@@ -168,7 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--chunktopk-ratio", action="store_true", help="print chunktopk's wire ratios and exit")
     args = ap.parse_args(argv)
+    if args.chunktopk_ratio:
+        print("| index_coding | scales | bytes | float32 / payload |")
+        print("|---|---|---:|---:|")
+        for coding, sd, size, r in chunktopk_ratios():
+            print(f"| {coding} | {sd} | {size} | {r:.1f} |")
+        return 0
     with_torch = not args.no_torch
     if with_torch:
         try:
@@ -179,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, dict[str, float]] = {
         "topk": bench_topk(args.n, args.repeat, with_torch),
         "others": bench_others(args.n, args.repeat),
+        "chunktopk": bench_chunktopk(args.n, args.repeat),
         "powersgd": bench_powersgd(args.m, args.rank, args.repeat, with_torch),
     }
     gb = 4 * args.n / 1e9
@@ -190,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Top-K 1 % and friends on {args.n} float32 (Student-t, 3 dof):\n")
     print("| operation | ms | GB/s of input |")
     print("|---|---:|---:|")
-    for part in ("topk", "others"):
+    for part in ("topk", "others", "chunktopk"):
         for k, v in res[part].items():
             if not k.startswith("_"):
                 print(f"| {k} | {v * 1e3:.2f} | {gb / v:.2f} |")
@@ -204,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     if "torch.topk" in tk:
         r_t = tk["torch.topk"] / tk["gcodec topk encode"]
         print(f"top-k encode vs torch.topk: {r_t:.1f}x (target >= 10x)")
+    ck = res["chunktopk"]
+    r_ck = ck["gcodec chunktopk 64/4096 encode (gap)"] / ck["gcodec topk 1/64 encode"]
+    print(f"chunktopk 64/4096 encode / topk 1/64 encode: {r_ck:.2f}x the time")
     print(f"\nPowerSGD rank {args.rank} on {args.m} x {args.m} float32:\n")
     print("| operation | ms | GB/s of input |")
     print("|---|---:|---:|")

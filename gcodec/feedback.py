@@ -1,10 +1,12 @@
 """Error feedback: remember what compression dropped and send it next time.
 
 For each key (usually a parameter name) :class:`ErrorFeedback` keeps a residual ``e`` and encodes
-``x + e`` instead of ``x``; afterwards ``e <- (x + e) - decode(payload)``. Over T steps the sum of
-what was decoded plus the final residual equals the sum of the inputs (up to float rounding), so
-biased or lossy codecs (Top-K, sign, low bit widths) still converge (Seide et al. 2014, "1-bit SGD";
-Karimireddy et al. 2019, "EF-SignSGD"; Stich et al. 2018, "Sparsified SGD with memory").
+``c = x + decay * e`` instead of ``x``; afterwards ``e <- c - decode(payload)``. With ``decay = 1``
+(the default) the sum of what was decoded over T steps plus the final residual equals the sum of
+the inputs (up to float rounding), so biased or lossy codecs (Top-K, sign, low bit widths) still
+converge (Seide et al. 2014, "1-bit SGD"; Karimireddy et al. 2019, "EF-SignSGD"; Stich et al. 2018,
+"Sparsified SGD with memory"). A decay below 1 forgets old residuals geometrically (SparseLoCo uses
+0.95): a residual of T steps ago weighs ``decay**T``, so stale corrections cannot pile up.
 
 Works with every codec: it encodes through ``gcodec.encode`` with its own
 :class:`~gcodec.CodecState` (:attr:`ErrorFeedback.codec_state`) and decodes with ``gcodec.decode``.
@@ -52,12 +54,22 @@ class ErrorFeedback:
         codec: the codec (or its id / config dict) that compresses ``x + residual``.
         residual_dtype: dtype of the residuals. Default: float64 for float64 input, else float32
             (16-bit inputs are accumulated in float32 so small residuals are not rounded away).
+        decay: ``0 < decay <= 1``, the factor the residual is multiplied by before it is added:
+            ``c = x + decay * e``, the product rounded to the residual dtype first, then the sum
+            (no fused multiply-add, on every backend). 1.0 (default) is classic error feedback;
+            SparseLoCo uses 0.95 with chunked top-k. A smaller decay keeps the residual smaller
+            (``|e_T| <= q G (1 - (q decay)^T) / (1 - q decay)`` for a codec that keeps at least
+            ``1 - q^2`` of the energy and inputs of norm at most G) at the cost of forgetting part
+            of what was dropped.
 
     The payload declares the residual dtype (the corrected tensor is what gets encoded).
     """
 
-    def __init__(self, codec: Codec | str | dict[str, Any], *, residual_dtype: Any = None) -> None:
+    def __init__(self, codec: Codec | str | dict[str, Any], *, residual_dtype: Any = None, decay: float = 1.0) -> None:
         self.codec = get_codec(codec)
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) <= 1.0:
+            raise ConfigError(f"decay must be a number in (0, 1], got {decay!r}")
+        self.decay = float(decay)
         self.residual_dtype = None if residual_dtype is None else np.dtype(residual_dtype)
         if self.residual_dtype is not None and self.residual_dtype not in (np.float32, np.float64):
             raise ConfigError("residual_dtype must be float32 or float64")
@@ -99,6 +111,11 @@ class ErrorFeedback:
                 arr, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta, out=out
             )
         wd, e, scratch = self._host_buffers(key, arr)
+        if e is not None and self.decay != 1.0:
+            # c = x + fl(decay * e) first; both paths below then encode c with no residual, so the
+            # fused path stays bit-identical to the generic one
+            arr = self._corrected(arr, e, wd)
+            e = None
         # Fast path: a codec with a fused kernel reads x and e once and writes the new residual
         # into the scratch buffer (bit-identical to the generic path below); then the two swap.
         fused = getattr(self.codec, "plan_feedback", None)
@@ -173,9 +190,14 @@ class ErrorFeedback:
             scratch = np.empty(arr.shape, dtype=wd)
         return wd, e, scratch
 
-    @staticmethod
-    def _corrected(arr: np.ndarray, e: np.ndarray | None, wd: np.dtype) -> np.ndarray:
-        """A new array ``x + e`` in the work dtype (``x`` itself is never written)."""
+    def _corrected(self, arr: np.ndarray, e: np.ndarray | None, wd: np.dtype) -> np.ndarray:
+        """A new array ``x + decay * e`` in the work dtype (``x`` itself is never written)."""
+        if e is not None and self.decay != 1.0:
+            corrected = arr.astype(wd, copy=True)
+            K = kernels.of(corrected)
+            with K.threads_for(corrected.size):
+                K.feedback.add_decayed(corrected.reshape(-1), e.reshape(-1), self.decay)
+            return corrected
         if e is not None and arr.dtype == wd:
             return np.add(arr, e)
         corrected = arr.astype(wd, copy=True)
@@ -237,7 +259,11 @@ class ErrorFeedback:
             raise ConfigError(f"error feedback key {key!r}: shape {shape} differs from its residual's {tuple(e.shape)}")
         corrected = K.memory.empty(n, wd)
         K.memory.copy(corrected, dev.reshape(n))
-        if e is not None:
+        if e is not None and self.decay != 1.0:
+            if backend_of(e) == "cpu":  # a host residual (load_state_dict): copied once
+                e = K.launch.upload(np.ascontiguousarray(e).reshape(n))
+            K.feedback.add_decayed(corrected, e.reshape(n), self.decay)  # x + fl(decay * e), as on the host
+        elif e is not None:
             K.memory.copy(corrected, e.reshape(n), True)  # x + e: one IEEE addition, as np.add
         scratch = self._scratch.get(key)
         if scratch is None or backend_of(scratch) == "cpu" or tuple(scratch.shape) != (n,):
@@ -305,6 +331,7 @@ class ErrorFeedback:
         """
         state: dict[str, Any] = {
             "codec": self.codec.get_config(),
+            "decay": self.decay,
             "residuals": {k: _host_copy(v) for k, v in self._residuals.items()},  # device residuals: host copies
             "disabled": sorted(self._disabled),
             "codec_state": self.codec_state.state_dict(),  # streams and warm starts per key
@@ -321,6 +348,11 @@ class ErrorFeedback:
             raise ConfigError("state dict lacks 'residuals'") from None
         if "codec" in state and get_codec(state["codec"]) != self.codec:
             raise ConfigError(f"state was saved with codec {state['codec']}, not {self.codec.get_config()}")
+        if "decay" in state:  # (checkpoints written before decay existed do not say)
+            decay = state["decay"]
+            decay = float(decay.item() if hasattr(decay, "item") else decay)
+            if decay != self.decay:
+                raise ConfigError(f"state was saved with decay={decay}, not {self.decay}")
         new = {}
         for k, v in residuals.items():
             a = owned_array(v)

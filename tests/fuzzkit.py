@@ -116,6 +116,17 @@ CASES: dict[str, list[Case]] = {
         _c("topk", (5, 7), k=5, index_coding="raw"),
         _c("topk", k=4, values={"id": "uniform", "bits": 8}),
     ],
+    "chunktopk": [
+        _c("chunktopk", chunk=8, k=3),
+        _c("chunktopk", (5, 7), chunk=6, k=6, index_coding="packed"),
+        _c("chunktopk", (70,), chunk=16, k=2, values={"id": "uniform", "bits": 2, "group_size": 2}),
+    ],
+    "dct": [
+        _c("dct", chunk=8, k=2),
+        _c("dct", (5, 7), chunk=16, k=16, index_coding="packed"),
+        _c("dct", (70,), chunk=32, k=3, values={"id": "sign", "group_size": 3}),
+        _c("dct", (9, 7), chunk=16, k=2, dims=2),
+    ],
     "randomk": [_c("randomk", ratio=0.2, seed=9), _c("randomk", (5, 7), k=5, values="fp16")],
     "threshold": [
         _c("threshold", threshold=0.5),
@@ -165,6 +176,9 @@ NESTED_CODECS: list[dict[str, Any]] = [
 NESTED_HOSTS: list[tuple[str, str, dict[str, Any], tuple[int, ...]]] = [
     ("topk", "values", {"k": 40}, (300,)),
     ("topk", "values", {"k": 40, "index_coding": "raw"}, (5, 60)),
+    ("chunktopk", "values", {"chunk": 64, "k": 8}, (300,)),
+    ("chunktopk", "values", {"chunk": 50, "k": 7, "index_coding": "packed"}, (5, 60)),
+    ("dct", "values", {"chunk": 32, "k": 5}, (300,)),
     ("threshold", "values", {"threshold": 1.0}, (300,)),
     ("randomk", "values", {"ratio": 0.2, "seed": 9}, (300,)),
     ("powersgd", "factors", {"rank": 2, "min_compression_rate": 0.0}, (12, 10)),

@@ -104,7 +104,7 @@ def run_ef(case: dict) -> dict:
     res: dict = {"id": case["id"], "payloads": []}
     shape = case.get("shape") or (case["n"],)
     try:
-        ef = gcodec.ErrorFeedback(case["codec"])
+        ef = gcodec.ErrorFeedback(case["codec"], decay=case.get("decay", 1.0))
         for s, x in enumerate(ef_inputs(case["n"], case["data_seed"], case["steps"])):
             p = ef.encode(cuda.to_device(x.reshape(shape)), "w", step=s)
             res["payloads"].append(bytes(p).hex())

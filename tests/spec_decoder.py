@@ -3,7 +3,9 @@
 It implements the container (specs/format.md, with its own msgpack reader and a table CRC32C), the
 codecs fp16, bf16 and uniform (nearest rounding, float32 scales), the low-precision float codecs
 fp8, mx and nvfp4 (element values from the bit fields of mx.md §3, not from a library),
-powersgd with raw or nested (hybrid.md) factors, and the header rules (not the decoding) of topk.
+powersgd with raw or nested (hybrid.md) factors, chunktopk (both index codings, raw or nested
+values), dct (its basis table from dct.md §3, its reconstruction from §6), and the header rules (not
+the decoding) of topk.
 tests/test_spec_decoder.py runs it over the golden vectors: it must decode every valid one bit for bit and refuse every
 invalid container vector with the error class the manifest names. It is deliberately plain and
 slow; nothing in gcodec may import it.
@@ -345,6 +347,10 @@ def read(p, READER_MINOR=0):
             want, nest = psgd_header(pm, t["shape"], n, strict)
         elif c == "topk":
             want, nest = topk_header(pm, n, t["dtype"], strict)
+        elif c == "chunktopk":
+            want, nest = ck_header(pm, n, t["dtype"], strict)
+        elif c == "dct":
+            want, nest = dct_header(pm, t["shape"], n, strict)
         elif c in LOWP:
             want = lowp_header(c, pm, n, strict)
         else:
@@ -360,6 +366,10 @@ def read(p, READER_MINOR=0):
             y = psgd_decode(pm, nest, t["shape"], n, t["dtype"], sec)
         elif c == "topk":
             raise E("NotImplemented", "topk: only its header rules are implemented here")
+        elif c == "chunktopk":
+            y = ck_decode(pm, nest, n, t["dtype"], sec)
+        elif c == "dct":
+            y = dct_decode(pm, nest, t["shape"], n, sec)
         elif c in LOWP:
             y = lowp_decode(c, pm, n, sec)
         else:
@@ -369,9 +379,9 @@ def read(p, READER_MINOR=0):
 
 
 SIMPLE = ("fp16", "bf16", "uniform")
-HOSTS = ("topk", "threshold", "randomk", "powersgd")
+HOSTS = ("topk", "chunktopk", "dct", "threshold", "randomk", "powersgd")
 LOWP = ("fp8", "mx", "nvfp4")
-KNOWN = (*SIMPLE, "powersgd", "topk", *LOWP)
+KNOWN = (*SIMPLE, "powersgd", "topk", "chunktopk", "dct", *LOWP)
 UNIFORM = {
     "bits": lambda v: type(v) is int and v in (8, 4, 2),
     "group_size": lambda v: type(v) is int and 1 <= v <= 1 << 24,
@@ -513,6 +523,194 @@ def topk_header(pm, n, dtype, strict):
         et, size = {"float32": ("f4", 4), "float64": ("f8", 8), "float16": ("f2", 2), "bfloat16": ("u2", 2)}[dtype]
         want.append(("values", et, k * size))
     return want, nest
+
+
+RAW_VALUES = {"float32": ("f4", 4), "float64": ("f8", 8), "float16": ("f2", 2), "bfloat16": ("u2", 2)}
+
+
+def ck_chunks(pm, n):
+    """chunktopk.md §1: (L_c, k_c) of every chunk."""
+    C, k = pm["chunk"], pm["k"]
+    return [(min(C, n - s), min(k, min(C, n - s))) for s in range(0, n, C)]
+
+
+def ck_header(pm, n, dtype, strict):
+    """chunktopk.md §1, §3-§5 and CK1, in format.md §7.3's order: H1 (values), C1, CK1; the sections."""
+    nest = {"values": nested_decl(pm["values"], strict)} if pm.get("values") is not None else {}
+    names = ("chunk", "k", "index_coding", "index_bytes", "values")
+    for key in names:
+        H(key in pm, "C1 " + key)
+    if strict:
+        H(set(pm) <= set(names), "C1 unknown")
+    H(type(pm["chunk"]) is int and 1 <= pm["chunk"] <= 1 << 24, "C1 chunk")
+    H(type(pm["k"]) is int and 1 <= pm["k"] <= 1 << 24, "C1 k")
+    H(pm["index_coding"] in ("gap", "packed"), "C1 index_coding")
+    H(type(pm["index_bytes"]) is int and pm["index_bytes"] >= 0, "C1 index_bytes")
+    C, k, ib = pm["chunk"], pm["k"], pm["index_bytes"]
+    H(k <= C, "CK1 k")
+    ch = ck_chunks(pm, n)
+    total = sum(kc for _, kc in ch)
+    if pm["index_coding"] == "packed":
+        H(ib == -(-total * (C - 1).bit_length() // 8), "CK1 packed")
+        want = [("indices", "u1", ib)]
+    else:
+        H(ib <= sum(-(-kc * (L - 1).bit_length() // 8) for L, kc in ch), "CK1 gap")
+        want = [("index_widths", "u1", len(ch)), ("indices", "u1", ib)]
+    if nest:
+        want += simple_sections(nest["values"][0], nest["values"][1], total, "values.")
+    else:
+        et, size = RAW_VALUES[dtype]
+        want.append(("values", et, total * size))
+    return want, nest
+
+
+def ck_indices(pm, n, sec):
+    """chunktopk.md §3 / §4 with CK2 and CK3: the kept elements' tensor indices, chunk after chunk."""
+    C, ch = pm["chunk"], ck_chunks(pm, n)
+    out = []
+    if pm["index_coding"] == "packed":
+        W = (C - 1).bit_length()
+        data = sec["indices"]
+        acc = int.from_bytes(data, "little")
+        e = 0
+        for c, (L, kc) in enumerate(ch):
+            prev = -1
+            for _ in range(kc):
+                i = (acc >> (e * W)) & ((1 << W) - 1)
+                e += 1
+                if i >= L or i <= prev:
+                    raise E("PayloadValueError", "CK3")
+                prev = i
+                out.append(c * C + i)
+        if acc >> (e * W):
+            raise E("PayloadValueError", "CK2 pad")
+        return out
+    widths, data = sec["index_widths"], sec["indices"]
+    for c, (L, _kc) in enumerate(ch):
+        if widths[c] > (L - 1).bit_length():
+            raise E("PayloadValueError", "CK2 width")
+    if sum(-(-kc * widths[c] // 8) for c, (L, kc) in enumerate(ch)) != pm["index_bytes"]:
+        raise E("PayloadValueError", "CK2 bytes")
+    o = 0
+    for c, (L, kc) in enumerate(ch):
+        w = widths[c]
+        nb = -(-kc * w // 8)
+        acc = int.from_bytes(data[o : o + nb], "little")
+        o += nb
+        gaps = [(acc >> (j * w)) & ((1 << w) - 1) for j in range(kc)]
+        if acc >> (kc * w):
+            raise E("PayloadValueError", "CK2 pad")
+        if max(gaps).bit_length() != w:
+            raise E("PayloadValueError", "CK2 minimal")
+        i = -1
+        for d in gaps:
+            i += 1 + d
+            if i >= L:
+                raise E("PayloadValueError", "CK3")
+            out.append(c * C + i)
+    return out
+
+
+def ck_decode(pm, nest, n, dtype, sec):
+    """chunktopk.md §5-§6: zeros, then each kept value at its index; CK4 on the values."""
+    idx = ck_indices(pm, n, sec)
+    if nest:
+        v = simple_decode(nest["values"][0], nest["values"][1], len(idx), sec, "values.")
+    else:
+        et = RAW_VALUES[dtype][0]
+        raw = np.frombuffer(sec["values"], "<" + et)
+        v = raw.view(BF16) if et == "u2" else raw
+    if not np.all(np.isfinite(v.astype(np.float64))):
+        raise E("PayloadValueError", "CK4")
+    y = np.zeros(n, DT[dtype])
+    y[idx] = v.astype(DT[dtype])
+    return y
+
+
+def dct_view(shape):
+    """dct.md §1: the matrix view of 2-D tiles, (shape[0], the rest), one row for 0-d and 1-d."""
+    if len(shape) < 2:
+        return 1, int(np.prod(shape, dtype=np.int64))
+    return shape[0], int(np.prod(shape[1:], dtype=np.int64))
+
+
+def dct_header(pm, shape, n, strict):
+    """dct.md §1 and DC1: chunktopk's header over the coefficients (m = nchunks C), C a power of two
+    up to 256 (dims 1) or s^2 with s = 2 .. 64 (dims 2), k <= 256, values binary32 for any dtype."""
+    H(type(pm.get("dims")) is int and pm["dims"] in (1, 2), "C1 dims")
+    sizes = [1 << j for j in range(9)] if pm["dims"] == 1 else [1 << (2 * j) for j in range(1, 7)]
+    H(type(pm.get("chunk")) is int and pm["chunk"] in sizes, "C1 chunk")
+    H(type(pm.get("k")) is int and 1 <= pm["k"] <= 256, "C1 k")
+    C = pm["chunk"]
+    if pm["dims"] == 1:
+        m = -(-n // C) * C
+    else:
+        s = round(C**0.5)
+        rows, cols = dct_view(shape)
+        m = -(-rows // s) * -(-cols // s) * C
+    rest = {key: v for key, v in pm.items() if key != "dims"}
+    return ck_header(rest, m, "float32", strict)
+
+
+def dct_basis(C):
+    """dct.md §3: a_u cos(pi (2i + 1) u / (2C)) in binary64, rounded once to binary32."""
+    import math
+
+    B = np.empty((C, C), np.float32)
+    for u in range(C):
+        a = math.sqrt((1.0 if u == 0 else 2.0) / C)
+        for i in range(C):
+            B[u, i] = np.float32(a * math.cos(math.pi * (2 * i + 1) * u / (2 * C)))
+    return B
+
+
+def dct_decode(pm, nest, shape, n, sec):
+    """dct.md §6: for each chunk and position, the binary64 sum in increasing coefficient order of the
+    exact products B[u][i] v (2-D: the binary32 product B[p][i] B[q][j] times v), rounded once to
+    binary32; DC4 and DC5 on the values first."""
+    C, k = pm["chunk"], pm["k"]
+    if pm["dims"] == 1:
+        m = -(-n // C) * C
+    else:
+        s = round(C**0.5)
+        rows, cols = dct_view(shape)
+        ntr, ntc = -(-rows // s), -(-cols // s)
+        m = ntr * ntc * C
+    idx = ck_indices(pm, m, sec)
+    if nest:
+        v = simple_decode(nest["values"][0], nest["values"][1], len(idx), sec, "values.")
+    else:
+        v = np.frombuffer(sec["values"], "<f4")
+    if not np.all(np.isfinite(v)):
+        raise E("PayloadValueError", "DC4")
+    if np.any(np.abs(v.astype(np.float64)) >= 2.0**118):
+        raise E("PayloadValueError", "DC5")
+    if pm["dims"] == 2:
+        B = dct_basis(s)
+        y = np.zeros(n, np.float32)
+        for t in range(ntr * ntc):
+            r0, c0 = (t // ntc) * s, (t % ntc) * s
+            pqs = [(idx[t * k + j] - t * C) for j in range(k)]
+            vs = [float(v[t * k + j]) for j in range(k)]
+            for i in range(min(s, rows - r0)):
+                for jj in range(min(s, cols - c0)):
+                    acc = 0.0
+                    for pq, vv in zip(pqs, vs):
+                        b = np.float32(B[pq // s, i]) * np.float32(B[pq % s, jj])  # one binary32 rounding
+                        acc += float(b) * vv
+                    y[(r0 + i) * cols + c0 + jj] = np.float32(acc)
+        return y
+    B = dct_basis(C)
+    y = np.zeros(n, np.float32)
+    for c in range(m // C):
+        us = [idx[c * k + j] - c * C for j in range(k)]
+        vs = [float(v[c * k + j]) for j in range(k)]
+        for i in range(min(C, n - c * C)):
+            acc = 0.0
+            for u, vv in zip(us, vs):
+                acc += float(B[u, i]) * vv  # exact: two binary32 factors
+            y[c * C + i] = np.float32(acc)
+    return y
 
 
 def psgd_decode(pm, nest, shape, n, dtype, sec):

@@ -207,3 +207,105 @@ def test_encode_values_is_encode_without_the_payload(codec: str, dtype: type) ->
     assert np.array_equal(a.residual("k"), b.residual("k"))  # left unchanged
     with pytest.raises(gcodec.ConfigError):
         gcodec.ErrorFeedback("uniform").encode_values(x, "k", out)
+
+
+# ---- decay: c_t = x_t + fl(decay * e_(t-1)), e_t = c_t - decode(c_t) (docs/error-feedback.md) -----
+
+
+@pytest.mark.parametrize("decay", [0.0, -0.5, 1.5, float("nan"), True, "0.9"])
+def test_decay_outside_its_range_is_refused(decay):
+    with pytest.raises(gcodec.ConfigError):
+        gcodec.ErrorFeedback("sign", decay=decay)
+
+
+@pytest.mark.parametrize("decay", [1.0, 0.95, 0.5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_decay_follows_its_formula_bit_for_bit(decay, dtype):
+    """The residual after each step is c - decode(c) with c = x + fl(decay * e) computed in the
+    residual dtype, two roundings (the product, then the sum): checked bit for bit against NumPy."""
+    codec = gcodec.get_codec("uniform", bits=2, group_size=16)
+    ef = gcodec.ErrorFeedback(codec, decay=decay)
+    e = np.zeros((13, 11), dtype)
+    for x in _steps(3, 6, (13, 11), dtype):
+        buf = ef.encode(x, "w")
+        c = x + np.multiply(dtype(decay), e)
+        assert bytes(buf) == bytes(codec.encode(c))
+        e = c - gcodec.decode(buf)
+        np.testing.assert_array_equal(ef.residual("w"), e)
+
+
+def test_decay_with_a_codec_that_keeps_nothing_is_a_geometric_sum():
+    """top-k with k = 0 decodes to zeros, so e_T = sum_t decay^(T-t) x_t. With x_t = 1 for every t
+    that is (1 - decay^T) / (1 - decay) (float32 rounding: T steps of relative error 2u each, so
+    within 2 T u of the value; 1e-5 relative covers T = 30), which decay = 1 (T) would exceed."""
+    decay, T = 0.5, 30
+    ef = gcodec.ErrorFeedback(gcodec.get_codec("topk", k=0), decay=decay)
+    for _ in range(T):
+        ef.encode(np.ones(8, np.float32), "w")
+    want = (1 - decay**T) / (1 - decay)
+    np.testing.assert_allclose(ef.residual("w"), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("decay", [1.0, 0.95, 0.7])
+def test_decayed_residual_norm_is_bounded_by_the_geometric_series(decay):
+    """Top-k keeps the k largest of n squares, so the dropped part has |c - D(c)|^2 <= (1 - k/n)|c|^2:
+    q = sqrt(1 - k/n). With |x_t| <= G, |e_t| <= q (|x_t| + decay |e_(t-1)|), hence
+    |e_T| <= q G (1 - (q decay)^T) / (1 - q decay). The float32 roundings add at most a relative
+    2^-22 per step to these norms (slack 1e-5 relative). Fixed seed; the chunked codec too."""
+    n, k, T = 4096, 64, 40
+    rng = np.random.default_rng(11)
+    xs = [rng.standard_normal(n).astype(np.float32) for _ in range(T)]
+    G = max(float(np.linalg.norm(x.astype(np.float64))) for x in xs)
+    q = np.sqrt(1 - k / n)
+    bound = q * G * (1 - (q * decay) ** T) / (1 - q * decay)
+    for codec in (gcodec.get_codec("topk", k=k), gcodec.get_codec("chunktopk", chunk=n, k=k)):
+        ef = gcodec.ErrorFeedback(codec, decay=decay)
+        for x in xs:
+            ef.encode(x, "w")
+        norm = float(np.linalg.norm(ef.residual("w").astype(np.float64)))
+        assert norm <= bound * (1 + 1e-5), (codec, norm, bound)
+        if decay < 1:  # and the decay is what keeps it there: without it the residual grows past
+            plain = gcodec.ErrorFeedback(codec)
+            for x in xs:
+                plain.encode(x, "w")
+            assert float(np.linalg.norm(plain.residual("w").astype(np.float64))) > norm
+
+
+@pytest.mark.parametrize("group", [7, 256])
+def test_fused_sign_feedback_with_decay_is_bit_identical_to_the_generic_path(group):
+    fused = gcodec.ErrorFeedback(gcodec.get_codec("sign", group_size=group), decay=0.95)
+    plain_codec = gcodec.get_codec("sign", group_size=group)
+    plain_codec.plan_feedback = None  # forces the generic path
+    plain = gcodec.ErrorFeedback(plain_codec, decay=0.95)
+    for x in _steps(4, 8, 3001):
+        a, b = fused.encode(x, "w"), plain.encode(x, "w")
+        assert bytes(a) == bytes(b)
+        np.testing.assert_array_equal(fused.residual("w"), plain.residual("w"))
+
+
+def test_decay_is_saved_and_checked_by_the_state_dict():
+    ef = gcodec.ErrorFeedback("sign", decay=0.95)
+    xs = _steps(5, 5, 200)
+    for x in xs[:3]:
+        ef.encode(x, "w")
+    state = pickle.loads(pickle.dumps(ef.state_dict()))
+    assert state["decay"] == 0.95
+    again = gcodec.ErrorFeedback("sign", decay=0.95)
+    again.load_state_dict(state)
+    for x in xs[3:]:
+        assert bytes(again.encode(x, "w")) == bytes(ef.encode(x, "w"))
+    with pytest.raises(gcodec.ConfigError, match="decay"):
+        gcodec.ErrorFeedback("sign").load_state_dict(state)
+    old = {k: v for k, v in state.items() if k != "decay"}  # a checkpoint from before decay existed
+    gcodec.ErrorFeedback("sign", decay=0.95).load_state_dict(old)
+
+
+def test_failed_encode_with_decay_leaves_the_residual():
+    ef = gcodec.ErrorFeedback("sign", decay=0.9)
+    ef.encode(np.linspace(-1, 1, 100, dtype=np.float32), "k")
+    before = ef.residual("k")
+    x = np.ones(100, np.float32)
+    x[5] = np.inf
+    with pytest.raises(gcodec.PayloadValueError):
+        ef.encode(x, "k")
+    np.testing.assert_array_equal(ef.residual("k"), before)

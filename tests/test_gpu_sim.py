@@ -138,6 +138,29 @@ CASES: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
     # powersgd pass-through (no matrix view / too small to compress): byte-identical too
     ("psgd-vector", {"id": "powersgd", "rank": 2}, 64, 43, None, "normal"),
     ("psgd-fp16-pass", {"id": "powersgd", "rank": 2, "passthrough": "fp16"}, 16, 44, None, "normal"),
+    # chunked top-k: radix select per chunk, ties to the lowest index, a short last chunk, both codings
+    ("ck-gap", {"id": "chunktopk", "chunk": 64, "k": 5}, 300, 80, None, "normal"),
+    ("ck-ties", {"id": "chunktopk", "chunk": 50, "k": 9}, 300, 81, None, "ties"),
+    ("ck-zeros", {"id": "chunktopk", "chunk": 32, "k": 3}, 70, 82, None, "zeros"),
+    ("ck-packed", {"id": "chunktopk", "chunk": 100, "k": 7, "index_coding": "packed"}, 250, 83, None, "ties"),
+    ("ck-keep-all", {"id": "chunktopk", "chunk": 8, "k": 8}, 43, 84, None, "normal"),
+    ("ck-c1", {"id": "chunktopk", "chunk": 1, "k": 1, "index_coding": "packed"}, 20, 85, None, "normal"),
+    ("ck-empty", {"id": "chunktopk", "chunk": 16, "k": 2}, 0, 86, None, "normal"),
+    ("ck-nan", {"id": "chunktopk", "chunk": 16, "k": 2}, 64, 87, None, "nan"),
+    ("dct-c8", {"id": "dct", "chunk": 8, "k": 2}, 101, 90, None, "normal"),
+    ("dct-c64-packed", {"id": "dct", "chunk": 64, "k": 5, "index_coding": "packed"}, 200, 91, None, "ties"),
+    ("dct-sign", {"id": "dct", "chunk": 16, "k": 3, "values": {"id": "sign", "group_size": 3}}, 90, 92, None, "normal"),
+    ("dct-nan", {"id": "dct", "chunk": 8, "k": 2}, 40, 93, None, "nan"),
+    ("dct-tiles-4", {"id": "dct", "chunk": 16, "k": 3, "dims": 2}, 130, 94, None, "normal"),
+    ("dct-tiles-8", {"id": "dct", "chunk": 64, "k": 5, "dims": 2, "index_coding": "packed"}, 180, 95, None, "ties"),
+    (
+        "ck-u2",
+        {"id": "chunktopk", "chunk": 64, "k": 8, "values": {"id": "uniform", "bits": 2, "group_size": 8}},
+        200,
+        88,
+        None,
+        "normal",
+    ),
 ]
 #: PowerSGD matrices: the encoder's products are free (specs/codecs/powersgd.md §5), so the device
 #: payload need not equal the CPU's; its decode must be close, and decoding (§6) is bit-identical.
@@ -151,12 +174,16 @@ LOWRANK: list[tuple[str, dict[str, Any], int, int, int | None, str]] = [
 #: ErrorFeedback with device arrays: (id, codec, n, data seed, steps); payloads and residual as the CPU's.
 EF_CASES: list[tuple[str, dict[str, Any], int, int, int]] = [
     ("ef-topk", {"id": "topk", "ratio": 0.1}, 120, 50, 3),
+    ("ef-ck-decay", {"id": "chunktopk", "chunk": 40, "k": 4}, 120, 55, 3),
     ("ef-u8", {"id": "uniform", "bits": 8, "group_size": 32}, 100, 51, 2),
+    ("ef-u8-decay", {"id": "uniform", "bits": 2, "group_size": 32}, 100, 56, 3),
     ("ef-rk-fp16", {"id": "randomk", "ratio": 0.2, "seed": 9, "values": {"id": "fp16"}}, 90, 52, 2),
     ("ef-psgd", {"id": "powersgd", "rank": 2}, 192, 53, 3),  # warm-start Q kept on the device
     ("ef-nvfp4", {"id": "nvfp4"}, 100, 54, 2),
 ]
 EF_SHAPES = {"ef-psgd": (16, 12)}
+#: Decay of the ErrorFeedback cases (default 1.0): x + fl(decay * e) on the device, as on the host.
+EF_DECAY = {"ef-ck-decay": 0.95, "ef-u8-decay": 0.5}
 #: Cases run a second time with gcodec's work on a Numba stream (launch.use_stream).
 STREAMED = ["u4-sto-s9", "topk-ties", "rk-k90-s7", "psgd-r2"]
 #: Cases encoded as a matrix (default: the flat array).
@@ -168,10 +195,12 @@ SHAPES: dict[str, tuple[int, ...]] = {
     "psgd-r2-fp16": (16, 12),
     "psgd-r3-u8": (12, 16),
     "psgd-fp16-huge": (16, 12),
+    "dct-tiles-4": (10, 13),
+    "dct-tiles-8": (12, 15),
 }
 #: NaN input, and values beyond a nested fp16's range: the device encoder refuses them as the CPU one does
 OVERFLOWS = ["topk-fp16-huge", "rk-fp16-huge", "th-fp16-huge", "psgd-fp16-huge"]
-REFUSED = {"u8-nan", "rk-nan", "topk-nan", "mx-nan", "nvfp4-nan", *OVERFLOWS}
+REFUSED = {"u8-nan", "rk-nan", "topk-nan", "ck-nan", "dct-nan", "mx-nan", "nvfp4-nan", *OVERFLOWS}
 PHILOX = [(0, 0, 37, 0), (1, 0, 8, 0), (2**64 - 1, 2**63 + 5, 50, 2**34), (12345, 678, 101, 4)]
 #: (n, k, seed, stream) for the device's parallel Floyd sampling: k close to n forces chains of collisions.
 RANDOMK_INDICES = [
@@ -219,7 +248,15 @@ def sim() -> dict[str, Any]:
             }
         )
     ef = [
-        {"id": c, "codec": cfg, "n": n, "data_seed": s, "steps": st, "shape": EF_SHAPES.get(c)}
+        {
+            "id": c,
+            "codec": cfg,
+            "n": n,
+            "data_seed": s,
+            "steps": st,
+            "shape": EF_SHAPES.get(c),
+            "decay": EF_DECAY.get(c, 1.0),
+        }
         for c, cfg, n, s, st in EF_CASES
     ]
     req = {
@@ -281,7 +318,15 @@ def test_decode_into_device_out(sim: dict[str, Any], case: tuple) -> None:
 
 @pytest.mark.parametrize(
     ("cid", "codec"),
-    [("u8-nan", "uniform"), ("rk-nan", "randomk"), ("topk-nan", "topk"), ("mx-nan", "mx"), ("nvfp4-nan", "nvfp4")],
+    [
+        ("u8-nan", "uniform"),
+        ("rk-nan", "randomk"),
+        ("topk-nan", "topk"),
+        ("ck-nan", "chunktopk"),
+        ("dct-nan", "dct"),
+        ("mx-nan", "mx"),
+        ("nvfp4-nan", "nvfp4"),
+    ],
 )
 def test_device_encoder_refuses_nan_like_cpu(sim: dict[str, Any], cid: str, codec: str) -> None:
     assert sim["by_id"][cid]["error"].startswith(f"PayloadValueError: {codec}: input has NaN")
@@ -323,7 +368,7 @@ def test_error_feedback_on_device(sim: dict[str, Any], case: tuple) -> None:
     cid, cfg, n, seed, steps = case
     got = sim["by_id"][cid]
     assert "error" not in got, got.get("error")
-    ef = gcodec.ErrorFeedback(cfg)
+    ef = gcodec.ErrorFeedback(cfg, decay=EF_DECAY.get(cid, 1.0))
     shape = EF_SHAPES.get(cid, (n,))
     want = [bytes(ef.encode(x.reshape(shape), "w", step=s)) for s, x in enumerate(ef_inputs(n, seed, steps))]
     assert got["residual_type"] != "ndarray"  # the residual stayed in device memory

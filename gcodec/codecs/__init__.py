@@ -2,6 +2,8 @@
 
 from . import (  # noqa: F401  (registration side effect)
     cast,
+    chunktopk,
+    dct,
     fp8,
     mx,
     nvfp4,

@@ -3,15 +3,15 @@
 Modules, one job each: ``cast`` (fp16/bf16), ``quant`` (scaled integer quantizers) with ``scales``
 (group statistics and scale rules), ``bitpack`` (w-bit code streams) and ``simd`` (vector-IR
 intrinsics), ``minifloat`` (fp8, mx and nvfp4 elements), ``sign``, ``sparse`` (top-k selection,
-delta-coded indices, random-k), ``lowrank``
-(PowerSGD products), ``philox`` (the generator of specs/rng.md), ``feedback`` (error-feedback
-residuals), ``memory`` (the payload writer's buffer operations), and ``threads`` (the chunk pool
-and the small-tensor rule).
+delta-coded indices, random-k), ``chunked`` (chunked top-k and its in-chunk index codings),
+``dct`` (the chunked DCT and its inverse), ``lowrank`` (PowerSGD products), ``philox`` (the
+generator of specs/rng.md), ``feedback`` (error-feedback residuals), ``memory`` (the payload
+writer's buffer operations), and ``threads`` (the chunk pool and the small-tensor rule).
 """
 
 from __future__ import annotations
 
-from . import cast, feedback, lowrank, memory, minifloat, philox, quant, sign, sparse
+from . import cast, chunked, dct, feedback, lowrank, memory, minifloat, philox, quant, sign, sparse
 from .threads import SMALL, run_chunks, threads_for
 
 
@@ -23,6 +23,8 @@ def view(x: object) -> object:
 __all__ = [
     "SMALL",
     "cast",
+    "chunked",
+    "dct",
     "feedback",
     "lowrank",
     "memory",

@@ -4,7 +4,8 @@ arrays, anything with ``__cuda_array_interface__``), the same modules and functi
 gcodec`` never imports ``numba.cuda`` nor initialises CUDA.
 
 Modules: ``cast`` (fp16/bf16), ``quant`` (uniform, qsgd, terngrad), ``minifloat`` (fp8, mx, nvfp4),
-``sign``, ``sparse`` (top-k, threshold, random-k, delta index coding, scatter), ``lowrank``
+``sign``, ``sparse`` (top-k, threshold, random-k, delta index coding, scatter), ``chunked``
+(chunked top-k and its in-chunk index codings), ``dct`` (the chunked DCT and its inverse), ``lowrank``
 (PowerSGD), ``feedback`` (error-feedback residuals), ``philox`` (specs/rng.md), ``memory`` (device
 payload buffers and the device CRC32C).
 ``launch`` holds the launch geometry, the caller's current stream and the float helpers that keep
@@ -18,12 +19,14 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from . import cast, feedback, lowrank, memory, minifloat, philox, quant, sign, sparse
+from . import cast, chunked, dct, feedback, lowrank, memory, minifloat, philox, quant, sign, sparse
 from .launch import SIM, adopt
 
 __all__ = [
     "SIM",
     "cast",
+    "chunked",
+    "dct",
     "feedback",
     "lowrank",
     "memory",

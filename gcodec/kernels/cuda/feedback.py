@@ -1,6 +1,8 @@
 """Error-feedback residuals on the device: ``residual = corrected - decoded`` in place, with a count of
 non-finite results (the caller refuses to keep a residual that is not finite), as the CPU's
-``gcodec.kernels.cpu.feedback``: one IEEE subtraction per element, so the residual is bit-identical."""
+``gcodec.kernels.cpu.feedback``: one IEEE subtraction per element, so the residual is bit-identical;
+and the decayed correction ``corrected += decay * residual``, its product rounded on its own
+(``launch.mul32``/``mul64``: the compiler must not fuse it into the sum)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .launch import grid, host, upload
+from .launch import grid, host, mul32, mul64, upload
 
-__all__ = ["residual_inplace"]
+__all__ = ["add_decayed", "residual_inplace"]
 
 
 @cuda.jit
@@ -33,3 +35,26 @@ def residual_inplace(corrected: Any, decoded: Any) -> int:
     if int(corrected.shape[0]):
         _residual[grid(corrected.shape[0])](corrected, decoded, bad)
     return int(host(bad)[0])
+
+
+@cuda.jit
+def _add_decayed32(corrected, e, decay):  # pragma: no cover - device
+    for i in range(cuda.grid(1), corrected.shape[0], cuda.gridsize(1)):
+        corrected[i] = corrected[i] + mul32(decay, e[i])
+
+
+@cuda.jit
+def _add_decayed64(corrected, e, decay):  # pragma: no cover - device
+    for i in range(cuda.grid(1), corrected.shape[0], cuda.gridsize(1)):
+        corrected[i] = corrected[i] + mul64(decay, e[i])
+
+
+def add_decayed(corrected: Any, e: Any, decay: float) -> None:
+    """corrected += fl(decay * e) (flat device arrays of one dtype, ``decay`` rounded to it first)."""
+    n = int(corrected.shape[0])
+    if not n:
+        return
+    if np.dtype(corrected.dtype) == np.float32:
+        _add_decayed32[grid(n)](corrected, e, np.float32(decay))
+    else:
+        _add_decayed64[grid(n)](corrected, e, np.float64(decay))
