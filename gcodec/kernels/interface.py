@@ -82,6 +82,7 @@ class Philox(Protocol):
 
 class Feedback(Protocol):
     def residual_inplace(self, corrected: Any, decoded: Any) -> int: ...
+    def add_decayed(self, corrected: Any, e: Any, decay: float) -> None: ...
 
 
 class Memory(Protocol):
@@ -129,6 +130,23 @@ class Minifloat(Protocol):
     def count_bad_elements(self, codes: Any, n: int, element: str) -> int: ...
 
 
+class Chunked(Protocol):
+    def select(self, bits: Any, mask: Any, infkey: Any, chunk: int, k: int, idx: Any, out_bits: Any) -> int: ...
+    def gap_widths(self, idx: Any, chunk: int, k: int, numel: int, widths: Any) -> int: ...
+    def gap_pack(self, idx: Any, chunk: int, k: int, numel: int, widths: Any, out: Any) -> int: ...
+    def packed_pack(self, idx: Any, chunk: int, width: int, out: Any) -> int: ...
+
+
+class Dct(Protocol):
+    def table(self, t: Any) -> Any: ...
+    def forward(self, x: Any, chunk: int, table: Any, coef: Any) -> None: ...
+    def forward2(self, x: Any, rows: int, cols: int, s: int, table: Any, coef: Any) -> None: ...
+    def inverse(self, idx: Any, vals: Any, chunk: int, k: int, table: Any, out: Any, accumulate: bool) -> None: ...
+    def inverse2(
+        self, idx: Any, vals: Any, rows: int, cols: int, s: int, k: int, table: Any, out: Any, accumulate: bool
+    ) -> None: ...
+
+
 #: Module name -> its protocol.
 MODULES: dict[str, type] = {
     "cast": Cast,
@@ -140,6 +158,8 @@ MODULES: dict[str, type] = {
     "feedback": Feedback,
     "memory": Memory,
     "minifloat": Minifloat,
+    "chunked": Chunked,
+    "dct": Dct,
 }
 
 #: Entry points only one backend has, by module and backend: PowerSGD's products are NumPy

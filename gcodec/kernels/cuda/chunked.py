@@ -191,12 +191,12 @@ def _offsets(idx: Any, chunk: int, k: int, n: int, widths: Any) -> tuple[Any, An
     return off, scan_exclusive(off)
 
 
-def gap_widths(idx: Any, chunk: int, k: int, n: int, widths: Any) -> int:
+def gap_widths(idx: Any, chunk: int, k: int, numel: int, widths: Any) -> int:
     """Each chunk's gap width into device ``widths``; returns the packed byte count (read on the
     host: the header needs it)."""
     if int(widths.shape[0]) == 0:
         return 0
-    return int(host(_offsets(idx, chunk, k, n, widths)[1])[0])
+    return int(host(_offsets(idx, chunk, k, numel, widths)[1])[0])
 
 
 @cuda.jit
@@ -224,14 +224,14 @@ def _gap_pack(idx, chunk, k, n, widths, off, out):  # pragma: no cover - device
             out[pos] = np.uint8(acc & np.uint64(0xFF))
 
 
-def gap_pack(idx: Any, chunk: int, k: int, n: int, widths: Any, out: Any) -> int:
+def gap_pack(idx: Any, chunk: int, k: int, numel: int, widths: Any, out: Any) -> int:
     """Pack every chunk's gaps at its width into device ``out``, one thread per chunk at its offset."""
     nc = int(widths.shape[0])
     if nc == 0:
         return 0
     w = device(widths)
-    off, _ = _offsets(idx, chunk, k, n, w)
-    _gap_pack[grid(nc)](idx, chunk, k, n, w, off, out)
+    off, _ = _offsets(idx, chunk, k, numel, w)
+    _gap_pack[grid(nc)](idx, chunk, k, numel, w, off, out)
     return int(out.shape[0])
 
 

@@ -41,11 +41,11 @@ def _forward(x, chunk, tab, coef):  # pragma: no cover - device
         coef[g] = np.float32(acc)
 
 
-def forward(x: Any, chunk: int, tab: Any, coef: Any) -> None:
+def forward(x: Any, chunk: int, table: Any, coef: Any) -> None:
     """DCT-II of every chunk of device float32 ``x`` into device ``coef``."""
     m = int(coef.shape[0])
     if m:
-        _forward[grid(m)](x, chunk, tab, coef)
+        _forward[grid(m)](x, chunk, table, coef)
 
 
 @cuda.jit
@@ -64,12 +64,12 @@ def _inverse(idx, vals, chunk, k, tab, out, accumulate):  # pragma: no cover - d
             out[g] = v
 
 
-def inverse(idx: Any, vals: Any, chunk: int, k: int, tab: Any, out: Any, accumulate: bool) -> None:
+def inverse(idx: Any, vals: Any, chunk: int, k: int, table: Any, out: Any, accumulate: bool) -> None:
     """The inverse DCT of the kept coefficients (host-checked ``idx`` and ``vals``, copied once) into
     device ``out``."""
     n = int(out.shape[0])
     if n:
-        _inverse[grid(n)](device(idx), device(vals), chunk, k, tab, out, accumulate)
+        _inverse[grid(n)](device(idx), device(vals), chunk, k, table, out, accumulate)
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,13 +105,13 @@ def _rows(T, s, tab, coef):  # pragma: no cover - device
         coef[g] = np.float32(acc)
 
 
-def forward2(x: Any, rows: int, cols: int, s: int, tab: Any, coef: Any) -> None:
+def forward2(x: Any, rows: int, cols: int, s: int, table: Any, coef: Any) -> None:
     """2-D DCT-II of every s x s tile of device ``x`` (row-major rows x cols) into device ``coef``."""
     m = int(coef.shape[0])
     if m:
         T = cuda.device_array(m, np.float32)
-        _columns[grid(m)](x, rows, cols, s, tab, T)
-        _rows[grid(m)](T, s, tab, coef)
+        _columns[grid(m)](x, rows, cols, s, table, T)
+        _rows[grid(m)](T, s, table, coef)
 
 
 @cuda.jit
@@ -136,8 +136,8 @@ def _inverse2(idx, vals, rows, cols, s, k, tab, out, accumulate):  # pragma: no 
             out[g] = v
 
 
-def inverse2(idx: Any, vals: Any, rows: int, cols: int, s: int, k: int, tab: Any, out: Any, accumulate: bool) -> None:
+def inverse2(idx: Any, vals: Any, rows: int, cols: int, s: int, k: int, table: Any, out: Any, accumulate: bool) -> None:
     """The inverse 2-D DCT of the kept coefficients (host-checked, copied once) into device ``out``."""
     n = int(out.shape[0])
     if n:
-        _inverse2[grid(n)](device(idx), device(vals), rows, cols, s, k, tab, out, accumulate)
+        _inverse2[grid(n)](device(idx), device(vals), rows, cols, s, k, table, out, accumulate)
