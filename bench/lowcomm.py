@@ -80,9 +80,11 @@ def contenders(h: int, diloco_steps: int, quick: bool = False) -> list[dict[str,
         out = [c for c in out if c["method"] != "torchft"]
     if "chunktopk" in ids:
         cfg = {"id": "chunktopk", "chunk": 4096, "k": 64, "values": {"id": "uniform", "bits": 2, "group_size": 64}}
-        out.append(lm_spec(f"DiLoCo H={h} chunked top-k 64/4096 2-bit + EF", "diloco", cfg, True, **d))
+        label = f"DiLoCo H={h} chunked top-k 64/4096 2-bit + EF (decay 0.95)"
+        out.append(lm_spec(label, "diloco", cfg, True, ef_decay=0.95, **d))  # SparseLoCo's setting
     if "dct" in ids:
-        out.append(lm_spec(f"DiLoCo H={h} chunked DCT + EF", "diloco", {"id": "dct"}, True, **d))
+        dct = {"id": "dct", "values": {"id": "sign"}}  # DeMo's: top-k DCT coefficients, 1-bit values
+        out.append(lm_spec(f"DiLoCo H={h} chunked DCT + sign + EF", "diloco", dct, True, **d))
     out.append(
         lm_spec(f"Streaming DiLoCo H={h} P=2 uniform 4 + EF", "diloco", U4, True, fragments=2, delay=2, mix=0.5, **d)
     )

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import gcodec
+from gcodec.errors import ConfigError
 from gcodec.transports import TransportState, allreduce_protocol, run_blocking
 from gcodec.transports.control import AGREE, BEGIN, HEAD, TAG, Exchange
 from gcodec.transports.handshake import fingerprint
@@ -267,3 +268,27 @@ def test_a_peer_sequence_number_at_the_end_of_int64_is_an_order_error_not_an_ove
         return float(_allreduce(comm, st, x)[0])  # both continue from the same (wrapped) number
 
     assert run_threads(2, rank) == [2.0, 2.0]
+
+
+def test_ranks_with_different_error_feedback_decays_all_raise() -> None:
+    """The decay changes what every rank sends from the next step on (the residual it adds), so it is
+    part of the agreed configuration: a rank with another decay makes every rank raise, naming it.
+    Without a decay (1.0) the fingerprint is the one it always was (``ef: true``)."""
+
+    def rank(comm: ThreadComm) -> str:
+        x = np.linspace(-1, 1, 4096, dtype=np.float32)
+        st = TransportState({"id": "topk", "ratio": 0.01}, decay=0.95 if comm.rank == 1 else 1.0)
+        try:
+            _allreduce(comm, st, x)
+        except ConfigError as e:
+            return str(e)
+        return "no error"
+
+    got = run_threads(2, rank)
+    assert all(isinstance(r, str) and "decay" in r and "0.95" in r for r in got), got
+    from gcodec.transports.exchange import ef_fingerprint
+
+    assert ef_fingerprint(TransportState("topk")) is True
+    assert ef_fingerprint(TransportState("topk", decay=0.5)) == {"decay": 0.5}
+    with pytest.raises(ConfigError, match="decay"):
+        TransportState("topk", worker=gcodec.ErrorFeedback("topk", decay=0.9), decay=0.8)

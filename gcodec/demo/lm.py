@@ -27,21 +27,19 @@ __all__ = ["LM_RUNS", "lm_demo_settings", "lm_table", "run_lm_demo", "write_lm_p
 #: inner steps between synchronisations in the demo's DiLoCo runs
 SYNC_EVERY = 25
 _U4 = {"id": "uniform", "bits": 4}
+_CHUNKED = {"id": "chunktopk", "chunk": 4096, "k": 64, "values": {"id": "uniform", "bits": 2, "group_size": 64}}
+#: the DiLoCo runs' outer step: plain averaging (outer SGD lr 1, no momentum), which at the demo's
+#: few outer steps measured closer to DDP than the paper's Nesterov 0.7/0.9 (docs/lowcomm.md)
+_D = {"sync_every": SYNC_EVERY, "outer_lr": 1.0, "outer_momentum": 0.0}
 
 LM_RUNS: list[dict[str, Any]] = [
     lm_spec("DDP fp32", "ddp"),
     lm_spec("DDP + uniform 8 hook", "ddp-gcodec", {"id": "uniform", "bits": 8}, False),
-    lm_spec(f"DiLoCo H={SYNC_EVERY} fp32", "diloco", None, False, sync_every=SYNC_EVERY),
-    lm_spec(f"DiLoCo H={SYNC_EVERY} uniform 4 + EF", "diloco", _U4, True, sync_every=SYNC_EVERY),
+    lm_spec(f"DiLoCo H={SYNC_EVERY} fp32", "diloco", None, False, **_D),
+    lm_spec(f"DiLoCo H={SYNC_EVERY} uniform 4 + EF", "diloco", _U4, True, **_D),
+    lm_spec(f"DiLoCo H={SYNC_EVERY} chunked top-k 2-bit + EF", "diloco", _CHUNKED, True, ef_decay=0.95, **_D),
     lm_spec(
-        f"Streaming DiLoCo H={SYNC_EVERY} P=2 uniform 4 + EF",
-        "diloco",
-        _U4,
-        True,
-        sync_every=SYNC_EVERY,
-        fragments=2,
-        delay=2,
-        mix=0.5,
+        f"Streaming DiLoCo H={SYNC_EVERY} P=2 uniform 4 + EF", "diloco", _U4, True, fragments=2, delay=2, mix=0.5, **_D
     ),
 ]
 

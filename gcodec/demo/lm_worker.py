@@ -182,6 +182,7 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
             sync_every=int(run["sync_every"]),
             codec=run["codec"],
             error_feedback=run["error_feedback"],
+            ef_decay=float(run.get("ef_decay", 1.0)),
             fragments=int(run.get("fragments", 1)),
             delay=int(run.get("delay", 0)),
             mix=float(run.get("mix", 0.0)),

@@ -91,6 +91,8 @@ class DiLoCo:
         policy: instead, a :class:`gcodec.policy.Policy`, a callable or a ``{pattern: codec}``
             dict choosing per parameter (``codec`` is then the default of the shorthand).
         error_feedback: keep what the codec dropped and send it at the next synchronisation.
+        ef_decay: multiply the residual by this before it is added (``gcodec.ErrorFeedback(decay=)``;
+            SparseLoCo uses 0.95 with chunked top-k and no outer momentum).
         min_numel: parameters with fewer elements go uncompressed (norm gains, biases).
         mode: the transports' mode (``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"``).
         fragments, delay, mix: Streaming DiLoCo (:class:`gcodec.lowcomm.Schedule`): ``fragments``
@@ -115,6 +117,7 @@ class DiLoCo:
         codec: Any = None,
         policy: Any = None,
         error_feedback: bool = True,
+        ef_decay: float = 1.0,
         min_numel: int = 0,
         mode: str = "auto",
         fragments: int = 1,
@@ -148,6 +151,7 @@ class DiLoCo:
             min_numel=min_numel,
             error_feedback=error_feedback,
             mode=mode,
+            decay=ef_decay,
         )
         self._config = fingerprint(
             key="diloco",
@@ -156,6 +160,7 @@ class DiLoCo:
             codec=None if codec is None else get_codec(codec).get_config(),
             policy=_describe(policy),
             error_feedback=bool(error_feedback),
+            ef_decay=float(ef_decay),
             min_numel=int(min_numel),
             mode=mode,
             outer=[type(self.outer_optimizer).__name__, _hyper(self.outer_optimizer)],

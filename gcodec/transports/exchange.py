@@ -6,6 +6,8 @@ communicator. ``out`` may be ``x`` itself (in place).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import xp
@@ -38,10 +40,18 @@ def _writeable_contiguous(a: object) -> bool:
     return bool(check()) if callable(check) else False
 
 
+def ef_fingerprint(state: TransportState) -> Any:
+    """Error feedback as the ranks agree on it: on or off, and its decay when it is not 1 (so that
+    configurations without a decay keep the fingerprint they always had)."""
+    if state.error_feedback and state.decay != 1.0:
+        return {"decay": state.decay}
+    return state.error_feedback
+
+
 def exchange_for(comm: Communicator, state: TransportState, key: str, what: str, **fields: object) -> Exchange:
     """The exchange of ``key`` under ``state``: its fingerprint (codec config, error feedback and
     ``fields``), agreed in full the first time and whenever it changes, by digest at every step."""
-    fp = fingerprint(key=key, codec=state.codec.get_config(), ef=state.error_feedback, **fields)
+    fp = fingerprint(key=key, codec=state.codec.get_config(), ef=ef_fingerprint(state), **fields)
     return Exchange(comm, fp, state.agreed, key, what, lambda a: state.agreed_on(key, a.local_ranks))
 
 

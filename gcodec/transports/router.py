@@ -111,8 +111,8 @@ class Router:
             None for ``codec`` everywhere.
         codec, min_numel, dense_1d: the shorthand's default codec and size rules
             (:class:`gcodec.policy.Rules`); a Policy decides alone.
-        error_feedback, mode, num_threads, telemetry: as for :class:`TransportState`, applied to
-            the state of every codec the chooser picks.
+        error_feedback, mode, num_threads, telemetry, decay: as for :class:`TransportState`,
+            applied to the state of every codec the chooser picks.
     """
 
     def __init__(
@@ -126,6 +126,7 @@ class Router:
         mode: str = "auto",
         num_threads: int | None = None,
         telemetry: Any = None,
+        decay: float = 1.0,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
@@ -133,6 +134,7 @@ class Router:
         self.policy = chooser
         self.error_feedback, self.mode = bool(error_feedback), mode
         self.num_threads, self.telemetry = num_threads, telemetry
+        self.decay = float(decay)
         self.states: dict[str, TransportState] = {}
         self.current: dict[str, str] = {}  # key -> codec json, or DENSE
         self.steps: dict[str, int] = {}
@@ -189,6 +191,7 @@ class Router:
                 mode=self.mode,
                 num_threads=self.num_threads,
                 telemetry=self.telemetry,
+                decay=self.decay,
             )
         return st
 

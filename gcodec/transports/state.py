@@ -67,6 +67,9 @@ class TransportState:
             :mod:`gcodec.transports.threads`).
         worker: an existing :class:`~gcodec.ErrorFeedback` to hold the worker residuals (for
             ``gcodec.mpi.allreduce(..., ef=gcodec.ErrorFeedback(codec))``).
+        decay: error feedback's residual decay (``gcodec.ErrorFeedback(decay=)``: the residual is
+            multiplied by it before it is added; SparseLoCo's 0.95); default 1, or ``worker``'s.
+            Part of every exchange's agreed configuration.
         telemetry: a :class:`gcodec.telemetry.Telemetry` sampling each key's quality (norm ratio,
             relative error, ...) every ``telemetry.every`` steps; its last record per key appears
             as ``"quality"`` in :meth:`stats`. None (the default) costs nothing.
@@ -81,6 +84,7 @@ class TransportState:
         num_threads: int | None = None,
         worker: ErrorFeedback | None = None,
         telemetry: Telemetry | None = None,
+        decay: float | None = None,
     ) -> None:
         self.codec = get_codec(codec)
         if mode not in MODES:
@@ -89,8 +93,16 @@ class TransportState:
         self.error_feedback = bool(error_feedback or worker is not None)
         if worker is not None and worker.codec != self.codec:
             raise ConfigError(f"ef's codec {worker.codec!r} differs from the transport's {self.codec!r}")
-        self.worker: ErrorFeedback | None = worker or (ErrorFeedback(self.codec) if error_feedback else None)
-        self.server: ErrorFeedback | None = ErrorFeedback(self.codec) if self.error_feedback else None
+        if decay is None:
+            decay = worker.decay if worker is not None else 1.0
+        elif worker is not None and worker.decay != decay:
+            raise ConfigError(f"ef's decay {worker.decay} differs from the transport's {decay}")
+        #: Error feedback's residual decay (``ErrorFeedback(decay=)``), worker and server alike.
+        self.decay = float(decay)
+        self.worker: ErrorFeedback | None = worker or (
+            ErrorFeedback(self.codec, decay=self.decay) if error_feedback else None
+        )
+        self.server: ErrorFeedback | None = ErrorFeedback(self.codec, decay=self.decay) if self.error_feedback else None
         self.lowrank_residuals: dict[str, np.ndarray] = {}
         #: The codec's own per-key state: PowerSGD's warm-start Qs and stream counters.
         self.codec_state = CodecState()
