@@ -186,10 +186,13 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB):  
 
     def _scales(xb, sc32, sc8, mbuf, g0, g1, G, tscale):  # pragma: no cover - jitted
         """The scales of groups [g0, g1) (fp8.md §4, mx.md §5 step 3, nvfp4.md §3 step 3); returns
-        how many hold NaN or infinity. Two loops: the groups' largest magnitudes (an integer max
-        over ``bits & 0x7FFFFFFF``), then their scales, a loop over groups that LLVM vectorises."""
+        how many hold NaN or infinity plus 2^32 times how many have a scale whose product with the
+        largest element is infinite (rules E1, NV2; binary32 and NVFP4 scales). Two loops: the
+        groups' largest magnitudes (an integer max over ``bits & 0x7FFFFFFF``), then their scales, a
+        loop over groups that LLVM vectorises."""
         n = xb.shape[0]
         bad = 0
+        over = 0
         for gi in range(g0, g1):
             mb = _group_amax(xb, gi * G, min(gi * G + G, n))
             isbad = mb >= np.uint32(0x7F800000)
@@ -200,7 +203,9 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB):  
             gg = np.uint64(g0) + jj
             mb = mbuf[jj]
             if SCALE == 0:
-                sc32[gg] = np.float32(np.uint32(mb).view(np.float32) / np.float32(MAXVAL))
+                sg = np.float32(np.uint32(mb).view(np.float32) / np.float32(MAXVAL))
+                sc32[gg] = sg
+                over += np.float32(sg * np.float32(MAXVAL)) == np.float32(np.inf)
             elif SCALE == 1:
                 sc8[gg] = np.uint8(max(np.int32(np.int32(mb >> np.uint32(23)) - np.int32(EMAX)), np.int32(0)))
             else:  # tscale > 0 here: nvfp4 with S = 0 has only zero groups (see below)
@@ -208,8 +213,10 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB):  
                 r = np.float32(p / tscale)
                 c = _near32(r.view(np.uint32), 3, -6, 0x43E00000, 8)  # E4M3, nearest, saturating at 448
                 sc8[gg] = np.uint8(c)
-                sc32[gg] = np.float32(_e4m3_value(c) * tscale)  # the block's scale d_b, as decoding computes it
-        return bad
+                d = np.float32(_e4m3_value(c) * tscale)  # the block's scale d_b, as decoding computes it
+                sc32[gg] = d
+                over += np.float32(d * np.float32(6.0)) == np.float32(np.inf)
+        return bad + over * 4294967296
 
     def _encode_range(x, xb, sc32, sc8, codes, G, L, fused, tscale, seeds, c0, c1):  # pragma: no cover - jitted
         setting = (BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB)  # noqa: F841 - the cache key
@@ -442,7 +449,7 @@ def encode(
     tl, th = split64(stream)
     seeds = (np.uint32(sl), np.uint32(sh), np.uint32(tl), np.uint32(th))
     L, fused = sub_block(group_size)
-    nbad = run_chunks(
+    counts = run_chunks(
         k,
         n,
         tile(group_size),
@@ -457,12 +464,10 @@ def encode(
         tscale,
         seeds,
     )
-    nover = 0
-    if not nbad and scale_rule != SCALE_E8M0:  # E1, NV2: the largest element times the scale stays finite
-        top = np.float32(el.max_value if scale_rule == SCALE_F32 else 6.0)
-        with np.errstate(over="ignore", invalid="ignore"):
-            nover = int(np.count_nonzero(np.isinf(sc32 * top)))
-    return int(nbad), nover
+    # E1, NV2: the largest element times the scale stays finite (counted with the scales)
+    nbad = counts & 0xFFFFFFFF
+    nover = 0 if nbad else counts >> 32
+    return int(nbad), int(nover)
 
 
 # --------------------------------------------------------------------------------------------
