@@ -474,9 +474,11 @@ def encode(
 # decoding
 
 
-def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
+def _make_decode(BITS, SCALE, ACC, NAN):  # type: ignore[no-untyped-def]
+    """``NAN``: whether the element format has codes that are not finite values (counted as read)."""
+
     def _decode_range(codes, sc32, sc8, out, G, tscale, table, c0, c1):  # pragma: no cover - jitted
-        setting = (BITS, SCALE, ACC)  # noqa: F841 - the cache key
+        setting = (BITS, SCALE, ACC, NAN)  # noqa: F841 - the cache key
         bad = 0
         nbytes = np.uint64(codes.shape[0])
         for gi in range(c0 // G, (c1 - 1) // G + 1):
@@ -487,7 +489,7 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
             elif SCALE == 0:
                 s = sc32[gi]
             else:
-                s = np.float32(table_e4m3(sc8[gi]) * tscale)
+                s = np.float32(_e4m3_value(sc8[gi]) * tscale)  # d_b of nvfp4.md §4, without libm's ldexp
             base = np.uint64(lo)
             if BITS == 4 and lo % 2 == 0 and (hi - lo) % 2 == 0:  # whole bytes: two elements each
                 o = base >> np.uint64(1)
@@ -495,7 +497,8 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
                     u = codes[o + np.uint64(m)]
                     v0 = table[u & np.uint8(0xF)]
                     v1 = table[u >> np.uint8(4)]
-                    bad += np.isnan(v0) + np.isnan(v1)
+                    if NAN:
+                        bad += np.isnan(v0) + np.isnan(v1)
                     i = base + np.uint64(2 * m)
                     if ACC:
                         out[i] += np.float32(v0 * s)
@@ -513,7 +516,8 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
                     i = base + np.uint64(4 * m)
                     for t in range(4):
                         v = table[np.uint8((w >> np.uint32(6 * t)) & np.uint32(0x3F))]
-                        bad += np.isnan(v)
+                        if NAN:
+                            bad += np.isnan(v)
                         if ACC:
                             out[i + np.uint64(t)] += np.float32(v * s)
                         else:
@@ -534,7 +538,8 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
                         w |= np.uint32(codes[p + np.uint64(2)]) << 16
                     c = np.uint8((w >> np.uint32(6 * (i & np.uint64(3)))) & np.uint32(0x3F))
                 v = table[c]
-                bad += np.isnan(v)
+                if NAN:
+                    bad += np.isnan(v)
                 y = np.float32(v * s)
                 if ACC:
                     out[i] += y
@@ -543,16 +548,6 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
         return bad
 
     return njit(cache=True, nogil=True)(_decode_range)
-
-
-@njit(cache=True, inline="always")
-def table_e4m3(c):  # pragma: no cover - jitted
-    """The value of E4M3 code ``c`` (finite codes with the sign clear: block scales)."""
-    e = np.int64(c >> np.uint8(3))
-    f = np.int64(c & np.uint8(7))
-    if e == 0:
-        return np.float32(f * 2.0**-9)
-    return np.float32(math.ldexp(np.float64(8 + f), e - 10))
 
 
 def decode(
@@ -571,7 +566,8 @@ def decode(
     if n == 0:
         return 0
     el = ELEMENTS[element]
-    k = _kernel(("dec", el.bits, int(scale_rule), bool(accumulate)), _make_decode)
+    has_nan = el.integer or el.finite_below != el.sign_bit  # E2M1 and the FP6 formats: every code is finite
+    k = _kernel(("dec", el.bits, int(scale_rule), bool(accumulate), has_nan), _make_decode)
     return run_chunks(
         k, n, tile(group_size), codes, sc32, sc8, out, int(group_size), np.float32(tscale), _table(element)
     )
