@@ -104,7 +104,7 @@ def _group_amax(xb, lo, hi):  # pragma: no cover - jitted
     m = np.uint32(0)
     base = np.uint64(lo)
     for j in range(hi - lo):
-        m = max(m, xb[base + np.uint64(j)] & np.uint32(0x7FFFFFFF))
+        m = max(m, np.uint32(xb[base + np.uint64(j)] & np.uint32(0x7FFFFFFF)))
     return m
 
 
