@@ -48,6 +48,7 @@ from ...rng import split64
 from .bitpack import _pack_bytes, _pack_octets
 from .philox import fill_blocks, key_schedule
 from .quant import _closure
+from .simd import pack6_x64
 from .threads import run_chunks
 
 __all__ = ["SCALE_E4M3", "SCALE_E8M0", "SCALE_F32", "count_bad_elements", "decode", "encode", "tensor_amax"]
@@ -326,8 +327,13 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB):  
                     cb[j] = 0
                 if BITS == 4:
                     _pack_bytes(cb, m, 4, codes, np.uint64(b0 // 2))
-                else:
-                    _pack_octets(cb, m, 6, codes, np.uint64(b0 // 8 * 6))
+                else:  # 64 codes (48 bytes) at a time in vector registers, then the last octets
+                    o = b0 // 8 * 6
+                    k64 = m // 64
+                    for k in range(k64):
+                        pack6_x64(cb, np.uint64(64 * k), codes, np.uint64(o + 48 * k))
+                    if m > 64 * k64:
+                        _pack_octets(cb[64 * k64 :], m - 64 * k64, 6, codes, np.uint64(o + 48 * k64))
         return bad
 
     sc = njit(inline="always")(_scales)
