@@ -56,6 +56,8 @@ __all__ = ["SCALE_E4M3", "SCALE_E8M0", "SCALE_F32", "count_bad_elements", "decod
 
 SB = 2048  # elements per sub-block (their draws and codes stay in L1)
 CHUNK = 1 << 16  # target elements per tile
+#: group sizes compiled with constant trip counts: NVFP4's 16, MX's 32, 64 and fp8's default 128
+_LITERAL_GROUPS = (16, 32, 64, 128)
 
 
 @njit(cache=True, inline="always")
@@ -182,8 +184,12 @@ def _e4m3_value(c):  # pragma: no cover - jitted
     return sub if ef == np.uint32(0) else normal
 
 
-def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB):  # type: ignore[no-untyped-def]
-    """The tile-range kernel for one element format, scale rule and rounding (closure constants)."""
+def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL):  # type: ignore[no-untyped-def]
+    """The tile-range kernel for one element format, scale rule and rounding (closure constants).
+
+    ``GL`` (0: none) is a group size whose whole groups get element loops of constant trip count:
+    LLVM then picks a vector loop without a remainder, where a run-time count of 16 or 32 ran
+    only its narrow epilogue."""
 
     def _scales(xb, sc32, sc8, mbuf, g0, g1, G, tscale):  # pragma: no cover - jitted
         """The scales of groups [g0, g1) (fp8.md §4, mx.md §5 step 3, nvfp4.md §3 step 3); returns
@@ -219,8 +225,17 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB):  
                 over += np.float32(d * np.float32(6.0)) == np.float32(np.inf)
         return bad + over * 4294967296
 
+    def _ecode(t, r):  # pragma: no cover - jitted
+        """The element code of the scaled binary32 value ``t`` (draw ``r`` when stochastic)."""
+        if INT and not STOCH:  # mx.md §6.2: R = rint(a * 64), saturated at 127 (t holds a * 64)
+            tc = min(max(t, np.float32(-127.0)), np.float32(127.0))
+            return np.uint32(np.int32(np.rint(tc)) & np.int32(0xFF))
+        if STOCH:
+            return _sto32(t.view(np.uint32), r, MB, EMIN, MAXC, INT, BITS)
+        return _near32(t.view(np.uint32), MB, EMIN, MAXB, BITS)
+
     def _encode_range(x, xb, sc32, sc8, codes, G, L, fused, tscale, seeds, c0, c1):  # pragma: no cover - jitted
-        setting = (BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB)  # noqa: F841 - the cache key
+        setting = (BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL)  # noqa: F841 - the cache key
         bad = 0
         mbuf = np.empty((L if fused else c1 - c0) // G + 2, np.uint32)
         zs = SCALE == 2 and tscale == np.float32(0.0)  # nvfp4, S = 0: every block scale is code 0 (§3 step 3)
@@ -271,18 +286,20 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB):  
                     else:
                         fast = e <= np.int32(253)
                         pw = np.uint32(np.uint32(np.int32(254) - e) << np.uint32(23)).view(np.float32)
-                    if fast:
+                    if fast and GL > 0 and cnt == GL:  # the same loop with a constant trip count
+                        for m in range(GL):
+                            i = base + np.uint64(m)
+                            j = jb + np.uint64(m)
+                            c = ECODE(np.float32(x[i] * pw), r16[j] if STOCH else np.uint16(0))  # noqa: F821
+                            if BITS == 8:
+                                codes[i] = np.uint8(c)
+                            else:
+                                cb[j] = np.uint8(c)
+                    elif fast:
                         for m in range(cnt):
                             i = base + np.uint64(m)
                             j = jb + np.uint64(m)
-                            t = np.float32(x[i] * pw)
-                            if INT and not STOCH:  # mx.md §6.2: R = rint(a * 64), saturated at 127
-                                tc = min(max(t, np.float32(-127.0)), np.float32(127.0))
-                                c = np.uint32(np.int32(np.rint(tc)) & np.int32(0xFF))
-                            elif STOCH:
-                                c = _sto32(t.view(np.uint32), r16[j], MB, EMIN, MAXC, INT, BITS)
-                            else:
-                                c = _near32(t.view(np.uint32), MB, EMIN, MAXB, BITS)
+                            c = ECODE(np.float32(x[i] * pw), r16[j] if STOCH else np.uint16(0))  # noqa: F821
                             if BITS == 8:
                                 codes[i] = np.uint8(c)
                             else:
@@ -308,15 +325,20 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB):  
                                 codes[i] = np.uint8(c)
                             else:
                                 cb[jb + np.uint64(m)] = np.uint8(c)
+                    elif GL > 0 and cnt == GL:  # t = v / s: the spec's one binary32 division (fp8.md §4.1, nvfp4.md §3)
+                        for m in range(GL):
+                            i = base + np.uint64(m)
+                            j = jb + np.uint64(m)
+                            c = ECODE(np.float32(x[i] / s), r16[j] if STOCH else np.uint16(0))  # noqa: F821
+                            if BITS == 8:
+                                codes[i] = np.uint8(c)
+                            else:
+                                cb[j] = np.uint8(c)
                     else:
                         for m in range(cnt):
                             i = base + np.uint64(m)
                             j = jb + np.uint64(m)
-                            t = np.float32(x[i] / s)  # the spec's one binary32 division (fp8.md §4.1, nvfp4.md §3)
-                            if STOCH:
-                                c = _sto32(t.view(np.uint32), r16[j], MB, EMIN, MAXC, INT, BITS)
-                            else:
-                                c = _near32(t.view(np.uint32), MB, EMIN, MAXB, BITS)
+                            c = ECODE(np.float32(x[i] / s), r16[j] if STOCH else np.uint16(0))  # noqa: F821
                             if BITS == 8:
                                 codes[i] = np.uint8(c)
                             else:
@@ -337,7 +359,8 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB):  
         return bad
 
     sc = njit(inline="always")(_scales)
-    return njit(cache=True, nogil=True)(_closure(_encode_range, SCALES=sc))
+    ec = njit(inline="always")(_ecode)
+    return njit(cache=True, nogil=True)(_closure(_encode_range, SCALES=sc, ECODE=ec))
 
 
 _KERNELS: dict[tuple, Any] = {}
@@ -449,6 +472,7 @@ def encode(
         bool(stochastic),
         float(np.float32(el.max_value)),
         0 if el.integer else int(np.float32(el.max_value).view(np.uint32)),
+        int(group_size) if group_size in _LITERAL_GROUPS else 0,
     )
     k = _kernel(key, _make_encode)
     sl, sh = split64(seed)
