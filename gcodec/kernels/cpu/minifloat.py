@@ -1,10 +1,22 @@
 """Low-precision element formats on the CPU: ``fp8``, ``mx`` and ``nvfp4`` (specs/codecs/fp8.md, mx.md, nvfp4.md).
 
-One pass per tile of whole groups: the group's largest magnitude (an integer max over
-``bits & 0x7FFFFFFF``; NaN and infinity show up as values >= 0x7F800000), its scale, then every
-element rounded into the element format and packed, while the tile is in cache.
+One pass per sub-block of whole groups (about :data:`SB` elements, so it stays in L1): the groups'
+largest magnitudes (an integer max over ``bits & 0x7FFFFFFF``; NaN and infinity show up as values
+>= 0x7F800000), their scales (a loop over groups, vectorised), then every element rounded into the
+element format and packed.
 
-Rounding is integer arithmetic on the binary32 bits, exact for any scale:
+The element loops run on 32-bit lanes (eight elements per AVX2 instruction) without branches:
+
+* the scaled value ``t`` is one binary32 number: ``v / s`` where the spec divides (binary32 scales,
+  NVFP4's block scales), ``v * 2^(127 - e)`` for an E8M0 scale (exact wherever it matters, see
+  :func:`_encode_range`'s comment);
+* nearest-even rounding of ``t`` (:func:`_near32`) is one binary32 addition that rounds at the
+  format's quantum, as the fp16 encoder of ``cast.py`` does; MXINT8 is ``rint`` of ``t * 64``;
+* stochastic rounding (:func:`_sto32`) is integer arithmetic on the bits of ``t``, exact.
+
+The int64 routine :func:`_mag_code` (exact for any power-of-two scale, including quotients below
+the binary32 range) serves the rare E8M0 scales whose power of two is not a normal binary32 number.
+It states the rounding of mx.md §6 most directly:
 
 * a finite magnitude ``a = S * 2^(e - 23)`` (``S`` the 24-bit significand, normalised also for
   binary32 subnormals) divided by the power of two ``2^k`` has the exponent ``et = e - k``;
@@ -33,7 +45,10 @@ from numba import njit
 
 from ...layout.minifloat import ELEMENTS, SCALE_E4M3, SCALE_E8M0, SCALE_F32, values_table
 from ...rng import split64
+from .bitpack import _pack_bytes, _pack_octets
 from .philox import fill_blocks, key_schedule
+from .quant import _closure
+from .simd import pack6_x64
 from .threads import run_chunks
 
 __all__ = ["SCALE_E4M3", "SCALE_E8M0", "SCALE_F32", "count_bad_elements", "decode", "encode", "tensor_amax"]
@@ -41,9 +56,8 @@ __all__ = ["SCALE_E4M3", "SCALE_E8M0", "SCALE_F32", "count_bad_elements", "decod
 
 SB = 2048  # elements per sub-block (their draws and codes stay in L1)
 CHUNK = 1 << 16  # target elements per tile
-
-_E4M3 = ELEMENTS["e4m3"]
-_E4M3_VALUES = values_table(_E4M3)
+#: group sizes compiled with constant trip counts: NVFP4's 16, MX's 32, 64 and fp8's default 128
+_LITERAL_GROUPS = (16, 32, 64, 128)
 
 
 @njit(cache=True, inline="always")
@@ -93,110 +107,260 @@ def _group_amax(xb, lo, hi):  # pragma: no cover - jitted
     m = np.uint32(0)
     base = np.uint64(lo)
     for j in range(hi - lo):
-        m = max(m, xb[base + np.uint64(j)] & np.uint32(0x7FFFFFFF))
+        m = max(m, np.uint32(xb[base + np.uint64(j)] & np.uint32(0x7FFFFFFF)))
     return m
 
 
-def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL):  # type: ignore[no-untyped-def]
-    """The tile-range kernel for one element format, scale rule and rounding (closure constants)."""
+@njit(cache=True, inline="always")
+def _near32(tb, MB, EMIN, MAXB, BITS):  # pragma: no cover - jitted
+    """The element code of the binary32 value with bits ``tb`` in a floating format, rounded to
+    nearest even (mx.md §6.2) and saturated (§6.1), on 32-bit lanes.
 
-    def _encode_range(x, xb, sc32, sc8, codes, G, tscale, e4m3v, seeds, c0, c1):  # pragma: no cover - jitted
-        setting = (BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL)  # noqa: F841 - the cache key
-        n = x.shape[0]
+    ``|t|`` is first clamped to the largest finite value (bits ``MAXB``): a magnitude at or beyond it
+    becomes exactly it, and one below it never rounds above it, so this is §6.1. Then the binary32
+    addition ``|t| + m``, ``m = 2^(e + 23 - M)`` with ``e = max(floor(log2 |t|), emin)``, rounds
+    ``|t|`` to nearest even at the format's quantum ``2^(e - M)``: ``m`` has a zero significand and
+    ``|t| < 2^(e + 1) <= m / 2^(22 - M)``, so the sum lies in ``[m, 2m)`` where the binary32 spacing is
+    that quantum, and ``bits(sum) - bits(m)`` is §6.2's ``R`` (a carry to ``2^(M+1)`` included). The
+    magnitude code is ``((e - emin) << M) + R``, and ``e`` is read from ``m``'s exponent field. Every
+    step is wrapped in ``np.uint32``: Numba widens integer arithmetic to 64 bits otherwise, and the
+    vectoriser then works on half as many lanes."""
+    ub = np.uint32(tb & np.uint32(0x7FFFFFFF))
+    ac = min(ub, np.uint32(MAXB))
+    eb = max(np.uint32(ac & np.uint32(0x7F800000)), np.uint32((EMIN + 127) << 23))  # e's exponent field
+    mb = np.uint32(eb + np.uint32((23 - MB) << 23))
+    s = np.float32(np.uint32(ac).view(np.float32) + np.uint32(mb).view(np.float32)).view(np.uint32)
+    ecode = np.uint32(np.uint32(mb >> np.uint32(23 - MB)) - np.uint32((150 - MB + EMIN) << MB))  # (e - emin) << M
+    code = np.uint32(np.uint32(s - mb) + ecode)
+    return np.uint32(code | np.uint32(np.uint32(tb >> np.uint32(31)) << np.uint32(BITS - 1)))
+
+
+@njit(cache=True, inline="always")
+def _sto32(tb, r, MB, EMIN, MAXC, INT, BITS):  # pragma: no cover - jitted
+    """The element code of the binary32 value with bits ``tb``, rounded stochastically with the
+    16-bit draw ``r`` (mx.md §6.3) and saturated, on 32-bit lanes (the module docstring's integer
+    rounding).
+
+    With the significand ``S`` (24 bits) and ``shift`` as there, ``q = S >> shift`` and the fraction
+    is ``rem / 2^shift``; the rule's ``(2r + 1) / 2^17 < rem / 2^shift`` is, for ``shift >= 17``,
+    ``(2r + 1) << (shift - 17) < rem``, that is ``2r + 1 <= (rem - 1) >> (shift - 17)`` (the
+    right-hand side is -1 for ``rem = 0``). Shifts are capped at 31 (a 32-bit shift by more is
+    undefined): beyond it the quotient is 0 and ``(rem - 1) >> 31`` is 0 or -1, so no draw rounds
+    up, as none can when the fraction is below 2^-17. A binary32 subnormal ``t`` (below 2^-126, far
+    below any format's quantum) rounds to 0 both ways although its significand is read with the
+    implicit bit."""
+    ub = np.uint32(tb & np.uint32(0x7FFFFFFF))
+    e = np.int32(np.int32(ub >> np.uint32(23)) - np.int32(127))
+    s = np.int32(np.uint32(ub & np.uint32(0x7FFFFF)) | np.uint32(0x800000))
+    if INT:
+        eb = np.int32(0)
+        sh = max(np.int32(np.int32(23 + EMIN - MB) - e), np.int32(1))
+    else:
+        eb = max(e, np.int32(EMIN))
+        sh = np.int32(np.int32(23 - MB) + np.int32(eb - e))
+    shc = min(sh, np.int32(31))
+    fl = np.int32(s >> shc)
+    rem = np.int32(s & np.int32(np.int32(np.int32(1) << shc) - np.int32(1)))
+    d = min(max(np.int32(sh - np.int32(17)), np.int32(0)), np.int32(31))
+    up = np.int32(np.int32(2) * np.int32(r) + np.int32(1)) <= np.int32(np.int32(rem - np.int32(1)) >> d)
+    q = np.int32(fl + np.int32(up))
+    code = q if INT else np.int32(np.int32(np.int32(eb - np.int32(EMIN)) << np.int32(MB)) + q)
+    code = min(code, np.int32(MAXC))
+    neg = ub != tb
+    if INT:
+        return np.uint32(np.int32(-code if neg else code) & np.int32(0xFF))
+    return np.uint32(np.uint32(code) | np.uint32(np.uint32(tb >> np.uint32(31)) << np.uint32(BITS - 1)))
+
+
+@njit(cache=True, inline="always")
+def _e4m3_value(c):  # pragma: no cover - jitted
+    """The binary32 value of the E4M3 magnitude code ``c`` (mx.md §3), branch-free on 32-bit lanes."""
+    c = np.uint32(c)
+    ef = np.uint32(c >> np.uint32(3))
+    f = np.uint32(c & np.uint32(7))
+    normal = np.uint32(np.uint32(np.uint32(ef + np.uint32(120)) << np.uint32(23)) | np.uint32(f << np.uint32(20)))
+    normal = normal.view(np.float32)
+    sub = np.float32(np.float32(np.int32(f)) * np.float32(2.0**-9))
+    return sub if ef == np.uint32(0) else normal
+
+
+def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL):  # type: ignore[no-untyped-def]
+    """The tile-range kernel for one element format, scale rule and rounding (closure constants).
+
+    ``GL`` (0: none) is a group size whose whole groups get element loops of constant trip count:
+    LLVM then picks a vector loop without a remainder, where a run-time count of 16 or 32 ran
+    only its narrow epilogue."""
+
+    def _scales(xb, sc32, sc8, mbuf, g0, g1, G, tscale):  # pragma: no cover - jitted
+        """The scales of groups [g0, g1) (fp8.md §4, mx.md §5 step 3, nvfp4.md §3 step 3); returns
+        how many hold NaN or infinity plus 2^32 times how many have a scale whose product with the
+        largest element is infinite (rules E1, NV2; binary32 and NVFP4 scales). Two loops: the
+        groups' largest magnitudes (an integer max over ``bits & 0x7FFFFFFF``), then their scales, a
+        loop over groups that LLVM vectorises."""
+        n = xb.shape[0]
         bad = 0
-        # 1. the scales of the groups of this range (whole groups: c0 and c1 are multiples of G or n)
-        g0 = c0 // G
-        g1 = (c1 + G - 1) // G
+        over = 0
         for gi in range(g0, g1):
-            lo = gi * G
-            hi = min(lo + G, n)
-            mb = _group_amax(xb, lo, hi)
-            if mb >= np.uint32(0x7F800000):
-                bad += 1
-                mb = np.uint32(0)
+            mb = _group_amax(xb, gi * G, min(gi * G + G, n))
+            isbad = mb >= np.uint32(0x7F800000)
+            bad += isbad
+            mbuf[np.uint64(gi - g0)] = np.uint32(0) if isbad else mb
+        for j in range(g1 - g0):
+            jj = np.uint64(j)
+            gg = np.uint64(g0) + jj
+            mb = mbuf[jj]
             if SCALE == 0:
-                sc32[gi] = np.uint32(mb).view(np.float32) / np.float32(MAXVAL)
+                sg = np.float32(np.uint32(mb).view(np.float32) / np.float32(MAXVAL))
+                sc32[gg] = sg
+                over += np.float32(sg * np.float32(MAXVAL)) == np.float32(np.inf)
             elif SCALE == 1:
-                sc8[gi] = np.uint8(max(np.int64(mb >> np.uint32(23)) - EMAX, 0))
+                sc8[gg] = np.uint8(max(np.int32(np.int32(mb >> np.uint32(23)) - np.int32(EMAX)), np.int32(0)))
+            else:  # tscale > 0 here: nvfp4 with S = 0 has only zero groups (see below)
+                p = np.float32(np.uint32(mb).view(np.float32) / np.float32(6.0))
+                r = np.float32(p / tscale)
+                c = _near32(r.view(np.uint32), 3, -6, 0x43E00000, 8)  # E4M3, nearest, saturating at 448
+                sc8[gg] = np.uint8(c)
+                d = np.float32(_e4m3_value(c) * tscale)  # the block's scale d_b, as decoding computes it
+                sc32[gg] = d
+                over += np.float32(d * np.float32(6.0)) == np.float32(np.inf)
+        return bad + over * 4294967296
+
+    def _ecode(t, r):  # pragma: no cover - jitted
+        """The element code of the scaled binary32 value ``t`` (draw ``r`` when stochastic)."""
+        if INT and not STOCH:  # mx.md §6.2: R = rint(a * 64), saturated at 127 (t holds a * 64)
+            tc = min(max(t, np.float32(-127.0)), np.float32(127.0))
+            return np.uint32(np.int32(np.rint(tc)) & np.int32(0xFF))
+        if STOCH:
+            return _sto32(t.view(np.uint32), r, MB, EMIN, MAXC, INT, BITS)
+        return _near32(t.view(np.uint32), MB, EMIN, MAXB, BITS)
+
+    def _encode_range(x, xb, sc32, sc8, codes, G, L, fused, tscale, seeds, c0, c1):  # pragma: no cover - jitted
+        setting = (BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL)  # noqa: F841 - the cache key
+        bad = 0
+        mbuf = np.empty((L if fused else c1 - c0) // G + 2, np.uint32)
+        zs = SCALE == 2 and tscale == np.float32(0.0)  # nvfp4, S = 0: every block scale is code 0 (§3 step 3)
+        if not fused:  # groups longer than a sub-block: all scales of the range first
+            if zs:
+                for gi in range(c0 // G, (c1 + G - 1) // G):
+                    sc8[gi] = 0
+                    sc32[gi] = np.float32(0.0)
             else:
-                if tscale > np.float32(0.0):
-                    q = np.float32(np.uint32(mb).view(np.float32) / np.float32(6.0))
-                    rr = np.float32(q / tscale)
-                    c = _mag_code(rr.view(np.uint32), 0, 3, -6, 0x7E, False, False, 0)
-                else:
-                    c = np.int64(0)
-                sc8[gi] = np.uint8(c)
-                sc32[gi] = e4m3v[c] * tscale  # the block's scale, as decoding computes it
-        # 2. round and pack, a sub-block at a time (c0 is a multiple of 8: sub-blocks start on a byte)
-        rb = np.empty(SB // 2 + 4, np.uint32)
+                bad += SCALES(xb, sc32, sc8, mbuf, c0 // G, (c1 + G - 1) // G, G, tscale)  # noqa: F821
+        rb = np.empty(L // 2 + 4, np.uint32)
         r16 = rb.view(np.uint16)
-        cb = np.zeros(SB + 8, np.uint8)
+        cb = np.zeros(L + 8, np.uint8)
         if STOCH:
             ks = key_schedule(seeds[0], seeds[1])
-        for b0 in range(c0, c1, SB):
-            b1 = min(b0 + SB, c1)
+        for b0 in range(c0, c1, L):
+            b1 = min(b0 + L, c1)
+            g0 = b0 // G
+            g1 = (b1 - 1) // G + 1
+            if fused:  # the sub-block holds whole groups: scales, then elements, while it is in cache
+                if zs:
+                    for gi in range(g0, g1):
+                        sc8[gi] = 0
+                        sc32[gi] = np.float32(0.0)
+                else:
+                    bad += SCALES(xb, sc32, sc8, mbuf, g0, g1, G, tscale)  # noqa: F821
             if STOCH:
                 fill_blocks(rb, b0 // 8, (b1 - b0 + 7) // 8, seeds[2], seeds[3], ks)
-            for gi in range(b0 // G, (b1 - 1) // G + 1):
+            for gi in range(g0, g1):
                 lo = max(gi * G, b0)
                 hi = min(gi * G + G, b1)
                 # unsigned indices: Numba then emits no negative-index wraparound, which keeps the
                 # loop free of branches for LLVM's vectoriser (as gcodec.kernels.cpu.quant)
                 base = np.uint64(lo)
                 jb = np.uint64(lo - b0)
+                cnt = hi - lo
                 if SCALE == 1:
-                    k = np.int64(sc8[gi]) - 127
-                    for m in range(hi - lo):
-                        i = base + np.uint64(m)
-                        j = jb + np.uint64(m)
-                        r = r16[j] if STOCH else np.uint16(0)
-                        c = _code(xb[i], k, BITS, MB, EMIN, MAXC, INT, STOCH, r)
-                        if BITS == 8:
-                            codes[i] = np.uint8(c)
-                        else:
-                            cb[j] = np.uint8(c)
+                    e = np.int32(sc8[gi])
+                    # t = v / 2^(e - 127) exactly (mx.md §5 step 4) is one binary32 multiplication by
+                    # 2^(127 - e) wherever it matters: exact when |t| >= 2^-126, and a smaller |t|
+                    # (the product rounded, still below 2^-126) lies far below every format's
+                    # quantum, so it rounds to 0 in both rules. MXINT8 multiplies by 2^(133 - e)
+                    # instead (its quantum 2^-6 folded in). Both powers must be normal binary32
+                    # numbers; the rare scales for which they are not take the exact integer path.
+                    if INT and not STOCH:
+                        fast = e >= np.int32(6)
+                        pw = np.uint32(np.uint32(np.int32(260) - e) << np.uint32(23)).view(np.float32)
+                    else:
+                        fast = e <= np.int32(253)
+                        pw = np.uint32(np.uint32(np.int32(254) - e) << np.uint32(23)).view(np.float32)
+                    if fast and GL > 0 and cnt == GL:  # the same loop with a constant trip count
+                        for m in range(GL):
+                            i = base + np.uint64(m)
+                            j = jb + np.uint64(m)
+                            c = ECODE(np.float32(x[i] * pw), r16[j] if STOCH else np.uint16(0))  # noqa: F821
+                            if BITS == 8:
+                                codes[i] = np.uint8(c)
+                            else:
+                                cb[j] = np.uint8(c)
+                    elif fast:
+                        for m in range(cnt):
+                            i = base + np.uint64(m)
+                            j = jb + np.uint64(m)
+                            c = ECODE(np.float32(x[i] * pw), r16[j] if STOCH else np.uint16(0))  # noqa: F821
+                            if BITS == 8:
+                                codes[i] = np.uint8(c)
+                            else:
+                                cb[j] = np.uint8(c)
+                    else:
+                        k = np.int64(e) - 127
+                        for m in range(cnt):
+                            i = base + np.uint64(m)
+                            j = jb + np.uint64(m)
+                            r = r16[j] if STOCH else np.uint16(0)
+                            c = _code(xb[i], k, BITS, MB, EMIN, MAXC, INT, STOCH, r)
+                            if BITS == 8:
+                                codes[i] = np.uint8(c)
+                            else:
+                                cb[j] = np.uint8(c)
                 else:
-                    sg = sc32[gi]
-                    zero = sg == np.float32(0.0)  # a zero (or underflowed) scale: zero codes, signs kept
-                    s = np.float32(1.0) if zero else sg
-                    for m in range(hi - lo):
-                        i = base + np.uint64(m)
-                        j = jb + np.uint64(m)
-                        r = r16[j] if STOCH else np.uint16(0)
-                        t = np.float32(x[i] / s)
-                        c = _code(t.view(np.uint32), 0, BITS, MB, EMIN, MAXC, INT, STOCH, r)
-                        if zero:
-                            c = np.int64(0) if INT else np.int64(xb[i] >> np.uint32(31)) << (BITS - 1)
-                        if BITS == 8:
-                            codes[i] = np.uint8(c)
-                        else:
-                            cb[j] = np.uint8(c)
-            if BITS == 4:
-                o = np.uint64(b0 // 2)
+                    s = sc32[gi]
+                    if s == np.float32(0.0):  # a zero (or underflowed) scale: zero codes, signs kept
+                        for m in range(cnt):
+                            i = base + np.uint64(m)
+                            c = np.uint32(np.uint32(xb[i] >> np.uint32(31)) << np.uint32(BITS - 1))
+                            if BITS == 8:
+                                codes[i] = np.uint8(c)
+                            else:
+                                cb[jb + np.uint64(m)] = np.uint8(c)
+                    elif GL > 0 and cnt == GL:  # t = v / s: the spec's one binary32 division (fp8.md §4.1, nvfp4.md §3)
+                        for m in range(GL):
+                            i = base + np.uint64(m)
+                            j = jb + np.uint64(m)
+                            c = ECODE(np.float32(x[i] / s), r16[j] if STOCH else np.uint16(0))  # noqa: F821
+                            if BITS == 8:
+                                codes[i] = np.uint8(c)
+                            else:
+                                cb[j] = np.uint8(c)
+                    else:
+                        for m in range(cnt):
+                            i = base + np.uint64(m)
+                            j = jb + np.uint64(m)
+                            c = ECODE(np.float32(x[i] / s), r16[j] if STOCH else np.uint16(0))  # noqa: F821
+                            if BITS == 8:
+                                codes[i] = np.uint8(c)
+                            else:
+                                cb[j] = np.uint8(c)
+            if BITS != 8:
                 m = b1 - b0
-                cb[m] = 0
-                for j in range((m + 1) // 2):
-                    jj = np.uint64(j)
-                    codes[o + jj] = cb[2 * jj] | (cb[2 * jj + np.uint64(1)] << np.uint8(4))
-            elif BITS == 6:
-                o = np.uint64(b0 // 4 * 3)
-                m = b1 - b0
-                for j in range(m, m + 4):
+                for j in range(m, m + 8):
                     cb[j] = 0
-                nb = np.uint64((m * 6 + 7) // 8)
-                for q in range((m + 3) // 4):
-                    jj = np.uint64(4 * q)
-                    w = np.uint32(cb[jj]) | (np.uint32(cb[jj + np.uint64(1)]) << 6)
-                    w |= (np.uint32(cb[jj + np.uint64(2)]) << 12) | (np.uint32(cb[jj + np.uint64(3)]) << 18)
-                    k0 = np.uint64(3 * q)
-                    codes[o + k0] = np.uint8(w & 0xFF)
-                    if k0 + np.uint64(1) < nb:
-                        codes[o + k0 + np.uint64(1)] = np.uint8((w >> 8) & 0xFF)
-                    if k0 + np.uint64(2) < nb:
-                        codes[o + k0 + np.uint64(2)] = np.uint8((w >> 16) & 0xFF)
+                if BITS == 4:
+                    _pack_bytes(cb, m, 4, codes, np.uint64(b0 // 2))
+                else:  # 64 codes (48 bytes) at a time in vector registers, then the last octets
+                    o = b0 // 8 * 6
+                    k64 = m // 64
+                    for k in range(k64):
+                        pack6_x64(cb, np.uint64(64 * k), codes, np.uint64(o + 48 * k))
+                    if m > 64 * k64:
+                        _pack_octets(cb[64 * k64 :], m - 64 * k64, 6, codes, np.uint64(o + 48 * k64))
         return bad
 
-    return njit(cache=True, nogil=True)(_encode_range)
+    sc = njit(inline="always")(_scales)
+    ec = njit(inline="always")(_ecode)
+    return njit(cache=True, nogil=True)(_closure(_encode_range, SCALES=sc, ECODE=ec))
 
 
 _KERNELS: dict[tuple, Any] = {}
@@ -213,6 +377,17 @@ def _kernel(key: tuple, make: Any) -> Any:
     return k
 
 
+def sub_block(group_size: int) -> tuple[int, bool]:
+    """(elements per sub-block, whether it holds whole groups): whole groups, a multiple of 8, about
+    :data:`SB` elements when a group fits (the group's largest magnitude, scale and elements are then
+    done while it is in L1); otherwise :data:`SB` elements, the scales of a range computed first."""
+    g = int(group_size)
+    step = g * 8 // math.gcd(g, 8)
+    if step <= SB:
+        return step * max(1, SB // step), True
+    return SB, False
+
+
 def tile(group_size: int) -> int:
     """Elements per tile: whole groups, a multiple of 8 (so packed elements start on a byte)."""
     g = int(group_size)
@@ -222,9 +397,12 @@ def tile(group_size: int) -> int:
 
 @njit(cache=True, nogil=True)
 def _amax_range(xb, part, C, c0, c1):  # pragma: no cover - jitted
+    # unsigned indices and 32-bit values: a vectorised max (with a signed index, whose wraparound
+    # check kept this loop scalar, it took 3 times as long as a memcpy of the same data)
     m = np.uint32(0)
-    for i in range(c0, c1):
-        m = max(m, xb[i] & np.uint32(0x7FFFFFFF))
+    base = np.uint64(c0)
+    for j in range(c1 - c0):
+        m = max(m, np.uint32(xb[base + np.uint64(j)] & np.uint32(0x7FFFFFFF)))
     part[c0 // C] = m
     return 0
 
@@ -293,12 +471,15 @@ def encode(
         int(scale_rule),
         bool(stochastic),
         float(np.float32(el.max_value)),
+        0 if el.integer else int(np.float32(el.max_value).view(np.uint32)),
+        int(group_size) if group_size in _LITERAL_GROUPS else 0,
     )
     k = _kernel(key, _make_encode)
     sl, sh = split64(seed)
     tl, th = split64(stream)
     seeds = (np.uint32(sl), np.uint32(sh), np.uint32(tl), np.uint32(th))
-    nbad = run_chunks(
+    L, fused = sub_block(group_size)
+    counts = run_chunks(
         k,
         n,
         tile(group_size),
@@ -308,25 +489,26 @@ def encode(
         sc8,
         codes,
         int(group_size),
+        L,
+        fused,
         tscale,
-        _E4M3_VALUES,
         seeds,
     )
-    nover = 0
-    if not nbad and scale_rule != SCALE_E8M0:  # E1, NV2: the largest element times the scale stays finite
-        top = np.float32(el.max_value if scale_rule == SCALE_F32 else 6.0)
-        with np.errstate(over="ignore", invalid="ignore"):
-            nover = int(np.count_nonzero(np.isinf(sc32 * top)))
-    return int(nbad), nover
+    # E1, NV2: the largest element times the scale stays finite (counted with the scales)
+    nbad = counts & 0xFFFFFFFF
+    nover = 0 if nbad else counts >> 32
+    return int(nbad), int(nover)
 
 
 # --------------------------------------------------------------------------------------------
 # decoding
 
 
-def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
+def _make_decode(BITS, SCALE, ACC, NAN):  # type: ignore[no-untyped-def]
+    """``NAN``: whether the element format has codes that are not finite values (counted as read)."""
+
     def _decode_range(codes, sc32, sc8, out, G, tscale, table, c0, c1):  # pragma: no cover - jitted
-        setting = (BITS, SCALE, ACC)  # noqa: F841 - the cache key
+        setting = (BITS, SCALE, ACC, NAN)  # noqa: F841 - the cache key
         bad = 0
         nbytes = np.uint64(codes.shape[0])
         for gi in range(c0 // G, (c1 - 1) // G + 1):
@@ -337,7 +519,7 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
             elif SCALE == 0:
                 s = sc32[gi]
             else:
-                s = np.float32(table_e4m3(sc8[gi]) * tscale)
+                s = np.float32(_e4m3_value(sc8[gi]) * tscale)  # d_b of nvfp4.md §4, without libm's ldexp
             base = np.uint64(lo)
             if BITS == 4 and lo % 2 == 0 and (hi - lo) % 2 == 0:  # whole bytes: two elements each
                 o = base >> np.uint64(1)
@@ -345,7 +527,8 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
                     u = codes[o + np.uint64(m)]
                     v0 = table[u & np.uint8(0xF)]
                     v1 = table[u >> np.uint8(4)]
-                    bad += np.isnan(v0) + np.isnan(v1)
+                    if NAN:
+                        bad += np.isnan(v0) + np.isnan(v1)
                     i = base + np.uint64(2 * m)
                     if ACC:
                         out[i] += np.float32(v0 * s)
@@ -363,7 +546,8 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
                     i = base + np.uint64(4 * m)
                     for t in range(4):
                         v = table[np.uint8((w >> np.uint32(6 * t)) & np.uint32(0x3F))]
-                        bad += np.isnan(v)
+                        if NAN:
+                            bad += np.isnan(v)
                         if ACC:
                             out[i + np.uint64(t)] += np.float32(v * s)
                         else:
@@ -384,7 +568,8 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
                         w |= np.uint32(codes[p + np.uint64(2)]) << 16
                     c = np.uint8((w >> np.uint32(6 * (i & np.uint64(3)))) & np.uint32(0x3F))
                 v = table[c]
-                bad += np.isnan(v)
+                if NAN:
+                    bad += np.isnan(v)
                 y = np.float32(v * s)
                 if ACC:
                     out[i] += y
@@ -393,16 +578,6 @@ def _make_decode(BITS, SCALE, ACC):  # type: ignore[no-untyped-def]
         return bad
 
     return njit(cache=True, nogil=True)(_decode_range)
-
-
-@njit(cache=True, inline="always")
-def table_e4m3(c):  # pragma: no cover - jitted
-    """The value of E4M3 code ``c`` (finite codes with the sign clear: block scales)."""
-    e = np.int64(c >> np.uint8(3))
-    f = np.int64(c & np.uint8(7))
-    if e == 0:
-        return np.float32(f * 2.0**-9)
-    return np.float32(math.ldexp(np.float64(8 + f), e - 10))
 
 
 def decode(
@@ -421,7 +596,8 @@ def decode(
     if n == 0:
         return 0
     el = ELEMENTS[element]
-    k = _kernel(("dec", el.bits, int(scale_rule), bool(accumulate)), _make_decode)
+    has_nan = el.integer or el.finite_below != el.sign_bit  # E2M1 and the FP6 formats: every code is finite
+    k = _kernel(("dec", el.bits, int(scale_rule), bool(accumulate), has_nan), _make_decode)
     return run_chunks(
         k, n, tile(group_size), codes, sc32, sc8, out, int(group_size), np.float32(tscale), _table(element)
     )
