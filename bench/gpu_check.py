@@ -28,6 +28,7 @@ commit (docs/gpu.md): expect first-run fixes.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import platform
 import sys
@@ -260,9 +261,35 @@ def _dist_rank(rank: int, world: int, backend: str, path: str, out: Any) -> None
             res[name] = (bool(torch.equal(on_dev.cpu(), ref)), d, "")
         except Exception as e:
             res[name] = (False, float("nan"), f"{type(e).__name__}: {e}"[:200])
+    try:  # DiLoCo on CUDA parameters against the same run on the CPU (a gloo group beside NCCL's)
+        cpu_group = None if backend == "gloo" else dist.new_group(backend="gloo")
+        on_dev = _diloco_run(torch, gt, "cuda", None, rank)
+        on_cpu = _diloco_run(torch, gt, "cpu", cpu_group, rank)
+        d = max(float((on_dev[n] - on_cpu[n]).abs().max()) for n in on_dev)
+        # the inner steps' products differ in the last bits between cuBLAS and the CPU: close, not equal
+        h = hashlib.sha256(b"".join(on_dev[n].numpy().tobytes() for n in sorted(on_dev))).hexdigest()
+        res["diloco uniform 4 + EF"] = (d < 1e-4, d, "")
+        res["diloco digest"] = (True, 0.0, h)
+    except Exception as e:
+        res["diloco uniform 4 + EF"] = (False, float("nan"), f"{type(e).__name__}: {e}"[:200])
     out.put((rank, res))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _diloco_run(torch: Any, gt: Any, device: str, group: Any, rank: int) -> dict[str, Any]:
+    """Four SGD inner steps, H = 2, 4-bit pseudo-gradients with error feedback: the global parameters."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)).to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    dl = gt.DiLoCo(net, opt, sync_every=2, codec={"id": "uniform", "bits": 4}, group=group)
+    for step in range(4):
+        x = torch.randn(16, 64, generator=torch.Generator().manual_seed(100 * rank + step)).to(device)
+        opt.zero_grad()
+        (net(x) ** 2).mean().backward()
+        opt.step()
+    dl.close()
+    return {n: t.detach().cpu() for n, t in dl.global_parameters().items()}
 
 
 def gcodec_roundtrip(x: np.ndarray, cfg: dict[str, Any], mode: str) -> np.ndarray:
@@ -300,6 +327,15 @@ def check_dist(torch: Any) -> None:
             p.join(60)
             if p.is_alive():
                 p.kill()
+        dil = [got[r].get("diloco uniform 4 + EF") for r in sorted(got)]
+        if dil and all(dil):
+            same = len({got[r]["diloco digest"][2] for r in got}) == 1  # every replica's global parameters
+            ok = all(e for e, _, _ in dil) and same
+            worst = max(d for _, d, _ in dil)
+            detail = "; ".join(m for _, _, m in dil if m) or (
+                f"max |cuda - cpu| {worst:.2e}, replicas {'bit-identical' if same else 'DIFFER'}"
+            )
+            report(f"torch {backend} x{world} DiLoCo (CUDA parameters)", "ok" if ok else "FAIL", detail)
         for name, _, mode in DIST_CODECS:
             per = [got[r][name] for r in sorted(got) if name in got[r]]
             if not per:

@@ -104,6 +104,7 @@ def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     h = args.sync_every
+    curves = json.loads(Path(args.curves_from).read_text())["curves"] if args.curves_from else None
     cons = contenders(h, args.diloco_steps or (3 * h if args.quick else args.steps * 3 // 2), args.quick)
     s = LMSettings.quick() if args.quick else LMSettings(steps=args.steps, batch=args.batch, eval_every=h)
     if args.quick:
@@ -112,16 +113,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"settings": s.to_dict(), "sync_every": h, "margin": MARGIN, "worlds": {}}
     for world in args.workers:
         t0 = time.perf_counter()
-        print(f"[{world} workers] curves on the unshaped loopback: {len(cons)} contenders", file=sys.stderr)
-        with namespace("unlimited") as prefix:
-            res = run_job(cons, s, world, prefix=prefix, env=env, module="gcodec.demo.lm_worker", timeout_s=7200)
+        prev = (curves or {}).get(str(world))
+        if prev is not None:  # the curves of an earlier run (--curves-from): same contenders and schedule
+            res = prev
+        else:
+            print(f"[{world} workers] curves on the unshaped loopback: {len(cons)} contenders", file=sys.stderr)
+            with namespace("unlimited") as prefix:
+                res = run_job(cons, s, world, prefix=prefix, env=env, module="gcodec.demo.lm_worker", timeout_s=7200)
         out["corpus"] = res["corpus"]
+        out.setdefault("curves", {})[str(world)] = res
         runs = {r["label"]: r for r in res["runs"]}
         base = runs[cons[0]["label"]]
         target = float(base["val_loss"]) if base.get("ok") else math.nan
         timed: dict[str, dict[str, float]] = {}
         timing = LMSettings(**{**s.to_dict(), "max_steps": h + 3})
-        for rate in args.rates:
+        for rate in [] if args.curves_only else args.rates:
             print(f"[{world} workers] timing at {rate}: {h + 3} steps per contender", file=sys.stderr, flush=True)
             with namespace(rate) as prefix:
                 tr = run_job(
@@ -264,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         "--diloco-steps", type=int, default=0, help="inner steps of the DiLoCo runs (default 1.5 x --steps)"
     )
     ap.add_argument("--quick", action="store_true", help="the quick model and 4 contenders")
+    ap.add_argument("--curves-only", action="store_true", help="train the curves, time nothing (then --curves-from)")
+    ap.add_argument("--curves-from", metavar="JSON", help="reuse the curves of an earlier --json; time only")
     ap.add_argument("--json", help="write the results")
     ap.add_argument("--markdown", help="write the table")
     ap.add_argument("--plot", help="write the validation curves (PNG)")

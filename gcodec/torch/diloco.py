@@ -43,9 +43,11 @@ def _agree_step(comm: Communicator, fp: dict[str, Any], agreed: dict[str, str], 
     fingerprint exchange the first time and whenever it changes) and its inner step and fragment,
     so that replicas that drifted apart all raise here instead of summing different rounds."""
     ex = Exchange(comm, fp, agreed, "diloco", "DiLoCo synchronisation")
-    table = yield from ex.sizes([step, fragment])
+    # one word (a control message holds as many words as ranks): the step; with the agreed schedule
+    # it fixes the fragment too
+    table = yield from ex.sizes([step])
     if bool((table != table[0]).any()):
-        got = "; ".join(f"rank {r}: step {int(t[0])}, fragment {int(t[1])}" for r, t in enumerate(table))
+        got = "; ".join(f"rank {r}: step {int(t[0])} (fragment {fragment} here)" for r, t in enumerate(table))
         raise ConfigError(f"DiLoCo replicas are at different synchronisations ({got})")
 
 
