@@ -54,6 +54,21 @@ def run_ranks(module: str, args: Sequence[str], world: int, timeout: float, logs
     return codes
 
 
+def run_mpi(module: str, args: Sequence[str], ranks: int, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``mpiexec -n ranks python -m module *args`` with the venv's mpiexec (the mpich wheel), one
+    kernel thread per rank, output captured."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GCODEC_NUM_THREADS": "1"}
+    return subprocess.run(
+        [str(mpiexec), "-n", str(ranks), sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def checks_of(outdir: Path, ranks: Iterable[int]) -> list[dict]:
     """The checks every rank wrote to ``outdir/rank<r>.json``; fails on a missing file or a failed check."""
     out = []

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -144,17 +141,9 @@ def test_bad_settings_are_config_errors(kw) -> None:
 @pytest.mark.mpi
 def test_two_mpi_ranks_switch_at_the_same_step_and_the_loss_keeps_falling(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
-    root = Path(__file__).resolve().parents[1]
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "GCODEC_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [str(mpiexec), "-n", "2", sys.executable, "-m", "tests.transport_ranks.adaptive_mpi", str(tmp_path)],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    from tests.procs import run_mpi
+
+    proc = run_mpi("tests.transport_ranks.adaptive_mpi", [str(tmp_path)], 2, 240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in res:
