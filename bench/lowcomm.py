@@ -50,6 +50,7 @@ from link import NoNamespace, namespace  # noqa: E402
 from gcodec.codecs.registry import list_codecs  # noqa: E402
 from gcodec.demo.launch import run_job  # noqa: E402
 from gcodec.demo.runs import LMSettings, lm_spec  # noqa: E402
+from gcodec.demo.tour_report import pyplot  # noqa: E402
 
 RATES = ["100mbit", "1gbit", "unlimited"]
 #: relative margin on DDP fp32's final validation loss that counts as reaching it
@@ -229,13 +230,9 @@ def markdown(res: dict[str, Any], rates: list[str]) -> str:
 
 
 def plot(res: dict[str, Any], path: str) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot: matplotlib is not installed"
+    plt, why = pyplot()
+    if plt is None:
+        return why
     worlds = list(res["worlds"].items())
     fig, axes = plt.subplots(1, len(worlds), figsize=(7 * len(worlds), 4.5), dpi=110, squeeze=False)
     for ax, (world, w) in zip(axes[0], worlds, strict=True):

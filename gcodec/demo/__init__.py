@@ -31,7 +31,7 @@ from .data import train_test_split
 from .model import MLP, SEED, DemoSizes, collect_gradients, heavy_tailed, make_dataset
 from .runs import DEMO_RUNS, Settings, demo_specs, run_spec
 from .tour import codec_label, codec_variants
-from .tour_report import _table, iter_text, run_tour
+from .tour_report import _table, iter_text, pyplot, run_tour
 from .training import train
 
 __all__ = [
@@ -65,23 +65,33 @@ def demo_settings(quick: bool = False) -> Settings:
 def warm_kernels(specs: list[dict[str, Any]]) -> None:
     """Encode and decode a small tensor with every codec of ``specs``: on a fresh install this
     compiles the Numba kernels once, into the on-disk cache the worker processes then load."""
+    for spec in specs:
+        if spec.get("hook") == "gcodec" and spec.get("codec") is not None:
+            try:
+                warm_codec(spec["codec"])
+            except Exception:  # the run itself will report it
+                pass
+
+
+def warm_codec(config: Any, error_feedback: bool = False) -> None:
+    """Encode (through :class:`gcodec.ErrorFeedback` when ``error_feedback``: its fused kernels are
+    others), decode and sum a small tensor with one codec: the first call of a Numba kernel in a
+    process loads or compiles it. Low-rank codecs are left out: they run matrix products in the
+    transport."""
     import numpy as np
 
     from ..api import decode
     from ..codecs import get_codec
+    from ..feedback import ErrorFeedback
 
+    codec = get_codec(config)
+    if codec.low_rank:
+        return
     x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
-    for spec in specs:
-        if spec.get("hook") == "gcodec" and spec.get("codec") is not None:
-            try:
-                codec = get_codec(spec["codec"])
-                if not codec.low_rank:  # a low-rank codec runs matrix products in the transport
-                    buf = codec.encode(x, key="warm")
-                    decode(buf)
-                    # the transports sum into their buffers: the quantizers compile that kernel apart
-                    decode(buf, out=np.zeros_like(x), accumulate=True)
-            except Exception:  # the run itself will report it
-                pass
+    buf = ErrorFeedback(codec).encode(x, "warm") if error_feedback else codec.encode(x, key="warm")
+    decode(buf)
+    # the transports sum into their buffers: the quantizers compile that kernel apart
+    decode(buf, out=np.zeros_like(x), accumulate=True)
 
 
 def run_demo(
@@ -209,13 +219,9 @@ def demo_table(result: Mapping[str, Any]) -> Iterator[str]:
 
 def write_plot(result: Mapping[str, Any], path: str | Path) -> str | None:
     """Write the test-accuracy curves as a PNG; returns None, or why not (matplotlib missing)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot: matplotlib is not installed (pip install 'gcodec[bench]')"
+    plt, why = pyplot()
+    if plt is None:
+        return why
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for r in result["runs"]:
         if r.get("ok"):

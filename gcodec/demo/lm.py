@@ -20,7 +20,7 @@ from typing import Any
 from .. import __version__
 from ..jsonsafe import json_safe
 from .runs import LMSettings, lm_spec
-from .tour_report import _table
+from .tour_report import _table, pyplot
 
 __all__ = ["LM_RUNS", "lm_demo_settings", "lm_table", "run_lm_demo", "write_lm_plot"]
 
@@ -153,13 +153,9 @@ def lm_table(result: Mapping[str, Any]) -> Iterator[str]:
 
 def write_lm_plot(result: Mapping[str, Any], path: str | Path) -> str | None:
     """Validation loss against tokens per run as a PNG; None, or why not (matplotlib missing)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot: matplotlib is not installed (pip install 'gcodec[bench]')"
+    plt, why = pyplot()
+    if plt is None:
+        return why
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for r in result["runs"]:
         if r.get("ok"):

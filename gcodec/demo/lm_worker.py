@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import corpus
+from . import corpus, warm_codec
 from .runs import LMSettings
 
 PROGRESS = "@progress "
@@ -82,24 +82,6 @@ def _hook_bytes(state: Any, model: torch.nn.Module, s: LMSettings, steps: int) -
     n = sum(p.numel() for p in model.parameters())
     warm = min(steps, s.start_iter)
     return (total + warm * 4.0 * n) / max(1, steps)
-
-
-def _warm(run: dict[str, Any]) -> None:
-    """Encode, decode and sum a small tensor with the run's codec (and its error feedback) before
-    the clock starts: the first call of a Numba kernel in a process loads it from the cache."""
-    if run.get("codec") is None:
-        return
-    from ..api import decode
-    from ..codecs import get_codec
-    from ..feedback import ErrorFeedback
-
-    codec = get_codec(run["codec"])
-    if codec.low_rank:
-        return
-    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
-    buf = ErrorFeedback(codec).encode(x, "warm") if run.get("error_feedback") else codec.encode(x, key="warm")
-    decode(buf)
-    decode(buf, out=np.zeros_like(x), accumulate=True)
 
 
 class _TorchFT:
@@ -194,7 +176,8 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
             ),
         )
     ft = _TorchFT(model, opt, run, index) if method == "torchft" else None
-    _warm(run)
+    if run.get("codec") is not None:  # load the kernels before the clock starts
+        warm_codec(run["codec"], bool(run.get("error_feedback")))
     val = torch.from_numpy(corpus.val_windows(data.val, s.val_windows, s.context))
     evaluator = make_model(s) if dl is not None else None
     curve: list[dict[str, float]] = []

@@ -114,6 +114,19 @@ def _fmt_gradients(g: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pyplot() -> tuple[Any, str | None]:
+    """matplotlib's pyplot on the Agg backend, or (None, why not) when matplotlib is missing: what
+    every plot of the demo and the benchmarks starts with."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None, "no plot: matplotlib is not installed (pip install 'gcodec[bench]')"
+    return plt, None
+
+
 def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
     """A text table: ``left`` columns left-aligned, the rest right-aligned (the demo's and the tour's)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
