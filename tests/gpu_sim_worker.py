@@ -10,9 +10,13 @@ JSON object of results. Errors are reported per case as ``"error": "<class>: <me
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
+import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -173,10 +177,32 @@ def run_sum2(pairs: list) -> list:
     return out
 
 
+#: Seconds each piece of work took, by label (printed for a slow run), and the watchdog's limit.
+SECONDS: dict[str, float] = {}
+WATCHDOG_S = 0.0
+
+
+def watched(label: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` under a watchdog: past ``WATCHDOG_S`` every thread's stack goes to stderr and the
+    process exits, so a simulated kernel that deadlocks (threads meeting different numbers of
+    barriers) names itself instead of running into the parent's timeout."""
+    print(f"gpu_sim_worker: {label}", file=sys.stderr, flush=True)
+    if WATCHDOG_S:
+        faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
+    t = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        SECONDS[label] = round(time.perf_counter() - t, 3)
+
+
 def main() -> None:
+    global WATCHDOG_S
     import gcodec
 
     req = json.load(sys.stdin)
+    WATCHDOG_S = float(req.get("watchdog_s", 0))
     before = "numba.cuda" in sys.modules
     strict_simulator()
     from numba import cuda
@@ -189,14 +215,15 @@ def main() -> None:
     result = {
         "strict": strict,
         "cuda_imported_by_gcodec": before,
-        "cases": [run_case(c) for c in req.get("cases", [])],
-        "ef": [run_ef(c) for c in req.get("ef", [])],
-        "streamed": run_streamed(req.get("cases", []), set(req.get("streamed", []))),
-        "philox": run_philox(req.get("philox", [])),
-        "randomk_indices": run_randomk_indices(req.get("randomk_indices", [])),
-        "crc": run_crc(req.get("crc", [])),
-        "sum2": run_sum2(req.get("sum2", [])),
+        "cases": [watched(c["id"], run_case, c) for c in req.get("cases", [])],
+        "ef": [watched(c["id"], run_ef, c) for c in req.get("ef", [])],
+        "streamed": watched("streamed", run_streamed, req.get("cases", []), set(req.get("streamed", []))),
+        "philox": watched("philox", run_philox, req.get("philox", [])),
+        "randomk_indices": watched("randomk_indices", run_randomk_indices, req.get("randomk_indices", [])),
+        "crc": watched("crc", run_crc, req.get("crc", [])),
+        "sum2": watched("sum2", run_sum2, req.get("sum2", [])),
     }
+    result["seconds"] = SECONDS
     from gcodec.kernels.cuda import launch
 
     result["simulator"] = launch.SIM

@@ -225,10 +225,8 @@ def _cpu_payload(cfg: dict[str, Any], n: int, seed: int, step: int | None, kind:
     return bytes(gcodec.encode(make_array(n, seed, kind).reshape(SHAPES.get(cid, (n,))), codec, step=step))
 
 
-@pytest.fixture(scope="module")
-def sim() -> dict[str, Any]:
-    if not HAVE_NUMBA_CUDA:
-        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
+def worker_request() -> dict[str, Any]:
+    """What the worker is asked to run, with the CPU payloads it is compared against."""
     cases = []
     for cid, cfg, n, seed, step, kind in CASES + LOWRANK:
         try:
@@ -259,7 +257,7 @@ def sim() -> dict[str, Any]:
         }
         for c, cfg, n, s, st in EF_CASES
     ]
-    req = {
+    return {
         "cases": cases,
         "ef": ef,
         "streamed": STREAMED,
@@ -268,6 +266,20 @@ def sim() -> dict[str, Any]:
         "crc": [b.hex() for b in CRC_BLOBS],
         "sum2": [(kind, a.tobytes().hex(), b.tobytes().hex()) for kind, a, b in SUM2_PAIRS],
     }
+
+
+#: Seconds one case may take in the simulator before the worker dumps every thread's stack and
+#: exits: a kernel whose threads disagree on how many barriers they meet (a race on shared memory)
+#: deadlocks there, and the dump names the case and the line instead of the suite's timeout.
+CASE_WATCHDOG_S = 300
+
+
+@pytest.fixture(scope="module")
+def sim() -> dict[str, Any]:
+    if not HAVE_NUMBA_CUDA:
+        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
+    req = worker_request()
+    req["watchdog_s"] = CASE_WATCHDOG_S
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
@@ -277,10 +289,11 @@ def sim() -> dict[str, Any]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=600,
+        # about 4 minutes on 2 idle cores; a deadlock is caught per case by the watchdog above
+        timeout=900,
         cwd=root,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout)
     out["by_id"] = {c["id"]: c for c in out["cases"] + out["ef"]}
     return out
