@@ -26,3 +26,10 @@ def dtype_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def codecs_default() -> list[gcodec.Codec]:
     return [gcodec.get_codec(c) for c in ("fp16", "bf16", "uniform")]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The CUDA simulator's module runs first. Its worker is many Python threads per simulated block,
+    so it slows by far more than the others when earlier tests leave the cores busy; in a full run
+    after the multi-process tests it has run past its limit where it takes 1-4 minutes alone."""
+    items.sort(key=lambda it: it.path.name != "test_gpu_sim.py")  # stable: the rest keep their order
