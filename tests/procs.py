@@ -85,10 +85,12 @@ def start_gloo(rank: int, world: int, port: int, timeout: float) -> None:
     """In a rank program: one kernel thread (the ranks share the machine's cores) and the gloo
     process group of the ranks on 127.0.0.1, with ``timeout`` seconds for every collective."""
     import datetime
+    import faulthandler
 
     import torch
     import torch.distributed as dist
 
+    faulthandler.enable(all_threads=True)  # an abort in torch's C++ (SIGABRT) prints where each thread was
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
@@ -113,3 +115,27 @@ def run_checked(body: Callable[[], None], checks: list[dict], outdir: Path, rank
         import gcodec.torch
 
         gcodec.torch.synchronize()
+
+
+def finish_gloo(destroy: bool = True) -> None:
+    """In a rank program, after :func:`run_checked` wrote its checks: free what the steps left in
+    reference cycles (DDP modules whose hook failed, errors that hold frames) while the process
+    group still stands, tear the group down (``destroy=False``: a group with a dead peer cannot be
+    torn down cleanly), and leave without interpreter finalization.
+
+    Why skip finalization: at exit CPython destroys what is left in an arbitrary order while gloo's
+    C++ threads may still run, and torch then aborts now and then with ``terminate called without
+    an active exception`` (pytorch/pytorch#179291 describes one such order). The rank's verdict is
+    its checks and its exit code up to here; an abort in teardown says nothing about gcodec, and
+    ``faulthandler`` (set by :func:`start_gloo`) prints where every thread was if one happens
+    earlier."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    if destroy:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

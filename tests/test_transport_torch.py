@@ -114,3 +114,33 @@ def test_a_killed_rank_makes_the_survivor_raise_within_the_timeout(tmp_path: Pat
     assert codes[1] == 3 and codes[0] == 0
     assert time.monotonic() - t0 < 90
     assert len(checks_of(tmp_path, [0])) == 1
+
+
+def test_a_failed_protocol_leaves_no_tensors_or_works_pinned_by_its_error() -> None:
+    """The queue's error lives on in the future (DDP keeps it); the protocol's frames must not keep
+    its tensors and works with it, or they outlive the process group they belong to. In-process: a
+    protocol of size-1 works (no process group is needed to run the queue)."""
+    import gc
+    import weakref
+
+    import torch
+
+    from gcodec.torch.comm import FutureQueue
+    from gcodec.transports import DoneWork
+
+    refs: list[weakref.ref] = []
+
+    def proto():  # type: ignore[no-untyped-def]
+        buf = torch.ones(1 << 16)
+        work = DoneWork(torch.zeros(8))
+        refs.extend([weakref.ref(buf), weakref.ref(work)])
+        yield work
+        raise RuntimeError("peer said no")
+
+    fut = FutureQueue().submit(proto())
+    with pytest.raises(RuntimeError, match="peer said no") as info:
+        fut.wait()
+    gc.collect()
+    assert len(refs) == 2 and all(r() is None for r in refs)
+    # the error still says where it came from
+    assert any(f.name == "proto" for f in __import__("traceback").extract_tb(info.value.__traceback__))

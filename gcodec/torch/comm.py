@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -246,6 +247,8 @@ class FutureQueue:
             # future records its completion event there.
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 value, error = self._run(job[0])
+                if error is not None:
+                    _drop_locals(error)
                 result = job[1]
                 # Drop the protocol and its works before completing the future: the training
                 # thread, woken by the completion, may destroy the process group next, and the last
@@ -270,6 +273,19 @@ class FutureQueue:
         except BaseException as e:
             proto.close()
             return None, e
+
+
+def _drop_locals(error: BaseException) -> None:
+    """Clear the local variables of the finished frames in ``error``'s traceback (and its causes'),
+    keeping their file and line. The error lives on in the future, and DDP keeps that future; the
+    protocol's frames would otherwise keep its tensors and c10d works alive with it, possibly until
+    interpreter exit, after the process group they belong to is gone."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)  # frames still executing are left as they are
+        e = e.__cause__ or e.__context__
 
 
 def _empty() -> Protocol:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gcodec.torch
@@ -25,7 +24,7 @@ from gcodec.adaptive import AdaptiveController
 from gcodec.policy import Policy
 from gcodec.telemetry import Telemetry
 
-from ..procs import run_checked, start_gloo
+from ..procs import finish_gloo, run_checked, start_gloo
 
 CHECKS: list[dict] = []
 STEPS, FAST_FROM = 120, 60
@@ -163,7 +162,7 @@ def main() -> None:
     outdir, rank, world, port = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     start_gloo(rank, world, port, 60)
     run_checked(lambda: run(rank, world, outdir), CHECKS, outdir, rank)
-    dist.destroy_process_group()
+    finish_gloo()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import gcodec.torch
 from gcodec.errors import ConfigError
 
-from ..procs import run_checked, start_gloo
+from ..procs import finish_gloo, run_checked, start_gloo
 
 CHECKS: list[dict] = []
 
@@ -212,7 +212,7 @@ def main() -> None:
         "diverge": lambda: diverge(rank, world),
     }
     run_checked(bodies[phase], CHECKS, outdir, rank)
-    dist.destroy_process_group()
+    finish_gloo()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gcodec
 import gcodec.torch
 
-from ..procs import run_checked, start_gloo
+from ..procs import finish_gloo, run_checked, start_gloo
 from .diverge import BASES, CHANGES, other_codec, other_mode, run_cases
 
 CHECKS: list[dict] = []
@@ -211,7 +211,7 @@ def main() -> None:
         check("the process group works afterwards", float(t) == WORLD * (WORLD + 1) / 2, str(float(t)))
 
     run_checked(body, CHECKS, outdir, RANK)
-    dist.destroy_process_group()
+    finish_gloo()
 
 
 if __name__ == "__main__":

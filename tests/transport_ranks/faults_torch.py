@@ -30,7 +30,7 @@ import gcodec
 import gcodec.torch
 import gcodec.torch.comm as tcomm
 
-from ..procs import run_checked, start_gloo
+from ..procs import finish_gloo, run_checked, start_gloo
 from .faults import PROTOCOLS, corrupting, dying, exact_inputs, soak, stopped_run
 
 CHECKS: list[dict] = []
@@ -172,10 +172,7 @@ def main() -> None:
     RANK, WORLD, port = (int(a) for a in sys.argv[-3:])
     start_gloo(RANK, WORLD, port, TIMEOUT)
     run_checked(lambda: globals()[f"scenario_{scenario}"](*args), CHECKS, Path(outdir), RANK)
-    if scenario != "kill":
-        dist.destroy_process_group()
-    else:
-        os._exit(0)  # a group with a dead peer cannot be torn down cleanly
+    finish_gloo(destroy=scenario != "kill")  # a group with a dead peer cannot be torn down cleanly
 
 
 if __name__ == "__main__":

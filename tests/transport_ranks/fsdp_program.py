@@ -22,7 +22,7 @@ import gcodec.torch
 import gcodec.transports.reduce_scatter as rs_mod
 from gcodec.transports.common import gather_stream
 
-from ..procs import run_checked, start_gloo
+from ..procs import finish_gloo, run_checked, start_gloo
 
 CHECKS: list[dict] = []
 RANK = WORLD = 0
@@ -375,7 +375,7 @@ def main() -> None:
     MESH = init_device_mesh("cpu", (WORLD,))
     run_checked(lambda: globals()[f"scenario_{scenario}"](outdir), CHECKS, outdir, RANK)
     dist.barrier()  # no rank tears the group down while a peer still uses it
-    dist.destroy_process_group()
+    finish_gloo()
 
 
 if __name__ == "__main__":

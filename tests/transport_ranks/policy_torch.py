@@ -16,7 +16,7 @@ from gcodec.policy import Policy
 from gcodec.telemetry import Telemetry
 from gcodec.transports import Router
 
-from ..procs import run_checked, start_gloo
+from ..procs import finish_gloo, run_checked, start_gloo
 
 CHECKS: list[dict] = []
 
@@ -109,7 +109,7 @@ def main() -> None:
     outdir, rank, world, port = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     start_gloo(rank, world, port, 20)
     run_checked(lambda: run(rank), CHECKS, outdir, rank)
-    dist.destroy_process_group()
+    finish_gloo()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gcodec
 import gcodec.torch
 
-from ..procs import run_checked, start_gloo
+from ..procs import finish_gloo, run_checked, start_gloo
 
 CHECKS: list[dict] = []
 RANK = WORLD = 0
@@ -314,8 +314,7 @@ def main() -> None:
     RANK, WORLD, port = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     start_gloo(RANK, WORLD, port, 20)
     run_checked(lambda: globals()[f"scenario_{scenario}"](outdir), CHECKS, outdir, RANK)
-    if scenario not in ("kill",):
-        dist.destroy_process_group()
+    finish_gloo(destroy=scenario != "kill")  # a group with a dead peer cannot be torn down cleanly
 
 
 if __name__ == "__main__":
