@@ -116,3 +116,43 @@ def test_the_tour_stays_available_under_demo(tmp_path: Path):
         rc = main(["demo", "--tour", "--quick", "--json", str(tmp_path / "t.json")])
     assert rc == 0
     assert "codecs" in json.loads((tmp_path / "t.json").read_text())
+
+
+def test_the_progress_bar_keeps_compiling_and_start_up_out_of_its_estimate() -> None:
+    """A fresh install compiles kernels for minutes before the first step; counted as training
+    time, that made the first estimate of the time left read tens of hours. Timed by a clock the
+    test moves: 120 s compiling, 5 s to the first step, then steps of 0.1 s."""
+    from tqdm import tqdm
+
+    from gcodec.demo.progress import Progress
+
+    now = [0.0]
+    bar = tqdm(total=2 * 10, file=io.StringIO(), mininterval=0, smoothing=0)
+    bar._time = lambda: now[0]
+    bar.start_t = bar.last_print_t = 0.0
+    p = Progress(["first", "second"], 10, bar=bar)
+    seen = []
+
+    def compile_kernels() -> None:
+        seen.append(bar.desc)
+        now[0] += 120.0
+
+    p.phase("starting workers")
+    p.during("compiling kernels", compile_kernels)()
+    assert seen == ["compiling kernels"] and bar.desc == "starting workers"
+    now[0] += 5.0
+    for k in range(1, 11):
+        p.step(0, k)
+        now[0] += 0.1
+    assert bar.n == 10 and bar.desc.startswith("first")
+    now[0] += 30.0  # the second run's set-up and first step
+    for k in range(1, 6):
+        p.step(1, k)
+        now[0] += 0.1
+    d = bar.format_dict
+    assert bar.n == 15 and bar.desc.startswith("second")
+    # what the bar counts: the 13 steps after each run's first, 0.1 s each (the clock moved 0.1 s
+    # after the last report too); the waits (155 s) would dominate it
+    assert d["elapsed"] == pytest.approx(14 * 0.1)
+    left = (d["total"] - d["n"]) * d["elapsed"] / d["n"]  # tqdm's estimate without smoothing
+    assert left < 2.0

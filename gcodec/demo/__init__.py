@@ -29,6 +29,7 @@ from .. import __version__
 from ..jsonsafe import json_safe
 from .data import train_test_split
 from .model import MLP, SEED, DemoSizes, collect_gradients, heavy_tailed, make_dataset
+from .progress import Progress
 from .runs import DEMO_RUNS, Settings, demo_specs, run_spec
 from .tour import codec_label, codec_variants
 from .tour_report import _table, iter_text, pyplot, run_tour
@@ -116,30 +117,23 @@ def run_demo(
     specs = specs if specs is not None else demo_specs()
     n_train = len(train_test_split(s.seed)[1])
     steps = (n_train // (s.batch * workers)) * s.epochs
-    bar = _bar(len(specs) * steps, progress)
+    bar = Progress([sp["label"] for sp in specs], steps) if progress else None
     t0 = time.perf_counter()
 
-    current = {"run": -1}
-
-    def on_step(i: int, step: int) -> None:
-        if bar is None:
-            return
-        if i != current["run"]:
-            current["run"] = i
-            bar.set_description_str(f"{specs[i]['label']:<26}", refresh=False)
-        if step >= 0:
-            bar.update(i * steps + step - bar.n)
+    def warm() -> None:
+        warm_kernels(specs)
 
     try:
         if bar is not None:
-            bar.set_description_str("starting workers")
+            bar.phase("starting workers")
         result = run_job(
             specs,
             s,
             workers,
             "mpi" if mpi else "gloo",
-            progress=on_step,
-            before_wait=lambda: warm_kernels(specs),
+            progress=None if bar is None else bar.step,
+            # the launcher fills the kernel cache while the workers import torch
+            before_wait=warm if bar is None else bar.during("compiling kernels", warm),
         )
     finally:
         if bar is not None:
@@ -164,14 +158,6 @@ def run_demo(
             "runs": runs,
         }
     )
-
-
-def _bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="step", dynamic_ncols=True, leave=False)
 
 
 def demo_table(result: Mapping[str, Any]) -> Iterator[str]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import __version__
 from ..jsonsafe import json_safe
+from .progress import Progress
 from .runs import LMSettings, lm_spec
 from .tour_report import _table, pyplot
 
@@ -72,21 +73,19 @@ def run_lm_demo(
                 for r in specs
             ]
     steps = s.max_steps or s.steps
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(specs) * steps, unit="step", dynamic_ncols=True, leave=False)
-        bar.set_description_str("starting workers")
-
-    def on_step(i: int, step: int) -> None:
-        if bar is not None and step >= 0:
-            bar.set_description_str(f"{specs[i]['label'][:30]:<30}", refresh=False)
-            bar.update(i * steps + step - bar.n)
-
+    bar = Progress([sp["label"] for sp in specs], steps, width=30) if progress else None
+    if bar is not None:
+        bar.phase("starting workers")
     t0 = time.perf_counter()
     try:
-        result = run_job(specs, s, workers, progress=on_step, module="gcodec.demo.lm_worker", timeout_s=3600)
+        result = run_job(
+            specs,
+            s,
+            workers,
+            progress=None if bar is None else bar.step,
+            module="gcodec.demo.lm_worker",
+            timeout_s=3600,
+        )
     finally:
         if bar is not None:
             bar.close()
