@@ -35,9 +35,9 @@ from .codecs.base import Aggregation, EncodeContext
 from .codecs.randomk import RandomK, value_codec
 from .codecs.sparse import decode_values, key_bits, plan_values
 from .errors import ConfigError, FormatError, PayloadValueError, SizeMismatchError
+from .excerpt import short
 from .format.container import PREAMBLE_SIZE, PendingTensor, read_payload
 from .limits import get_limits
-from .quote import short
 
 __all__ = [
     "add_values",

@@ -22,6 +22,7 @@ from .codecs.base import Codec, EncodeContext, EncodePlan
 from .codecs.registry import codec_class, get_codec
 from .codecs.state import CodecState
 from .errors import BufferTooSmallError, ConfigError, FormatError, UnsupportedVersionError
+from .excerpt import short
 from .format.container import (
     MAJOR,
     MINOR,
@@ -32,8 +33,7 @@ from .format.container import (
     write_payload,
 )
 from .limits import Limits, get_limits
-from .outcheck import flat_out, refuse_overlaps
-from .quote import short
+from .out_buffer import flat_out, refuse_overlaps
 from .resources import check_pending_resources, check_resources, staging_bytes
 from .sections import numel
 

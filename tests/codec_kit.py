@@ -265,7 +265,7 @@ def all_cases() -> list[Any]:
                 try:
                     encode_case(case)
                 except gcodec.GcodecError as e:
-                    reason = f"no params for codec {cid!r} in tests/fuzzkit.py CASES, and its defaults fail: {e}"
+                    reason = f"no params for codec {cid!r} in tests/codec_kit.py CASES, and its defaults fail: {e}"
                     marks.append(pytest.mark.skip(reason=reason))
             out.append(pytest.param(case, id=case.id, marks=marks))
     return out

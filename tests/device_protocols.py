@@ -83,11 +83,11 @@ def rank_program(comm: Any, case: dict[str, Any], put: Callable[[np.ndarray], An
     stats)``: the output arrays of every step (on the memory under test) and, per step, the
     statistics the protocol recorded (host_bytes, payload_bytes, wire_bytes)."""
     import gcodec
-    from gcodec.transports.common import timed
+    from gcodec.transports.allreduce import allreduce_protocol, exchange_for
     from gcodec.transports.control import Exchange
-    from gcodec.transports.exchange import allreduce_protocol, exchange_for
     from gcodec.transports.gather import allgather_protocol
     from gcodec.transports.lowrank import LowRankItem, lowrank_protocol
+    from gcodec.transports.protocol_helpers import timed
     from gcodec.transports.reduce_scatter import RSGroup, reduce_scatter_protocol
     from gcodec.transports.state import TransportState
     from gcodec.transports.stats import StepStats

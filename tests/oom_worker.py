@@ -113,7 +113,7 @@ def _capped(headroom: int, fn: Callable[..., Any], *args: Any) -> tuple[str, str
 def main(root: str, headroom: int) -> None:
     sys.path.insert(0, root)
     import gcodec
-    from tests.fuzzkit import declaring
+    from tests.codec_kit import declaring
 
     gcodec.set_num_threads(1)  # no thread pool to start (and map stacks for) under the cap
     results = []

@@ -147,7 +147,7 @@ def test_sum_pair_is_the_accumulator_sum_bit_for_bit(dtype: type) -> None:
 def test_summable_values_of_a_damaged_randomk_header_is_a_gcodec_error(values) -> None:
     """summable_values checks the container only (F1-F15), so a randomk record's ``values`` can be any
     msgpack value there: it must give a GcodecError, not AttributeError, TypeError or KeyError."""
-    from tests.fuzzkit import parse_payload, rebuild
+    from tests.codec_kit import parse_payload, rebuild
 
     b = bytes(gcodec.get_codec("randomk", k=2).encode(np.ones(8, np.float32)))
     h, data = parse_payload(b)

@@ -286,7 +286,7 @@ def test_ranks_with_different_error_feedback_decays_all_raise() -> None:
 
     got = run_threads(2, rank)
     assert all(isinstance(r, str) and "decay" in r and "0.95" in r for r in got), got
-    from gcodec.transports.exchange import ef_fingerprint
+    from gcodec.transports.allreduce import ef_fingerprint
 
     assert ef_fingerprint(TransportState("topk")) is True
     assert ef_fingerprint(TransportState("topk", decay=0.5)) == {"decay": 0.5}

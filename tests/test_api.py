@@ -274,7 +274,7 @@ def test_bundle_outs_must_not_overlap_each_other():
 
 
 def _bundle_with_bad_b() -> bytes:
-    from tests.fuzzkit import parse_payload, rebuild
+    from tests.codec_kit import parse_payload, rebuild
 
     x = np.linspace(-1, 1, 64, dtype=np.float32)
     b = bytes(gcodec.encode_bundle({"a": x, "b": x}, "uniform"))

@@ -20,7 +20,7 @@ import gcodec
 from gcodec import HeaderError, UnsupportedFeatureError, UnsupportedVersionError
 from gcodec.arrays import dtype_name
 from gcodec.format import container
-from tests.fuzzkit import parse_payload, rebuild, sample_input, serial_kernels
+from tests.codec_kit import parse_payload, rebuild, sample_input, serial_kernels
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,6 +1,6 @@
 """Corruption and truncation: every damaged payload is refused with a GcodecError, never a crash.
 
-Small payloads of every registered codec (tests/fuzzkit.py, ``CASES``), a bundle, and checksum-off
+Small payloads of every registered codec (tests/codec_kit.py, ``CASES``), a bundle, and checksum-off
 payloads are damaged exhaustively: every byte flipped with several masks, every truncation point,
 bytes appended. Each damaged payload must give a ``GcodecError`` subclass from both ``decode`` and
 ``validate``, and a checksummed payload must never decode. A second group of tests names the error
@@ -25,7 +25,7 @@ from gcodec import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
-from tests.fuzzkit import CASES, Case, all_cases, encode_case, missing_cases, sample_input, serial_kernels
+from tests.codec_kit import CASES, Case, all_cases, encode_case, missing_cases, sample_input, serial_kernels
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -96,7 +96,7 @@ def _no_foreign(fn, b: bytes, where: str) -> None:
 def test_every_registered_codec_has_cases():
     missing = missing_cases()
     assert not missing, (
-        f"codec(s) {missing} are registered but have no representative params in tests/fuzzkit.py CASES; "
+        f"codec(s) {missing} are registered but have no representative params in tests/codec_kit.py CASES; "
         "add an entry so they are corrupted, fuzzed and limit-checked like the others"
     )
 

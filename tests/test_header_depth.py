@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gcodec
+from gcodec.excerpt import short
 from gcodec.format.header import pack_canonical, unpack_strict
 from gcodec.jsonsafe import json_safe
 from gcodec.limits import MAX_NESTING_CAP
-from gcodec.quote import short
-from tests.fuzzkit import parse_payload, rebuild
+from tests.codec_kit import parse_payload, rebuild
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP = gcodec.Limits(max_nesting=MAX_NESTING_CAP)

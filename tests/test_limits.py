@@ -17,7 +17,7 @@ import pytest
 import gcodec
 from gcodec import LimitExceededError, Limits
 from gcodec.limits import MAX_NESTING_CAP
-from tests.fuzzkit import encode_case, parse_payload, rebuild, serial_kernels, usable_cases
+from tests.codec_kit import encode_case, parse_payload, rebuild, serial_kernels, usable_cases
 
 
 @pytest.fixture(autouse=True, scope="module")

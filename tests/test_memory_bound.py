@@ -1,7 +1,7 @@
 """The memory bound of docs/limits.md ("Memory while decoding"), measured with tracemalloc.
 
 ``gcodec.resources.memory_bound(payload)`` is the one statement of what ``inspect_header``,
-``validate`` and ``decode`` may allocate; the fuzz oracle (tests/fuzzkit.py ``check_payload``) holds
+``validate`` and ``decode`` may allocate; the fuzz oracle (tests/codec_kit.py ``check_payload``) holds
 every input to it. Here it is measured on the costliest valid payloads found: per codec, k = numel
 sparse payloads with 16-bit outputs and nested values, PowerSGD with widened factors, and headers
 whose Python objects cost the most per byte (bundles of thousands of empty tensors, maps of short
@@ -20,7 +20,7 @@ import pytest
 import gcodec
 from gcodec.arrays import BFLOAT16
 from gcodec.resources import CONTAINER_COST, HEADER_BYTE_COST, MEMORY_SLACK, memory_bound
-from tests.fuzzkit import _calls, _peak, declaring, parse_payload, rebuild, serial_kernels
+from tests.codec_kit import _calls, _peak, declaring, parse_payload, rebuild, serial_kernels
 
 
 @pytest.fixture(autouse=True, scope="module")

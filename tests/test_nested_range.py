@@ -22,7 +22,7 @@ from gcodec.codecs import registry
 from gcodec.codecs.base import Codec, EncodePlan
 from gcodec.codecs.randomk import randomk_indices
 from gcodec.sections import SectionSpec
-from tests.fuzzkit import (
+from tests.codec_kit import (
     FLT_MAX,
     NESTED_CASES,
     NESTED_CODECS,
@@ -58,7 +58,7 @@ def _sparse(host: str, params: dict, values: str) -> gcodec.Codec:
 
 
 def test_every_codec_that_nests_is_listed():
-    assert missing_nested() == [], "add these codecs to tests/fuzzkit.py NESTED_CODECS"
+    assert missing_nested() == [], "add these codecs to tests/codec_kit.py NESTED_CODECS"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -20,7 +20,7 @@ import pytest
 import gcodec
 from gcodec import PayloadValueError
 from gcodec.arrays import DTYPES
-from tests.fuzzkit import Case, all_cases, encode_case, parse_payload, rebuild, serial_kernels
+from tests.codec_kit import Case, all_cases, encode_case, parse_payload, rebuild, serial_kernels
 
 
 @pytest.fixture(autouse=True, scope="module")

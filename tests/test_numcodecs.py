@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gcodec
-from tests.fuzzkit import cases_for, sample_input, serial_kernels
+from tests.codec_kit import cases_for, sample_input, serial_kernels
 
 numcodecs = pytest.importorskip("numcodecs")
 gnc = pytest.importorskip("gcodec.interop.numcodecs")

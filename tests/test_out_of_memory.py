@@ -5,7 +5,7 @@ have less. Every buffer a payload sizes then comes from gcodec's one allocator (
 which turns a failed allocation into a LimitExceededError naming what it was for. This test runs
 tests/oom_worker.py in a child process that caps its own address space (RLIMIT_AS) at what it maps
 plus 48 MiB, and calls validate, decode and decode(out=) on every golden valid vector and on valid
-payloads of every codec that declare 2**24 to 2**26 elements (tests/fuzzkit.py ``declaring``).
+payloads of every codec that declare 2**24 to 2**26 elements (tests/codec_kit.py ``declaring``).
 """
 
 from __future__ import annotations

@@ -357,7 +357,7 @@ def test_rule(name, make, error, rule):
 
 def _zero_payload(codec: str, shape: list[int], params: dict) -> bytes:
     """A structurally valid payload with every section zero (valid CRCs), built from the header alone."""
-    from tests.fuzzkit import rebuild
+    from tests.codec_kit import rebuild
 
     cls = gcodec.codec_class(codec)
     secs, pos = [], 0

@@ -1,19 +1,19 @@
 """Property tests: the fuzz oracles of docs/fuzzing.md under Hypothesis, with a bounded budget.
 
-The oracles (tests/fuzzkit.py ``check_payload``), on payloads mutated at the byte level (with the
+The oracles (tests/codec_kit.py ``check_payload``), on payloads mutated at the byte level (with the
 CRCs recomputed, so mutations reach the structural and semantic rules) and at the header level
 (any field replaced by any msgpack value):
 
 * only ``GcodecError`` subclasses escape ``decode``, ``validate`` and ``inspect_header``;
 * ``validate`` success implies ``decode`` success with the declared shape and dtype;
 * a payload that fails to decode leaves an ``accumulate=True`` target untouched;
-* peak traced memory stays within ``fuzzkit.memory_bound``.
+* peak traced memory stays within ``codec_kit.memory_bound``.
 
 And on canonical payloads: re-encoding the input with the params recorded in the header (and the
 same key and step, which fix the random stream) reproduces the bytes; for projection codecs
 re-encoding the *decoded* values does too; arbitrary shapes and dtypes round trip.
 
-And on the encoders (``fuzzkit.check_encoder``): every host with every codec that nests, on
+And on the encoders (``codec_kit.check_encoder``): every host with every codec that nests, on
 wide-range tensors, raises a ``GcodecError`` or writes a payload that validates and decodes.
 
 ``tools/fuzz.py`` runs the same oracles, coverage-guided, for as long as you like.
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import gcodec
 from gcodec.arrays import DTYPES
-from tests.fuzzkit import (
+from tests.codec_kit import (
     NESTED_CASES,
     NOT_FROM_HEADER,
     check_encoder,
@@ -242,7 +242,7 @@ def test_reencode_oracle_covers_most_codecs():
 
 @st.composite
 def _wide_arrays(draw, shape):
-    """A wide-range tensor (fuzzkit.wide_input) of any wire dtype; sometimes with one NaN or ±inf."""
+    """A wide-range tensor (codec_kit.wide_input) of any wire dtype; sometimes with one NaN or ±inf."""
     dtype = draw(st.sampled_from(list(DTYPES)))
     pattern = draw(st.sampled_from(["wide", "edges", "scaled"]))
     x = wide_input(shape, dtype, draw(st.integers(0, 2**32 - 1)), pattern)

@@ -7,13 +7,13 @@
     python tools/fuzz.py --target encode       # the encoders instead: what they write must decode
 
 Seeds: every ``specs/vectors/**/*.gcd`` plus small payloads of every registered codec that this
-script makes itself (tests/fuzzkit.py ``seed_payloads``).
+script makes itself (tests/codec_kit.py ``seed_payloads``).
 
 Mutations: libFuzzer's byte mutations, and then (custom mutator) most of the time the CRCs are
 recomputed so the mutation reaches the header and section rules instead of stopping at the
 checksum; one time in five a header field is replaced by another msgpack value instead.
 
-Oracles (tests/fuzzkit.py ``check_payload``), any failure is a crash and its input is written to
+Oracles (tests/codec_kit.py ``check_payload``), any failure is a crash and its input is written to
 the crash directory:
 
 * only ``GcodecError`` subclasses escape ``decode``, ``validate`` and ``inspect_header``;
@@ -24,7 +24,7 @@ the crash directory:
   (``gcodec.resources.memory_bound``), and libFuzzer's ``-rss_limit_mb`` bounds the whole process;
 * no input takes longer than ``--timeout`` seconds (a hang is a crash).
 
-With ``--target encode`` the input is a tensor instead (tests/fuzzkit.py ``encoder_input``: a case of
+With ``--target encode`` the input is a tensor instead (tests/codec_kit.py ``encoder_input``: a case of
 ``NESTED_CASES``, every host with every codec that nests, a dtype, and raw element bits), and the
 oracle is ``check_encoder``: encoding raises a ``GcodecError`` or writes a payload that passes the
 oracles above as valid. Seeds: wide-range tensors of every case (``encoder_seeds``).
@@ -67,12 +67,12 @@ def _seed_files() -> list[Path]:
 
 
 def _check(target: str, data: bytes, memory: bool) -> str:
-    """Run the oracles of ``target`` on one input; raises ``fuzzkit.OracleFailure``."""
-    from tests import fuzzkit
+    """Run the oracles of ``target`` on one input; raises ``codec_kit.OracleFailure``."""
+    from tests import codec_kit
 
     if target == "encode":
-        return fuzzkit.check_encoder(*fuzzkit.encoder_input(data))
-    return fuzzkit.check_payload(data, memory=memory)
+        return codec_kit.check_encoder(*codec_kit.encoder_input(data))
+    return codec_kit.check_payload(data, memory=memory)
 
 
 def _replay(paths: list[str], memory: bool, target: str = "decode") -> int:
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         import gcodec.api
     import numpy as np
 
-    from tests import fuzzkit
+    from tests import codec_kit
 
     np.seterr(all="ignore")
     memory = not args.no_memory
@@ -210,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         atexit.register(shutil.rmtree, corpus, True)
     corpus.mkdir(parents=True, exist_ok=True)
     if args.target == "encode":
-        seeds = fuzzkit.encoder_seeds()
+        seeds = codec_kit.encoder_seeds()
     else:
-        seeds = [f.read_bytes() for f in _seed_files()] + fuzzkit.seed_payloads()
+        seeds = [f.read_bytes() for f in _seed_files()] + codec_kit.seed_payloads()
     for s in seeds:
         (corpus / f"seed-{hashlib.sha1(s).hexdigest()[:16]}").write_bytes(s)
     crash_dir = Path(args.crash_dir)
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in seeds:
         try:
             _check(args.target, s, memory=False)
-        except fuzzkit.OracleFailure as e:
+        except codec_kit.OracleFailure as e:
             print(f"fuzz: a seed breaks an oracle already: {e}", flush=True)
     print(f"fuzz: {len(seeds)} seeds, corpus {corpus}, crashes -> {crash_dir}/, {args.seconds} s", flush=True)
 
@@ -235,21 +235,21 @@ def main(argv: list[str] | None = None) -> int:
 
     def header_mutation(data: bytes, rng: random.Random) -> bytes | None:
         try:
-            header, body = fuzzkit.parse_payload(data)
+            header, body = codec_kit.parse_payload(data)
         except Exception:
             return None
         for _ in range(rng.choice((1, 1, 2, 3))):
-            paths = fuzzkit.header_paths(header)
+            paths = codec_kit.header_paths(header)
             path = rng.choice(paths)
             value = rng.choice(values) if rng.random() < 0.9 else ...
             if value is ... and not path:
                 continue
             try:
-                header = fuzzkit.mutate_header(header, path, value)
+                header = codec_kit.mutate_header(header, path, value)
             except (KeyError, IndexError, TypeError):
                 pass
         try:
-            return fuzzkit.rebuild(
+            return codec_kit.rebuild(
                 header, body, checksum=bool(len(data) > 6 and data[6] & 1),
                 minor=rng.choice((0, 0, 0, 1)), canonical=rng.random() < 0.9,
             )  # fmt: skip
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 return out
         out = atheris.Mutate(data, max_size)
         if r < 0.85:
-            out = fuzzkit.reseal(out)
+            out = codec_kit.reseal(out)
         return out
 
     seen: set[str] = set()
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             return
         try:
             _check(args.target, data, memory)
-        except fuzzkit.OracleFailure as e:
+        except codec_kit.OracleFailure as e:
             _record(crash_dir, data, str(e), seen)
 
     lf = [

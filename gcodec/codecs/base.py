@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, HeaderError, SizeMismatchError
-from ..quote import short
+from ..excerpt import short
 from ..sections import SectionSpec, TensorEntry
 from .state import CodecState, default_state
 

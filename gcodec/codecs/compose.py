@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import alloc
 from ..errors import ConfigError, HeaderError, UnknownCodecError, UnsupportedVersionError
-from ..quote import short
+from ..excerpt import short
 from ..sections import SectionInfo, SectionSpec, TensorEntry
 from .base import Aggregation, Codec, EncodeContext, check_params
 from .registry import codec_class, get_codec

@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ..errors import ConfigError, UnknownCodecError
-from ..quote import short
+from ..excerpt import short
 from .base import Codec
 
 __all__ = ["codec_class", "get_codec", "list_codecs", "register_codec"]

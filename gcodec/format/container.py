@@ -28,8 +28,8 @@ from ..errors import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
+from ..excerpt import short
 from ..limits import Limits, get_limits
-from ..quote import short
 from ..sections import SECTION_DTYPES, SectionInfo, SectionSpec, TensorEntry
 from .header import check_tree, count_containers, pack_canonical, unpack_strict
 

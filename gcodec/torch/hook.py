@@ -48,10 +48,10 @@ from ..errors import ConfigError, GcodecError
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
 from ..transports import DENSE, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
-from ..transports.common import timed
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import gather_protocol
 from ..transports.handshake import Agreement, fingerprint
+from ..transports.protocol_helpers import timed
 from ..transports.quality import sample_quality
 from ..transports.router import RouterSetting
 from ..transports.stats import StepStats

@@ -14,11 +14,11 @@ from .. import xp
 from ..arrays import dtype_name
 from ..errors import ConfigError, GcodecError
 from .comm import Communicator, Protocol
-from .common import timed
 from .control import Exchange, failed_exchange
 from .gather import gather_protocol
 from .handshake import fingerprint
 from .lowrank import LowRankItem, lowrank_protocol
+from .protocol_helpers import timed
 from .quality import sample_quality
 from .state import TransportState, resolve_mode
 from .stats import StepStats

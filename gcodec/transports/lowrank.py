@@ -26,8 +26,8 @@ from .. import xp
 from ..aggregate import count_nonfinite
 from ..errors import PayloadValueError
 from .comm import Protocol
-from .common import work_dtype
 from .control import Exchange
+from .protocol_helpers import work_dtype
 from .state import TransportState
 from .stats import StepStats
 from .threads import kernel_threads

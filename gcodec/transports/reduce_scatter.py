@@ -52,8 +52,8 @@ from ..arrays import BFLOAT16
 from ..errors import GcodecError
 from .collectives import as_bytes, empty_like, error_code, raise_agreed
 from .comm import Protocol
-from .common import counted, gather_stream, work_dtype
 from .control import Exchange
+from .protocol_helpers import counted, gather_stream, work_dtype
 from .sendbuf import encode_into
 from .state import TransportState
 from .stats import StepStats

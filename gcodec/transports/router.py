@@ -43,11 +43,11 @@ from ..arrays import dtype_name
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError
 from ..policy import Rules, as_policy
+from .allreduce import allreduce_protocol
 from .comm import Communicator, Protocol, Work
-from .common import timed, work_dtype
 from .control import Exchange
-from .exchange import allreduce_protocol
 from .handshake import fingerprint
+from .protocol_helpers import timed, work_dtype
 from .state import MODES, TransportState, resolve_mode
 from .stats import StepStats
 from .two_phase import owner_bounds

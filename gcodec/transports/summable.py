@@ -44,8 +44,8 @@ from ..aggregate import add_values, count_nonfinite, round_values, sum_pair, sum
 from ..errors import GcodecError, PayloadValueError
 from .collectives import as_bytes
 from .comm import AllWork, Communicator, Protocol
-from .common import nbytes_from_others, work_dtype
 from .control import Exchange
+from .protocol_helpers import nbytes_from_others, work_dtype
 from .sendbuf import encode_into
 from .state import TransportState
 from .stats import StepStats

@@ -23,9 +23,9 @@ from .. import xp
 from ..errors import GcodecError
 from .collectives import as_bytes, empty_like
 from .comm import Protocol
-from .common import gather_stream, nbytes_from_others, work_dtype
 from .control import Exchange
 from .gather import decode_sum
+from .protocol_helpers import gather_stream, nbytes_from_others, work_dtype
 from .sendbuf import encode_into
 from .state import TransportState
 from .stats import StepStats

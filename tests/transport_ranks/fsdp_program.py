@@ -20,7 +20,7 @@ from torch.distributed.fsdp import fully_shard
 import gcodec
 import gcodec.torch
 import gcodec.transports.reduce_scatter as rs_mod
-from gcodec.transports.common import gather_stream
+from gcodec.transports.protocol_helpers import gather_stream
 
 from ..procs import finish_gloo, run_checked, start_gloo
 
