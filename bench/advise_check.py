@@ -133,7 +133,7 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
             for _ in range(rounds + 1):
                 comm.Barrier()
                 t0 = time.perf_counter()
-                gcodec.mpi.allreduce(comm, x, cfg, key="w", ef=state)
+                gcodec.mpi.allreduce(comm, x, cfg, key="w", state=state)
                 ts.append(time.perf_counter() - t0)
             meas = comm.allreduce(statistics.median(ts[1:]), op=MPI.MAX)
             s = state.stats()["w"]["total"]

@@ -66,7 +66,7 @@ def overhead(args: argparse.Namespace) -> dict:
             for s, e in settings.items()
         }
         for st in states.values():  # warm-up: compile, handshake, page in
-            gcodec.mpi.allreduce(comm, x, cfg, key="w", ef=st)
+            gcodec.mpi.allreduce(comm, x, cfg, key="w", state=st)
         # Rounds of 100 steps (one sample at "every 100"), interleaved; the best round of each
         # setting counts, so that the noise of a shared machine hits every setting alike.
         times = {s: float("inf") for s in settings}
@@ -74,7 +74,7 @@ def overhead(args: argparse.Namespace) -> dict:
             for s, st in states.items():
                 t0 = time.perf_counter()
                 for _ in range(100):
-                    gcodec.mpi.allreduce(comm, x, cfg, key="w", ef=st)
+                    gcodec.mpi.allreduce(comm, x, cfg, key="w", state=st)
                 times[s] = min(times[s], time.perf_counter() - t0)
         per_step = {s: t / 100 for s, t in times.items()}
         out["codecs"][name] = {

@@ -140,7 +140,7 @@ def nbytes(args: argparse.Namespace) -> None:
         for mode in ("gather", "two_phase"):
             st = gcodec.mpi.State(cfg, error_feedback=False)
             for _ in range(2):
-                gcodec.mpi.allreduce(comm, x, st.codec, key="b", ef=st, mode=mode)
+                gcodec.mpi.allreduce(comm, x, st.codec, key="b", state=st, mode=mode)
             recv = comm.allreduce(st.stats()["b"]["wire_bytes"], op=MPI.MAX)
             rows.append((cfg, mode, payload, recv))
     if comm.rank == 0:

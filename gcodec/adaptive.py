@@ -3,7 +3,7 @@ minimises the predicted step time, while the quality telemetry stays within boun
 
 >>> ctl = AdaptiveController(bandwidth="1Gbit", interval=20)            # doctest: +SKIP
 >>> state = gcodec.mpi.PolicyState(ctl, error_feedback=True, telemetry=Telemetry(every=10))
->>> mean = gcodec.mpi.allreduce(comm, grad, None, key="layer1", ef=state)  # doctest: +SKIP
+>>> mean = gcodec.mpi.allreduce(comm, grad, None, key="layer1", state=state)  # doctest: +SKIP
 
 The ladder runs from light to strong: none (fp32 allreduce) → fp16 → uniform 8 → uniform 4 →
 top-k 1 % (with the state's error feedback). At each decision step of a key (after ``warmup_steps``,

@@ -15,7 +15,7 @@ replacement; the paper uses 0.5 with overlap).
 This module holds what does not depend on the framework (:class:`Schedule`,
 :func:`assign_fragments`); :class:`gcodec.torch.DiLoCo` runs it on torch.distributed, and a
 ``gcodec.mpi`` job drives the same exchange with ``gcodec.mpi.allreduce(delta, None, key=name,
-ef=router)`` on a :class:`gcodec.transports.Router` (docs/lowcomm.md).
+state=router)`` on a :class:`gcodec.transports.Router` (docs/lowcomm.md).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ summable codecs reduce their values, PowerSGD runs its two rounds, other codecs 
 run two-phase (p > 2). Before the first exchange of a key, all ranks agree on (codec config, shape,
 dtype, mode, op); a mismatch is a :class:`gcodec.ConfigError` on every rank.
 
-Error feedback and statistics live in a :class:`State` (or pass ``ef=gcodec.ErrorFeedback(codec)``
-for worker residuals only). Importing this module imports mpi4py; ``import gcodec`` does not.
+Error feedback and statistics live in a :class:`State` passed as ``state=`` (or pass
+``state=gcodec.ErrorFeedback(codec)`` for worker residuals only). Importing this module imports
+mpi4py; ``import gcodec`` does not.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mpi4py import MPI
 from . import xp
 from .arrays import host_array
 from .codecs import Codec, get_codec
+from .deprecation import renamed_kwarg
 from .errors import ConfigError, GcodecError
 from .feedback import ErrorFeedback
 from .policy import Policy
@@ -43,6 +45,7 @@ State = TransportState
 Request = Task
 
 _OPS = {"sum": MPI.SUM, "max": MPI.MAX}
+_UNSET: Any = object()  # ef= not given (None is a value of state=)
 
 
 class _MPIWork(Work):
@@ -132,19 +135,23 @@ def _adapter(comm: MPI.Comm) -> tuple[MPICommunicator, Serial]:
     return got
 
 
-def _state_for(comm: MPI.Comm, codec: Codec, mode: str, ef: Any) -> TransportState:
-    if isinstance(ef, TransportState):
-        if ef.codec != codec:
-            raise ConfigError(f"state holds codec {ef.codec!r}, not {codec!r}")
-        return ef
-    if isinstance(ef, ErrorFeedback):
+def _state_for(comm: MPI.Comm, codec: Codec, mode: str, given: Any) -> TransportState:
+    if isinstance(given, TransportState):
+        if given.codec != codec:
+            raise ConfigError(f"state holds codec {given.codec!r}, not {codec!r}")
+        return given
+    if isinstance(given, ErrorFeedback):
+        ef = given
         st = _ef_states.get(ef)
         if st is None:
             st = TransportState(codec, mode=mode, worker=ef)
             _ef_states[ef] = st
         return st
-    if ef is not None:
-        raise ConfigError(f"ef must be None, a gcodec.ErrorFeedback or a gcodec.mpi.State, not {type(ef).__name__}")
+    if given is not None:
+        raise ConfigError(
+            "state= must be None, a gcodec.ErrorFeedback, a gcodec.mpi.State or a PolicyState, "
+            f"not {type(given).__name__}"
+        )
     k = (id(comm), repr(codec), mode)
     st = _default_states.get(k)
     if st is None:
@@ -171,7 +178,8 @@ def iallreduce(
     key: str | None = None,
     mode: str = "auto",
     out: np.ndarray | None = None,
-    ef: TransportState | ErrorFeedback | PolicyState | None = None,
+    state: TransportState | ErrorFeedback | PolicyState | None = None,
+    ef: Any = _UNSET,
 ) -> Request:
     """Start a compressed allreduce; returns a request whose ``wait()`` returns the result array.
 
@@ -179,6 +187,7 @@ def iallreduce(
     Several requests may be in flight: they run one after another in call order (which is then
     the same on every rank), each advancing whenever any request's ``test()`` or ``wait()`` runs.
     """
+    given = renamed_kwarg("gcodec.mpi.iallreduce", "ef", "state", ef, state, unset=_UNSET)
     adapter, queue = _adapter(comm)
     try:
         arr = _array(x)
@@ -188,14 +197,14 @@ def iallreduce(
             raise ConfigError(f"out= must be a numpy or device array, not {type(out).__name__}")
         elif xp.backend(out) != xp.backend(arr):
             raise ConfigError(f"out= lives in {xp.backend(out)} memory and x in {xp.backend(arr)}")
-        if isinstance(ef, PolicyState) or isinstance(codec, Policy):  # per-key choice: policy or controller
-            routed = ef if isinstance(ef, PolicyState) else _policy_state(comm, codec)  # type: ignore[arg-type]
+        if isinstance(given, PolicyState) or isinstance(codec, Policy):  # per-key choice: policy or controller
+            routed = given if isinstance(given, PolicyState) else _policy_state(comm, codec)  # type: ignore[arg-type]
             return queue.submit(routed.protocol(adapter, arr, out, key or "tensor", op))
-        c = ef.codec if isinstance(ef, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)  # type: ignore[arg-type]
-        state = _state_for(comm, c, mode, ef)
+        c = given.codec if isinstance(given, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)  # type: ignore[arg-type]
+        ts = _state_for(comm, c, mode, given)
     except GcodecError as e:  # take part, so that the peers raise too instead of waiting
         return queue.submit(failed_exchange(adapter, e, f"allreduce of {key or 'tensor'!r}"))
-    return queue.submit(allreduce_protocol(adapter, state, arr, out, key or "tensor", op, mode))
+    return queue.submit(allreduce_protocol(adapter, ts, arr, out, key or "tensor", op, mode))
 
 
 def allreduce(
@@ -207,7 +216,8 @@ def allreduce(
     key: str | None = None,
     mode: str = "auto",
     out: np.ndarray | None = None,
-    ef: TransportState | ErrorFeedback | PolicyState | None = None,
+    state: TransportState | ErrorFeedback | PolicyState | None = None,
+    ef: Any = _UNSET,
 ) -> np.ndarray:
     """Compressed allreduce of ``x`` across ``comm``; returns an array of ``x``'s shape and dtype.
 
@@ -218,18 +228,21 @@ def allreduce(
             device memory; docs/gpu.md).
         codec: a codec, its id or config. Must be the same on every rank (the handshake checks).
             A :class:`gcodec.policy.Policy` picks the codec per key and step (dense when it says
-            None); None when ``ef`` is a :class:`PolicyState` (its policy or controller decides).
+            None); None when ``state`` is a :class:`PolicyState` (its policy or controller decides).
         op: ``"mean"`` (the usual gradient average) or ``"sum"``.
         key: names the tensor: its error-feedback residual, warm start, random streams and
             statistics are kept under this key. Give each tensor its own key.
         mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"powersgd"``.
         out: the array to write the result into (may be ``x``); a new one by default.
-        ef: None (no error feedback), a :class:`gcodec.ErrorFeedback` (worker residuals kept in it),
-            a :class:`State` (worker and server residuals, steps, statistics, checkpointable), or a
-            :class:`PolicyState` (a policy or adaptive controller choosing per key and step, with
-            residuals that follow a key across codec changes).
+        state: None (no error feedback), a :class:`gcodec.ErrorFeedback` (worker residuals kept in
+            it), a :class:`State` (worker and server residuals, steps, statistics, checkpointable),
+            or a :class:`PolicyState` (a policy or adaptive controller choosing per key and step,
+            with residuals that follow a key across codec changes). The same argument as
+            ``gcodec.torch.all_reduce(state=)``.
+        ef: the old name of ``state`` (a DeprecationWarning).
 
     Raises :class:`gcodec.ConfigError` on every rank when ranks disagree on the configuration, and a
     :class:`gcodec.GcodecError` on every rank when any rank's payload fails (never a hang).
     """
-    return iallreduce(comm, x, codec, op, key=key, mode=mode, out=out, ef=ef).wait()
+    given = renamed_kwarg("gcodec.mpi.allreduce", "ef", "state", ef, state, unset=_UNSET)
+    return iallreduce(comm, x, codec, op, key=key, mode=mode, out=out, state=given).wait()

@@ -169,7 +169,7 @@ def _wrap(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm)
                     g /= comm.size
                 else:
                     assert codec is not None
-                    gcodec.mpi.allreduce(comm.comm, g, codec, "mean", key=name, out=g, ef=state)
+                    gcodec.mpi.allreduce(comm.comm, g, codec, "mean", key=name, out=g, state=state)
 
         return model, state, reduce
 

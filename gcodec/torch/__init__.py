@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..codecs import Codec, get_codec
+from ..deprecation import renamed_names
 from ..errors import ConfigError, GcodecError
 from ..policy import Policy as CodecPolicy
 from ..transports import Router, TransportState, allreduce_protocol
@@ -30,17 +31,17 @@ from .convert import to_numpy as to_numpy
 from .convert import to_tensor as to_tensor
 from .diloco import DiLoCo
 from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
-from .hook import HookState, Policy, comm_hook
+from .hook import HookState, TensorChooser, comm_hook
 
 __all__ = [
     "AllReduceWork",
     "DiLoCo",
     "FSDPState",
     "HookState",
-    "Policy",
     "QuantizedAllGather",
     "ReduceScatter",
     "Router",
+    "TensorChooser",
     "TransportState",
     "all_reduce",
     "as_array",
@@ -49,6 +50,8 @@ __all__ = [
     "reshard_state_dicts",
     "synchronize",
 ]
+
+__getattr__ = renamed_names("gcodec.torch", {"Policy": ("TensorChooser", TensorChooser)})
 
 _states: dict[tuple[int, str, str], TransportState] = {}
 _routers: dict[tuple[int, int], Router] = {}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,9 @@ import torch.distributed as dist
 
 from .. import xp
 from ..codecs import Codec, get_codec
+from ..deprecation import renamed_names
 from ..errors import ConfigError, GcodecError
+from ..policy import Policy as CodecPolicy
 from ..transports import Piece, Router, TransportState
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import allgather_protocol
@@ -43,6 +45,7 @@ from ..transports.router import RouterSetting
 from ..transports.stats import Stats, StepStats
 from .comm import FutureWork, TorchCommunicator, comm_for, queue_for
 from .convert import as_array
+from .hook import TensorChooser
 
 __all__ = ["FSDPState", "QuantizedAllGather", "ReduceScatter", "compress_fsdp", "reshard_state_dicts"]
 
@@ -53,8 +56,7 @@ except ImportError:  # pragma: no cover - older torch: duck typing is enough
     _RSBase = object  # type: ignore[assignment,misc]
     _AGBase = object  # type: ignore[assignment,misc]
 
-#: A policy maps (parameter FQN, a meta tensor of the parameter's shape) to a codec or None (dense).
-Policy = Callable[[str, torch.Tensor], "Codec | str | dict[str, Any] | None"]
+__getattr__ = renamed_names("gcodec.torch.fsdp", {"Policy": ("TensorChooser", TensorChooser)})
 
 _RANGE = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
 FORMAT = "gcodec.fsdp/1"
@@ -664,7 +666,7 @@ def compress_fsdp(
     model: torch.nn.Module,
     codec: Codec | str | dict[str, Any] = "fp16",
     *,
-    policy: Policy | Mapping[str, Any] | None = None,
+    policy: TensorChooser | CodecPolicy | Mapping[str, Any] | None = None,
     error_feedback: bool = True,
     start_iter: int = 10,
     min_numel: int = 1024,

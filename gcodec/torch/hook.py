@@ -44,6 +44,7 @@ import torch.distributed as dist
 from .. import xp
 from ..arrays import tensors_from_arrays
 from ..codecs import Codec, get_codec
+from ..deprecation import renamed_names
 from ..errors import ConfigError, GcodecError
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
@@ -60,10 +61,14 @@ from ..transports.two_phase import two_phase_protocol
 from .comm import TorchCommunicator, comm_for, queue_for
 from .convert import arrays_from_tensors, as_array
 
-__all__ = ["HookState", "Policy", "comm_hook"]
+__all__ = ["HookState", "TensorChooser", "comm_hook"]
 
-#: A policy maps (parameter name, gradient) to a codec, or to None to keep the tensor dense.
-Policy = Callable[[str, torch.Tensor], "Codec | str | dict[str, Any] | None"]
+#: A callable policy: (parameter name, its gradient; under FSDP2 a meta tensor of the parameter's
+#: shape) to a codec, or to None to keep the tensor dense. Not :class:`gcodec.policy.Policy`, the
+#: rule list (either one may be given as ``policy=``).
+TensorChooser = Callable[[str, torch.Tensor], "Codec | str | dict[str, Any] | None"]
+
+__getattr__ = renamed_names("gcodec.torch.hook", {"Policy": ("TensorChooser", TensorChooser)})
 
 _POLICY_MARK = "gcodec.policy.Policy"  # how a pickled HookState tells a Policy from a pattern dict
 

@@ -66,7 +66,7 @@ class TransportState:
         num_threads: kernel threads per rank; None follows the job (see
             :mod:`gcodec.transports.threads`).
         worker: an existing :class:`~gcodec.ErrorFeedback` to hold the worker residuals (for
-            ``gcodec.mpi.allreduce(..., ef=gcodec.ErrorFeedback(codec))``).
+            ``gcodec.mpi.allreduce(..., state=gcodec.ErrorFeedback(codec))``).
         decay: error feedback's residual decay (``gcodec.ErrorFeedback(decay=)``: the residual is
             multiplied by it before it is added; SparseLoCo's 0.95); default 1, or ``worker``'s.
             Part of every exchange's agreed configuration.

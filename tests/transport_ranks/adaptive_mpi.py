@@ -37,7 +37,7 @@ def main() -> None:
             r = x @ w - y
             losses.append(float(comm.allreduce(float(np.mean(r * r))) / comm.size))
             g = (2.0 / n) * (x.T @ r)
-            g = gcodec.mpi.allreduce(comm, g, None, key="w", ef=state)
+            g = gcodec.mpi.allreduce(comm, g, None, key="w", state=state)
             w -= np.float32(0.02) * g
         result.update(
             losses=losses,

@@ -45,7 +45,7 @@ def main() -> None:
             for f in sched.sends(step):  # delay 0: sent and applied after the same inner step
                 for name in fragments[f]:
                     delta = glob[name] - local[name]
-                    avg = gcodec.mpi.allreduce(comm, delta, None, key=name, ef=router)
+                    avg = gcodec.mpi.allreduce(comm, delta, None, key=name, state=router)
                     mom[name] = 0.9 * mom[name] + avg  # torch's SGD with Nesterov momentum
                     glob[name] = glob[name] - 0.7 * (avg + 0.9 * mom[name])
                     local[name] = glob[name].copy()

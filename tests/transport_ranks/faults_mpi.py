@@ -38,7 +38,7 @@ def check(name: str, ok: bool, detail: str = "") -> None:
 
 def allreduce(proto: str, x: np.ndarray, key: str, ef: Any = None) -> np.ndarray:
     codec, mode, _ = PROTOCOLS[proto]
-    return gcodec.mpi.allreduce(COMM, x, codec, key=key, mode=mode, ef=ef)
+    return gcodec.mpi.allreduce(COMM, x, codec, key=key, mode=mode, state=ef)
 
 
 def scenario_kill(proto: str, target: str) -> None:
@@ -89,7 +89,7 @@ def scenario_soak(n: str) -> None:
 
     def step() -> None:
         allreduce("summable", x, "soak-fp16")
-        gcodec.mpi.allreduce(COMM, x, state.codec, key="soak-uniform", ef=state)
+        gcodec.mpi.allreduce(COMM, x, state.codec, key="soak-uniform", state=state)
 
     soak(steps, step, f"{2 * steps} allreduces", check)
 

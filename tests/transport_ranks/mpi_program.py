@@ -12,6 +12,7 @@ import pickle
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -145,13 +146,32 @@ def scenario_matrix() -> None:
 
     # statistics: bytes and times per key
     st = gcodec.mpi.State("uniform", error_feedback=False)
-    gcodec.mpi.allreduce(COMM, xs[ME], "uniform", key="s", ef=st, mode="two_phase")
+    gcodec.mpi.allreduce(COMM, xs[ME], "uniform", key="s", state=st, mode="two_phase")
     s = st.stats()["s"]
     check(
         "stats: raw, payload and wire bytes, seconds",
         s["raw_bytes"] == 8000 and 0 < s["wire_bytes"] and s["payload_bytes"] > 0 and s["encode_s"] > 0,
         json.dumps(s),
     )
+
+    # ef=, the old name of state=: warns, and means the same
+    st2 = gcodec.mpi.State("uniform", error_feedback=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = gcodec.mpi.allreduce(COMM, xs[ME], "uniform", key="s", ef=st2, mode="two_phase")
+    st3 = gcodec.mpi.State("uniform", error_feedback=False)
+    new = gcodec.mpi.allreduce(COMM, xs[ME], "uniform", key="s", state=st3, mode="two_phase")
+    named = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    check(
+        "ef= still works, warns once and names state=",
+        np.array_equal(old, new) and st2.stats()["s"]["raw_bytes"] == 8000 and len(named) == 1 and "state=" in named[0],
+        repr(named),
+    )
+    try:
+        gcodec.mpi.allreduce(COMM, xs[ME], "uniform", key="s", ef=st2, state=st3)
+        check("ef= and state= together are refused", False, "no error")
+    except TypeError as e:
+        check("ef= and state= together are refused", "both" in str(e), str(e))
 
 
 def scenario_errors() -> None:
@@ -232,7 +252,7 @@ def scenario_checkpoint(path: str) -> None:
             steps = [inputs((32, 64), 50 + t)[ME] for t in range(6)]
 
             def run(state, ts, steps=steps, mode=mode):  # type: ignore[no-untyped-def]
-                return [gcodec.mpi.allreduce(COMM, steps[t], state.codec, key="w", ef=state, mode=mode) for t in ts]
+                return [gcodec.mpi.allreduce(COMM, steps[t], state.codec, key="w", state=state, mode=mode) for t in ts]
 
             a = gcodec.mpi.State(cfg, mode=mode)
             first = run(a, range(3))

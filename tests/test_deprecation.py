@@ -1,0 +1,38 @@
+"""Renamed public names still work for a while, warn, and name their replacement.
+
+``gcodec.mpi.allreduce(ef=)`` (now ``state=``) is checked inside real MPI ranks
+(tests/transport_ranks/mpi_program.py, scenario ``matrix``)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from gcodec.deprecation import REMOVED_IN, renamed_kwarg
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("module", ["gcodec.torch", "gcodec.torch.hook", "gcodec.torch.fsdp"])
+def test_the_callable_policy_type_answers_to_its_old_name_with_a_warning(module: str) -> None:
+    pytest.importorskip("torch")
+    mod = importlib.import_module(module)
+    from gcodec.torch import TensorChooser
+
+    with pytest.warns(DeprecationWarning, match=rf"{module}\.Policy is renamed {module}\.TensorChooser.*{REMOVED_IN}"):
+        old = mod.Policy
+    assert old is TensorChooser
+    with pytest.raises(AttributeError, match="NoSuchName"):
+        mod.NoSuchName  # noqa: B018  (other names are still an AttributeError)
+
+
+def test_a_renamed_keyword_takes_the_old_one_warns_and_refuses_both() -> None:
+    unset = object()
+    assert renamed_kwarg("f", "old", "new", unset, 3, unset=unset) == 3
+    assert renamed_kwarg("f", "old", "new", unset, None, unset=unset) is None
+    with pytest.warns(DeprecationWarning, match=r"f\(old=\) is renamed f\(new=\)"):
+        assert renamed_kwarg("f", "old", "new", 5, None, unset=unset) == 5
+    with pytest.warns(DeprecationWarning):
+        assert renamed_kwarg("f", "old", "new", None, None, unset=unset) is None  # old=None is given
+    with pytest.raises(TypeError, match="both new= and its old name old="):
+        renamed_kwarg("f", "old", "new", 5, 3, unset=unset)
