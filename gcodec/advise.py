@@ -46,13 +46,16 @@ __all__ = [
     "DEFAULT_CANDIDATES",
     "CodecSpeed",
     "Link",
+    "LinkFit",
     "advise",
     "break_even_bps",
     "comm_seconds",
     "compute_seconds",
+    "fit_link",
     "measure_speed",
     "parse_bandwidth",
     "predict",
+    "probe_link",
 ]
 
 #: What ``gcodec advise`` compares by default (None is the uncompressed fp32 ring allreduce).
@@ -98,6 +101,104 @@ class Link:
     @property
     def bytes_per_s(self) -> float:
         return self.bandwidth_bps / 8
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A link measured by timing dense float32 allreduces of several sizes (:func:`probe_link`).
+
+    ``samples`` are (bytes per rank, seconds): each the median of the timed runs of one size, the
+    slowest rank's when the ranks agree on it. ``worst_residual`` is the largest relative gap
+    between the fitted line and a sample: how well the alpha-beta model describes this link."""
+
+    link: Link
+    workers: int
+    samples: tuple[tuple[int, float], ...]
+    worst_residual: float
+    transport: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": "probe",
+            "transport": self.transport,
+            "bandwidth_bps": self.link.bandwidth_bps,
+            "latency_s": self.link.latency_s,
+            "workers": self.workers,
+            "samples": [{"bytes": b, "seconds": t} for b, t in self.samples],
+            "worst_residual": self.worst_residual,
+        }
+
+
+def fit_link(samples: Sequence[tuple[int, float]], workers: int, transport: str = "") -> LinkFit:
+    """alpha and beta from dense ring-allreduce times: ``t = 2(p-1) alpha + 2(p-1)/p * bytes / beta``.
+
+    A least-squares line through (2(p-1)/p · bytes, t), each sample weighted by 1/t so that the
+    small sizes, which carry the latency, count as much as the large ones. A negative intercept
+    (latency below what the timer resolves) is alpha = 0. Raises :class:`ConfigError` when the
+    times do not grow with the size: the link is then too fast, or the machine too noisy, to be
+    measured this way."""
+    p = int(workers)
+    if p < 2:
+        raise ConfigError(f"measuring a link needs at least 2 ranks, not {workers}")
+    pts = [(int(b), float(t)) for b, t in samples]
+    if len({b for b, _ in pts}) < 2 or any(not (t > 0 and math.isfinite(t)) or b <= 0 for b, t in pts):
+        raise ConfigError(f"a link fit needs positive times at 2 or more sizes, not {pts}")
+    k = 2 * (p - 1) / p
+    x = np.array([k * b for b, _ in pts])
+    t = np.array([tt for _, tt in pts])
+    w = 1.0 / t
+    a, b = np.linalg.lstsq(np.stack([w, w * x], axis=1), w * t, rcond=None)[0]
+    if not b > 0:
+        raise ConfigError(
+            "the probe's allreduce times do not grow with the size "
+            f"({', '.join(f'{bb} B: {tt * 1e3:.3g} ms' for bb, tt in pts)}): give --bandwidth instead"
+        )
+    a = max(0.0, float(a))
+    worst = float(np.max(np.abs(a + b * x - t) / t))
+    link = Link(8.0 / float(b), a / (2 * (p - 1)))
+    return LinkFit(link, p, tuple(pts), worst, transport)
+
+
+#: Elements of the dense float32 allreduces :func:`probe_link` times: 4 KB to 16 MB per rank.
+PROBE_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 22)
+
+
+def probe_link(
+    allreduce: Any,
+    workers: int,
+    *,
+    barrier: Any = None,
+    slowest: Any = None,
+    sizes: Sequence[int] = PROBE_SIZES,
+    repeats: int = 5,
+    transport: str = "",
+    array: Any = None,
+    clock: Any = time.perf_counter,
+) -> LinkFit:
+    """Measure the link the job runs on: time ``allreduce(a)`` (a dense in-place sum over the job's
+    ranks: ``torch.distributed.all_reduce``, ``MPI.Comm.Allreduce``) on float32 arrays of ``sizes``
+    elements and fit alpha and beta (:func:`fit_link`). Every rank calls it.
+
+    Each size runs once untimed (connections, buffers), then ``repeats`` times, each after
+    ``barrier()`` when given; the median is kept and ``slowest(seconds)`` (the maximum over the
+    ranks), when given, makes every rank fit the same samples. ``array(n)`` makes the buffers (a
+    device tensor for NCCL, say; NumPy by default). The transports know no link: this takes plain
+    callables, so any engine can probe with its own collective."""
+    make = array or (lambda n: np.ones(n, np.float32))
+    samples = []
+    for n in sizes:
+        buf = make(int(n))
+        allreduce(buf)
+        ts = []
+        for _ in range(max(1, int(repeats))):
+            if barrier is not None:
+                barrier()
+            t0 = clock()
+            allreduce(buf)
+            ts.append(clock() - t0)
+        med = float(np.median(ts))
+        samples.append((4 * int(n), float(slowest(med)) if slowest is not None else med))
+    return fit_link(samples, workers, transport)
 
 
 @dataclass(frozen=True)
@@ -295,6 +396,8 @@ def predict(
         "step_seconds": comm + compute,
         "baseline_seconds": base,
         "saving_seconds": base - (comm + compute),
+        "bandwidth_bps": link.bandwidth_bps,
+        "latency_s": link.latency_s,
         "break_even_bps": None if cfg is None else break_even_bps(coll, workers, payload, compute, raw, link),
     }
 
@@ -373,8 +476,11 @@ def advise(
     return out
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], bandwidth_bps: float, workers: int) -> str:
-    """The human-readable table ``gcodec advise`` prints."""
+def format_table(
+    rows: Sequence[Mapping[str, Any]], bandwidth_bps: float, workers: int, notes: Sequence[str] = ()
+) -> str:
+    """The human-readable table ``gcodec advise`` prints; ``notes`` (what was measured, what
+    assumed) go under its first line."""
 
     def bw(v: float | None, pays: bool) -> str:
         if v is None:
@@ -386,6 +492,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], bandwidth_bps: float, worker
         f"{rows[0]['baseline_seconds'] * 1e3:.1f} ms per step"
         if rows
         else "no candidates",
+        *notes,
         f"{'codec':<27} {'mode':<10} {'wire MB':>9} {'comm ms':>9} {'compute ms':>11} {'saving ms':>10}  break-even",
     ]
     for r in rows:

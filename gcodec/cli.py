@@ -35,6 +35,7 @@ from .limits import get_limits
 __all__ = ["main"]
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+LATENCY_DEFAULT = 50e-6  # gcodec advise's assumed alpha, seconds per message
 
 
 class UsageError(Exception):
@@ -476,10 +477,78 @@ def cmd_tour(args: argparse.Namespace) -> int:
     return EXIT_INVALID if failed and len(failed) == len(result["codecs"]) else EXIT_OK
 
 
-def cmd_advise(args: argparse.Namespace) -> int:
-    from .advise import DEFAULT_CANDIDATES, advise, format_table, parse_bandwidth
+def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
+    """Measure the link under a launcher: (the fit, this rank, the world size, what to call when
+    done: it tears down a process group made here). ``torch`` reads
+    torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and uses NCCL when this
+    process has a GPU, else gloo; ``mpi`` uses MPI.COMM_WORLD (mpiexec)."""
+    from .advise import probe_link
 
+    if kind == "mpi":
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise UsageError("--probe mpi needs mpi4py: pip install 'gcodec[mpi]'") from None
+        comm = MPI.COMM_WORLD
+        if comm.size < 2:
+            raise UsageError("--probe mpi runs under mpiexec with 2 or more ranks (mpiexec -n 2 gcodec advise ...)")
+        fit = probe_link(
+            lambda a: comm.Allreduce(MPI.IN_PLACE, a),
+            comm.size,
+            barrier=comm.Barrier,
+            slowest=lambda t: comm.allreduce(t, op=MPI.MAX),
+            sizes=sizes,
+            transport=f"MPI ({' '.join(MPI.Get_library_version().split()[:3])})",
+        )
+        return fit, comm.rank, comm.size, lambda: None
     try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        raise UsageError("--probe torch needs torch: pip install 'gcodec[torch]'") from None
+    made = not dist.is_initialized()
+    if made:
+        if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+            raise UsageError(
+                "--probe torch runs under torchrun with 2 or more ranks "
+                "(torchrun --nproc-per-node 2 -m gcodec advise ...)"
+            )
+        gpu = torch.cuda.is_available()
+        if gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if gpu else "gloo")
+    backend = str(dist.get_backend())
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+    def slowest(t: float) -> float:
+        v = torch.tensor([t], dtype=torch.float64, device=device)
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        return float(v[0])
+
+    def allreduce(a: Any) -> None:
+        dist.all_reduce(a)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fit = probe_link(
+        allreduce,
+        dist.get_world_size(),
+        barrier=dist.barrier,
+        slowest=slowest,
+        sizes=sizes,
+        array=lambda n: torch.ones(n, dtype=torch.float32, device=device),
+        transport=f"torch.distributed ({backend})",
+    )
+    return fit, dist.get_rank(), dist.get_world_size(), dist.destroy_process_group if made else lambda: None
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from .advise import DEFAULT_CANDIDATES, PROBE_SIZES, advise, format_table, parse_bandwidth
+
+    rank, fit, close = 0, None, lambda: None
+    try:
+        if args.probe and args.bandwidth is not None:
+            raise UsageError("give --probe (measure the link) or --bandwidth (assume one), not both")
         model = None
         if args.model is not None:
             try:
@@ -490,27 +559,61 @@ def cmd_advise(args: argparse.Namespace) -> int:
         cands: list[Any] = list(DEFAULT_CANDIDATES)
         if args.codec:
             cands = [None] + [json.loads(c) if c.lstrip().startswith("{") else c for c in args.codec]
+        bandwidth, latency, workers = args.bandwidth or "1Gbit", args.latency, args.workers
+        if args.probe:
+            # at least the two smallest sizes: a line needs two points
+            sizes = [n for i, n in enumerate(PROBE_SIZES) if i < 2 or 4 * n <= args.probe_max_bytes]
+            fit, rank, workers, close = _probe(args.probe, sizes)
+            bandwidth, latency = fit.link.bandwidth_bps, fit.link.latency_s
         rows = advise(
             numel=args.numel,
             model=model,
-            bandwidth=args.bandwidth,
-            workers=args.workers,
-            latency_s=args.latency,
+            bandwidth=bandwidth,
+            workers=workers,
+            latency_s=latency,
             candidates=cands,
             mode=args.mode,
             threads=args.threads,
             repeats=args.repeats,
             error_feedback=args.error_feedback,
         )
-    except (GcodecError, json.JSONDecodeError) as e:
+    except (GcodecError, UsageError, json.JSONDecodeError) as e:
         print(f"gcodec advise: error: {_err(e)}", file=sys.stderr)
         return EXIT_USAGE
-    print(format_table(rows, parse_bandwidth(args.bandwidth), args.workers))
+    finally:
+        close()
+    if fit is not None:
+        lo, hi = fit.samples[0][0], fit.samples[-1][0]
+        link_note = (
+            f"link: measured by --probe over {fit.transport}, {fit.workers} ranks: dense allreduces of "
+            f"{_size(lo)} to {_size(hi)} per rank fit {fit.link.bandwidth_bps / 1e9:.3g} Gbit/s, "
+            f"alpha {fit.link.latency_s * 1e6:.3g} us (worst sample {100 * fit.worst_residual:.0f} % off the line)"
+        )
+        link_info: dict[str, Any] = fit.to_dict()
+    else:
+        link_note = (
+            f"link: assumed, not measured: {parse_bandwidth(bandwidth) / 1e9:.3g} Gbit/s "
+            f"({'--bandwidth' if args.bandwidth else 'the default; give --bandwidth or --probe'}), "
+            f"alpha {latency * 1e6:.3g} us ({'--latency' if args.latency != LATENCY_DEFAULT else 'the default'}), "
+            f"{workers} workers"
+        )
+        link_info = {"source": "assumed", "bandwidth_bps": parse_bandwidth(bandwidth), "latency_s": latency}
+    threads = args.threads if args.threads is not None else "the default"
+    speed_note = f"codec speeds: measured on this machine now ({threads} kernel threads, best of {args.repeats})"
+    for r in rows:
+        r["link"] = link_info
+    if rank != 0:  # every rank measured (as every rank trains); one prints
+        return EXIT_OK
+    print(format_table(rows, parse_bandwidth(bandwidth), workers, notes=[link_note, speed_note]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
             f.write("\n")
     return EXIT_OK
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.3g} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.3g} KiB"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -675,9 +778,19 @@ def build_parser() -> argparse.ArgumentParser:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--numel", type=int, help="elements of one flat float32 gradient (a DDP bucket, a model)")
     what.add_argument("--model", metavar="PARAMS.json", help='parameter shapes: {"name": [dims], ...}')
-    p.add_argument("--bandwidth", default="1Gbit", help="link bandwidth, e.g. 1Gbit, 100Mbit/s, 125MB/s")
-    p.add_argument("--workers", type=int, default=2, help="ranks in the allreduce")
-    p.add_argument("--latency", type=float, default=50e-6, help="seconds per message (alpha)")
+    p.add_argument(
+        "--bandwidth", default=None, help="assumed link bandwidth, e.g. 1Gbit, 100Mbit/s, 125MB/s (default 1Gbit)"
+    )
+    p.add_argument(
+        "--probe",
+        choices=["torch", "mpi"],
+        help="measure the link instead: run under torchrun or mpiexec (every rank); dense allreduces give alpha, beta",
+    )
+    p.add_argument(
+        "--probe-max-bytes", type=int, default=4 << 22, help="largest probe allreduce per rank (default 16 MiB)"
+    )
+    p.add_argument("--workers", type=int, default=2, help="ranks in the allreduce (--probe: the launcher's)")
+    p.add_argument("--latency", type=float, default=LATENCY_DEFAULT, help="seconds per message (alpha)")
     p.add_argument("--codec", action="append", help="a codec id or JSON config to compare (repeatable)")
     p.add_argument("--mode", default="auto", help="transport mode (auto, summable, gather, two_phase, powersgd)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads per rank for the measurement")

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gcodec.advise import (
@@ -16,9 +17,11 @@ from gcodec.advise import (
     break_even_bps,
     comm_seconds,
     compute_seconds,
+    fit_link,
     measure_speed,
     parse_bandwidth,
     predict,
+    probe_link,
 )
 from gcodec.cli import main
 from gcodec.errors import ConfigError
@@ -132,7 +135,10 @@ def test_cli_prints_a_table_and_writes_json(tmp_path: Path, capsys: pytest.Captu
     assert rc == 0
     text = capsys.readouterr().out
     assert "break-even" in text and "uniform bits=8" in text
+    # the link was not measured, and the output says so
+    assert "link: assumed, not measured: 1 Gbit/s (--bandwidth), alpha 50 us (the default), 4 workers" in text
     rows = json.loads(out.read_text())
+    assert all(r["link"] == {"source": "assumed", "bandwidth_bps": 1e9, "latency_s": 50e-6} for r in rows)
     for r in rows:
         assert {"codec", "wire_bytes", "encode_seconds", "decode_seconds", "comm_seconds", "break_even_bps"} <= set(r)
         assert r["break_even_bps"] is None or (isinstance(r["break_even_bps"], float) and r["break_even_bps"] > 0)
@@ -167,3 +173,141 @@ def test_cli_model_file_and_codec_choice(tmp_path: Path, capsys: pytest.CaptureF
 def test_cli_bad_input_is_an_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["advise", "--numel", "100", "--bandwidth", "fast"]) != 0
     assert "bandwidth" in capsys.readouterr().err
+
+
+def ring_seconds(nbytes: int, p: int, link: Link) -> float:
+    """The model's dense ring allreduce: what a link that follows it exactly takes."""
+    return 2 * (p - 1) * link.latency_s + 2 * (p - 1) / p * nbytes / link.bytes_per_s
+
+
+@pytest.mark.parametrize("p", [2, 4, 7])
+def test_fit_link_recovers_alpha_and_beta_of_a_link_that_follows_the_model(p: int) -> None:
+    truth = Link(3.5e9, 120e-6)
+    samples = [(b, ring_seconds(b, p, truth)) for b in (4096, 65536, 1 << 20, 1 << 24)]
+    fit = fit_link(samples, p)
+    assert fit.link.bandwidth_bps == pytest.approx(truth.bandwidth_bps, rel=1e-9)
+    assert fit.link.latency_s == pytest.approx(truth.latency_s, rel=1e-9)
+    assert fit.worst_residual < 1e-9 and fit.workers == p
+
+
+def test_fit_link_weighs_the_small_sizes_that_carry_the_latency() -> None:
+    """The two large sizes 10 % slow and 5 % fast (noise of a busy machine), the two small ones
+    exact: an unweighted least-squares line puts alpha 25 % high (the large samples' absolute errors,
+    about 0.1 ms, swamp the 0.2 ms latency term); weighted by 1/t, each sample counts by its relative
+    error, the exact small sizes fix the intercept, and alpha stays within 5 %."""
+    truth = Link(8e9, 100e-6)
+    samples = [(b, ring_seconds(b, 2, truth)) for b in (4096, 16384, 1 << 20, 1 << 22)]
+    samples[2] = (samples[2][0], 1.10 * samples[2][1])
+    samples[3] = (samples[3][0], 0.95 * samples[3][1])
+    fit = fit_link(samples, 2)
+    assert fit.link.latency_s == pytest.approx(truth.latency_s, rel=0.05)
+    assert fit.link.bandwidth_bps == pytest.approx(truth.bandwidth_bps, rel=0.05)
+    assert 0.05 < fit.worst_residual < 0.11  # the line splits the two noisy samples: 5 to 10 % off
+
+
+@pytest.mark.parametrize(
+    "samples, p, what",
+    [
+        ([(4096, 1e-4), (65536, 2e-4)], 1, "at least 2 ranks"),
+        ([(4096, 1e-4), (4096, 2e-4)], 2, "2 or more sizes"),
+        ([(4096, 1e-4), (65536, 0.0)], 2, "positive times"),
+        ([(4096, 2e-4), (65536, 1e-4)], 2, "do not grow with the size"),
+    ],
+)
+def test_fit_link_refuses_what_it_cannot_measure(samples, p, what) -> None:
+    with pytest.raises(ConfigError, match=what):
+        fit_link(samples, p)
+
+
+def test_probe_link_times_every_size_after_a_barrier_and_fits_the_slowest_rank() -> None:
+    """A fake collective on a fake clock: each allreduce advances the clock by the model's time on
+    a known link; ``slowest`` doubles the latency part (the slower rank), which the fit must see."""
+    truth = Link(2e9, 40e-6)
+    p, now, calls = 3, [0.0], {"barrier": 0, "slowest": 0, "allreduce": 0}
+
+    def allreduce(a: np.ndarray) -> None:
+        calls["allreduce"] += 1
+        assert a.dtype == np.float32
+        now[0] += ring_seconds(a.nbytes, p, truth)
+
+    def barrier() -> None:
+        calls["barrier"] += 1
+
+    def slowest(t: float) -> float:
+        calls["slowest"] += 1
+        return t + 2 * (p - 1) * truth.latency_s  # the slowest rank: twice the latency
+
+    sizes = (1 << 8, 1 << 12, 1 << 16)
+    fit = probe_link(allreduce, p, barrier=barrier, slowest=slowest, sizes=sizes, repeats=3, clock=lambda: now[0])
+    assert calls == {"barrier": 9, "slowest": 3, "allreduce": 12}  # one untimed run per size
+    assert [b for b, _ in fit.samples] == [4 * n for n in sizes]
+    assert fit.link.latency_s == pytest.approx(2 * truth.latency_s, rel=1e-6)
+    assert fit.link.bandwidth_bps == pytest.approx(truth.bandwidth_bps, rel=1e-6)
+
+
+PROBE_ARGS = ["advise", "--numel", "262144", "--codec", "fp16", "--repeats", "1", "--probe-max-bytes", "1048576"]
+
+
+def check_probed(text: str, out: Path, transport: str) -> None:
+    """What a probed run must say and write: the link measured over ``transport`` by the fit of
+    the three probe sizes up to 1 MiB, and rows priced on exactly that link."""
+    assert f"link: measured by --probe over {transport}" in text, text
+    assert "codec speeds: measured on this machine now" in text
+    rows = json.loads(out.read_text())
+    link = rows[0]["link"]
+    assert link["source"] == "probe" and link["workers"] == 2
+    assert [s["bytes"] for s in link["samples"]] == [4096, 65536, 1048576]
+    assert all(s["seconds"] > 0 for s in link["samples"])
+    assert link["bandwidth_bps"] > 0 and link["latency_s"] >= 0
+    for r in rows:
+        assert r["bandwidth_bps"] == link["bandwidth_bps"] and r["latency_s"] == link["latency_s"]
+        assert r["workers"] == 2
+
+
+@pytest.mark.mpi
+def test_probe_over_real_mpi_ranks_prices_the_measured_link(tmp_path: Path) -> None:
+    from tests.procs import run_mpi
+
+    out = tmp_path / "a.json"
+    proc = run_mpi("gcodec", [*PROBE_ARGS, "--probe", "mpi", "--json", str(out)], 2, 240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("link: measured") == 1  # rank 0 prints, the other rank only measures
+    check_probed(proc.stdout, out, "MPI (MPICH")
+
+
+@pytest.mark.torch
+def test_probe_over_real_gloo_ranks_prices_the_measured_link(tmp_path: Path) -> None:
+    """Two processes with the environment torchrun gives its workers."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+
+    from tests.procs import ROOT, free_port
+
+    out, port = tmp_path / "a.json", free_port()
+    procs = []
+    for r in range(2):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1"}
+        env.update({"MASTER_PORT": str(port), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+        cmd = [sys.executable, "-m", "gcodec", *PROBE_ARGS, "--probe", "torch", "--json", str(out)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        texts = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], texts
+    assert texts[1].strip() == ""  # only rank 0 prints
+    check_probed(texts[0], out, "torch.distributed (gloo)")
+
+
+def test_probe_without_a_launcher_or_with_bandwidth_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    assert main([*PROBE_ARGS, "--probe", "torch", "--bandwidth", "1Gbit"]) == 2
+    assert "not both" in capsys.readouterr().err
+    import os
+
+    if "RANK" not in os.environ:  # not itself under torchrun
+        assert main([*PROBE_ARGS, "--probe", "torch"]) == 2
+        assert "runs under torchrun" in capsys.readouterr().err
