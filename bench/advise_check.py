@@ -33,7 +33,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gcodec.advise import CodecSpeed, Link, measure_speed, predict  # noqa: E402
+from gcodec.advise import (  # noqa: E402
+    CodecSpeed,
+    TransportSpeed,
+    measure_speed,
+    measure_transport,
+    predict,
+    probe_link,
+)
 
 CODECS = [
     {"id": "fp16"},
@@ -101,23 +108,16 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
     comm = MPI.COMM_WORLD
     p = comm.size
 
-    def dense_time(n: int) -> float:
-        a = np.ones(n, np.float32)
-        ts = []
-        for _ in range(rounds + 1):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            comm.Allreduce(MPI.IN_PLACE, a)
-            ts.append(time.perf_counter() - t0)
-        return comm.allreduce(statistics.median(ts[1:]), op=MPI.MAX)
-
-    # Calibrate alpha and beta from two sizes: t = 2(p-1) alpha + 2(p-1)/p * bytes / beta.
-    n_small, n_big = 1 << 10, numel
-    t_small, t_big = dense_time(n_small), dense_time(n_big)
-    k = 2 * (p - 1) / p
-    inv_beta = (t_big - t_small) / (k * 4 * (n_big - n_small))
-    alpha = max(0.0, (t_small - k * 4 * n_small * inv_beta) / (2 * (p - 1)))
-    link = Link(8.0 / inv_beta, alpha)
+    # the link as gcodec advise --probe measures it, with the checked size as the largest
+    fit = probe_link(
+        lambda a: comm.Allreduce(MPI.IN_PLACE, a),
+        p,
+        barrier=comm.Barrier,
+        slowest=lambda t: comm.allreduce(t, op=MPI.MAX),
+        sizes=(1 << 10, 1 << 16, 1 << 20, numel),
+        repeats=rounds,
+    )
+    link, alpha, t_big = fit.link, fit.link.latency_s, fit.samples[-1][1]
     dense_pred = predict(None, measure_speed(None), [(numel,)], p, link)["step_seconds"]
     rows = [{"codec": None, "measured": t_big, "predicted": dense_pred}]
     x = np.random.default_rng(comm.rank).standard_normal(numel, dtype=np.float32)
@@ -128,6 +128,8 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
         agreed = CodecSpeed(sp_enc, 0.0, sp_dec, 0.0, sp.payload_t0, sp.payload_per_element)
         for ef in (False, True):
             pred = predict(cfg, agreed, [(numel,)], p, link, error_feedback=ef)
+            tr = comm.allreduce(measure_transport(cfg, p, error_feedback=ef, threads=1).seconds(numel), op=MPI.MAX)
+            pred_tr = predict(cfg, agreed, [(numel,)], p, link, error_feedback=ef, transport=TransportSpeed(tr, 0.0))
             state = gcodec.mpi.State(cfg, error_feedback=ef, num_threads=1)
             ts = []
             for _ in range(rounds + 1):
@@ -144,6 +146,7 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
                     "collective": pred["collective"],
                     "measured": meas,
                     "predicted": pred["step_seconds"],
+                    "predicted_transport": pred_tr["step_seconds"],
                     "predicted_comm": pred["comm_seconds"],
                     "predicted_compute": pred["compute_seconds"],
                     "measured_encode_decode": (s["encode_s"] + s["decode_s"]) / (rounds + 1),
@@ -153,6 +156,7 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
     if comm.rank == 0:
         for r in rows:
             r["factor"] = _factor(r["predicted"], r["measured"])
+            r["factor_transport"] = _factor(r.get("predicted_transport", r["predicted"]), r["measured"])
         Path(out).write_text(
             json.dumps({"link": {"bandwidth_bps": link.bandwidth_bps, "latency_s": alpha}, "rows": rows}, indent=2)
         )
@@ -179,22 +183,21 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t[0])
 
-    def dense_time(n: int) -> float:
-        a = torch.ones(n)
-        ts = []
-        for _ in range(rounds + 1):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(a)
-            ts.append(time.perf_counter() - t0)
-        return med_max(ts)
+    def slowest(t: float) -> float:
+        v = torch.tensor([t], dtype=torch.float64)
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        return float(v[0])
 
-    n_small = 1 << 10
-    t_small, t_big = dense_time(n_small), dense_time(numel)
-    k = 2 * (p - 1) / p
-    inv_beta = (t_big - t_small) / (k * 4 * (numel - n_small))
-    alpha = max(0.0, (t_small - k * 4 * n_small * inv_beta) / (2 * (p - 1)))
-    link = Link(8.0 / inv_beta, alpha)
+    fit = probe_link(
+        dist.all_reduce,
+        p,
+        barrier=dist.barrier,
+        slowest=slowest,
+        sizes=(1 << 10, 1 << 16, 1 << 20, numel),
+        repeats=rounds,
+        array=lambda n: torch.ones(n),
+    )
+    link, alpha, t_big = fit.link, fit.link.latency_s, fit.samples[-1][1]
     rows = [
         {
             "codec": None,
@@ -209,6 +212,8 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
         dist.all_reduce(e, op=dist.ReduceOp.MAX)
         agreed = CodecSpeed(float(e[0]), 0.0, float(e[1]), 0.0, sp.payload_t0, sp.payload_per_element)
         pred = predict(cfg, agreed, [(numel,)], p, link)
+        tr = slowest(measure_transport(cfg, p, threads=1).seconds(numel))
+        pred_tr = predict(cfg, agreed, [(numel,)], p, link, transport=TransportSpeed(tr, 0.0))
         state = TransportState(cfg, error_feedback=False, num_threads=1)
         ts = []
         for _ in range(rounds + 1):
@@ -218,11 +223,18 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
             gcodec.torch.all_reduce(y, cfg, key="w", state=state)
             ts.append(time.perf_counter() - t0)
         rows.append(
-            {"codec": cfg, "collective": pred["collective"], "measured": med_max(ts), "predicted": pred["step_seconds"]}
+            {
+                "codec": cfg,
+                "collective": pred["collective"],
+                "measured": med_max(ts),
+                "predicted": pred["step_seconds"],
+                "predicted_transport": pred_tr["step_seconds"],
+            }
         )
     if rank == 0:
         for r in rows:
             r["factor"] = _factor(r["predicted"], r["measured"])
+            r["factor_transport"] = _factor(r.get("predicted_transport", r["predicted"]), r["measured"])
         Path(out).write_text(
             json.dumps({"link": {"bandwidth_bps": link.bandwidth_bps, "latency_s": alpha}, "rows": rows})
         )
@@ -265,9 +277,10 @@ def _print_rows(res: dict) -> None:
                 f"  [compute {1e3 * r['measured_encode_decode']:.1f} vs {1e3 * r['predicted_compute']:.1f} ms, "
                 f"comm {1e3 * r['measured_comm']:.1f} vs {1e3 * r['predicted_comm']:.1f} ms]"
             )
+        tr = r.get("predicted_transport", r["predicted"])
         print(
             f"{name:<37} measured {1e3 * r['measured']:8.2f} ms  predicted {1e3 * r['predicted']:8.2f} ms  "
-            f"x{r['factor']:.2f}{extra}"
+            f"x{r['factor']:.2f}; with the transport timed {1e3 * tr:8.2f} ms x{r['factor_transport']:.2f}{extra}"
         )
 
 
@@ -308,6 +321,8 @@ def main() -> None:
     factors = [r["encode_factor"] for r in speed] + [r["decode_factor"] for r in speed] or [float("nan")]
     comm_f = [r["factor"] for r in mpi["rows"] if r["codec"] is not None]
     gloo_f = [r["factor"] for r in gloo["rows"] if r["codec"] is not None] or [float("nan")]
+    comm_t = [r["factor_transport"] for r in mpi["rows"] if r["codec"] is not None]
+    gloo_t = [r["factor_transport"] for r in gloo["rows"] if r["codec"] is not None] or [float("nan")]
     summary = {
         "speed_factor_median": statistics.median(factors),
         "speed_factor_max": max(factors),
@@ -315,6 +330,10 @@ def main() -> None:
         "allreduce_factor_max": max(comm_f),
         "gloo_factor_median": statistics.median(gloo_f),
         "gloo_factor_max": max(gloo_f),
+        "allreduce_transport_factor_median": statistics.median(comm_t),
+        "allreduce_transport_factor_max": max(comm_t),
+        "gloo_transport_factor_median": statistics.median(gloo_t),
+        "gloo_transport_factor_max": max(gloo_t),
     }
     print(
         f"summary: codec speed within x{summary['speed_factor_max']:.2f} "
@@ -322,6 +341,13 @@ def main() -> None:
         f"MPI allreduce within x{summary['allreduce_factor_max']:.2f} "
         f"(median x{summary['allreduce_factor_median']:.2f}); "
         f"gloo within x{summary['gloo_factor_max']:.2f} (median x{summary['gloo_factor_median']:.2f})"
+    )
+    print(
+        "with the transports' protocol timed (advise's default): "
+        f"MPI within x{summary['allreduce_transport_factor_max']:.2f} "
+        f"(median x{summary['allreduce_transport_factor_median']:.2f}); "
+        f"gloo within x{summary['gloo_transport_factor_max']:.2f} "
+        f"(median x{summary['gloo_transport_factor_median']:.2f})"
     )
     if args.json:
         Path(args.json).write_text(json.dumps({"speed": speed, "mpi": mpi, "gloo": gloo, "summary": summary}, indent=2))

@@ -20,7 +20,11 @@ bytes and L the latency terms. Below beta* the codec pays; above it, it costs. N
 pays (no compute, less latency) or never does (no fewer bytes).
 
 Encode and decode times are measured on this machine with a linear model ``t(n) = t0 + c·n`` fitted
-on two sizes, so that a model's many tensors are priced without encoding each of them.
+on two sizes, so that a model's many tensors are priced without encoding each of them. The compute
+a step really costs is more than the codec's: the transports scale, sum, keep residuals, decode
+every peer's payload and copy buffers. :func:`measure_transport` times their real protocol on a
+:class:`MirrorComm` (p ranks that all send the same, no network), fitted the same way, and
+:func:`advise` prices compute with that line by default (``compute_source`` says which was used).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .api import decode, encode
 from .codecs import Codec, get_codec
 from .codecs.state import CodecState
 from .errors import ConfigError
+from .transports.comm import Communicator, DoneWork, Work
 from .transports.state import resolve_mode
 from .transports.threads import kernel_threads
 
@@ -47,12 +52,15 @@ __all__ = [
     "CodecSpeed",
     "Link",
     "LinkFit",
+    "MirrorComm",
+    "TransportSpeed",
     "advise",
     "break_even_bps",
     "comm_seconds",
     "compute_seconds",
     "fit_link",
     "measure_speed",
+    "measure_transport",
     "parse_bandwidth",
     "predict",
     "probe_link",
@@ -282,6 +290,91 @@ def measure_speed(
     return CodecSpeed(et, es, dt, ds, b0 - db * n0, db)
 
 
+class MirrorComm(Communicator):
+    """Rank 0 of ``size`` ranks whose peers all send what it sends (host arrays): the transports' real protocol
+    runs every pass it makes on a rank (encode, the residual, decoding ``size`` payloads, scaling,
+    buffers, copies) with no network at all. Collectives complete at once; a sum is ``size`` times
+    the input. What :func:`measure_transport` times. The two-phase mode's chunks must be of equal
+    size: rank 0 is handed its own owner chunk as every owner's, so the work is a real rank's but
+    the result is right on chunk 0 only."""
+
+    rank = 0
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+
+    def allreduce(self, arr: Any, op: str = "sum") -> Work:
+        if op == "sum":
+            arr *= self.size
+        return DoneWork(arr)
+
+    def allgather(self, arr: np.ndarray) -> Work:
+        return DoneWork(np.stack([np.array(arr, copy=True) for _ in range(self.size)]))
+
+    def allgatherv(self, buf: Any, counts: Sequence[int]) -> Work:
+        return DoneWork([np.array(buf, copy=True) for _ in range(self.size)])
+
+    def alltoallv(self, bufs: Sequence[Any], recv_counts: Sequence[int]) -> Work:
+        return DoneWork([np.array(bufs[0], copy=True) for _ in range(self.size)])  # each peer's part for rank 0
+
+
+@dataclass(frozen=True)
+class TransportSpeed:
+    """``t(n) = t0 + per_element · n``: one rank's compute in the transport's real protocol for one
+    tensor of n elements (:func:`measure_transport`)."""
+
+    t0: float
+    per_element: float
+
+    def seconds(self, n: int) -> float:
+        return max(0.0, self.t0 + self.per_element * n)
+
+
+def measure_transport(
+    codec: Codec | str | Mapping[str, Any],
+    workers: int,
+    *,
+    mode: str = "auto",
+    error_feedback: bool = False,
+    sizes: tuple[int, int] = (1 << 14, 1 << 20),
+    repeats: int = 3,
+    threads: int | None = None,
+) -> TransportSpeed:
+    """Time the transports' own protocol (``gcodec.mpi.allreduce``'s and ``gcodec.torch``'s, the
+    hook's per group) for ``codec`` on ``workers`` ranks over a :class:`MirrorComm`, at two sizes,
+    best of ``repeats`` after an untimed step (the handshake, first buffers): the compute a rank
+    spends per step, which the codec's own encode and decode times leave out (the summable mode's
+    scaling and float32 sum buffer, the residual's passes, gather's p decodes, copies). A line
+    ``t0 + c·n`` through the two sizes, as :func:`measure_speed`."""
+    from .transports import TransportState, allreduce_protocol, run_blocking
+
+    c = get_codec(codec)  # type: ignore[arg-type]
+    if c.low_rank:
+        raise ConfigError("measure_transport prices flat tensors; PowerSGD's cost depends on the matrices")
+    from .transports.two_phase import owner_bounds
+
+    comm = MirrorComm(max(2, int(workers)))
+    pts = []
+    for want in sizes:
+        n = int(want)  # two-phase's chunks must be equal for the mirror: a size that splits evenly
+        while len(set(np.diff(owner_bounds(n, comm.size)))) > 1:
+            n += 1
+        state = TransportState(c, error_feedback=error_feedback, mode=mode, num_threads=threads)
+        x = _sample(c, n)
+        out = np.empty_like(x)
+
+        def once(x: np.ndarray = x, out: np.ndarray = out, state: TransportState = state) -> None:
+            run_blocking(allreduce_protocol(comm, state, x, out, "t", "mean", mode))
+
+        once()
+        pts.append((x.size, _best(once, repeats)))
+    (n0, t0), (n1, t1) = pts
+    slope = (t1 - t0) / (n1 - n0)
+    if slope <= 0 or t0 - slope * n0 < 0:  # noise: proportional to size
+        return TransportSpeed(0.0, t1 / n1)
+    return TransportSpeed(t0 - slope * n0, slope)
+
+
 def collective_of(codec: Codec | Mapping[str, Any] | None, workers: int, mode: str = "auto") -> str:
     """``"allreduce"`` (dense), or the transport mode the codec runs under on ``workers`` ranks."""
     if codec is None:
@@ -342,12 +435,16 @@ def predict(
     mode: str = "auto",
     dense_tensors: Sequence[tuple[int, ...]] = (),
     error_feedback: bool = False,
+    transport: TransportSpeed | None = None,
 ) -> dict[str, Any]:
     """The cost of one step for ``tensors`` (shapes; each encoded on its own) under ``codec``.
 
     ``dense_tensors`` (biases, small tensors a policy keeps dense) travel in a dense allreduce in
     every case and are added to both the codec's and the baseline's time. With ``error_feedback``,
     each encode also decodes its payload to keep the residual (``T_enc + T_dec`` per encode).
+    ``transport`` (:func:`measure_transport`), when given, is the compute of the transports' real
+    protocol and replaces the formula built from the codec's encode and decode times; the row
+    keeps both (``compute_seconds`` is the one used, ``codec_compute_seconds`` the formula's).
     """
     cfg = None if codec is None else get_codec(codec).get_config()  # type: ignore[arg-type]
     coll = collective_of(cfg, workers, mode)
@@ -377,7 +474,9 @@ def predict(
             comm += comm_seconds("allreduce", workers, dense_extra, link)
     if error_feedback and cfg is not None and coll != "powersgd":
         enc += dec  # the residual is (x + e) minus the decoded payload
-    compute = compute_seconds(coll, workers, enc, dec)
+    formula = compute_seconds(coll, workers, enc, dec)
+    measured = transport is not None and cfg is not None and coll != "powersgd"
+    compute = sum(transport.seconds(n) for n in numels) if transport is not None and measured else formula
     wire, _ = _volume_latency(coll, workers, payload, link)
     wire_dense, _ = _volume_latency("allreduce", workers, dense_extra, link)
     return {
@@ -392,6 +491,8 @@ def predict(
         "encode_seconds": enc,
         "decode_seconds": dec,
         "compute_seconds": compute,
+        "codec_compute_seconds": formula,
+        "compute_source": "transport" if measured else ("none" if cfg is None else "codec"),
         "comm_seconds": comm,
         "step_seconds": comm + compute,
         "baseline_seconds": base,
@@ -442,12 +543,16 @@ def advise(
     repeats: int = 3,
     speeds: Mapping[str, CodecSpeed] | None = None,
     error_feedback: bool = False,
+    transport: bool = True,
 ) -> list[dict[str, Any]]:
     """One prediction per candidate codec (see :func:`predict`), measuring each codec's speed here.
 
     Give ``numel`` (one flat tensor, as the DDP hook sends a bucket) or ``model`` (a parameter list,
     see :func:`model_shapes`: tensors under ``min_numel`` elements and 1-D tensors stay dense, as the
     default policy keeps them). PowerSGD needs matrices, so it is priced for ``model`` only.
+    ``transport`` (default) times the transports' own protocol for each codec
+    (:func:`measure_transport`) and prices compute with it; False uses the formula on the codec's
+    encode and decode times alone, which leaves out the transports' passes.
     """
     if (numel is None) == (model is None):
         raise ConfigError("give numel or model, not both or neither")
@@ -470,9 +575,23 @@ def advise(
             continue
         key = json.dumps(cfg, sort_keys=True)
         speed = (speeds or {}).get(key) or measure_speed(cfg, threads=threads, repeats=repeats)
-        out.append(
-            predict(cfg, speed, tensors, workers, link, mode=mode, dense_tensors=dense, error_feedback=error_feedback)
+        tspeed = None
+        if transport and cfg is not None and not get_codec(cfg).low_rank and workers > 1:
+            tspeed = measure_transport(
+                cfg, workers, mode=mode, error_feedback=error_feedback, threads=threads, repeats=repeats
+            )
+        row = predict(
+            cfg,
+            speed,
+            tensors,
+            workers,
+            link,
+            mode=mode,
+            dense_tensors=dense,
+            error_feedback=error_feedback,
+            transport=tspeed,
         )
+        out.append(row)
     return out
 
 

@@ -576,6 +576,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
             threads=args.threads,
             repeats=args.repeats,
             error_feedback=args.error_feedback,
+            transport=not args.codec_only,
         )
     except (GcodecError, UsageError, json.JSONDecodeError) as e:
         print(f"gcodec advise: error: {_err(e)}", file=sys.stderr)
@@ -599,7 +600,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
         )
         link_info = {"source": "assumed", "bandwidth_bps": parse_bandwidth(bandwidth), "latency_s": latency}
     threads = args.threads if args.threads is not None else "the default"
-    speed_note = f"codec speeds: measured on this machine now ({threads} kernel threads, best of {args.repeats})"
+    speed_note = f"codec speeds: measured on this machine now ({threads} kernel threads, best of {args.repeats}); " + (
+        "compute: the codec's encode and decode times in the model's formula (--codec-only)"
+        if args.codec_only
+        else f"compute: the transports' own protocol timed here for {workers} ranks (no network)"
+    )
     for r in rows:
         r["link"] = link_info
     if rank != 0:  # every rank measured (as every rank trains); one prints
@@ -796,6 +801,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="kernel threads per rank for the measurement")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (best is kept)")
     p.add_argument("--error-feedback", action="store_true", help="price error feedback (a decode per encode)")
+    p.add_argument(
+        "--codec-only",
+        action="store_true",
+        help="price compute from the codec's encode/decode times alone, not the transports' timed protocol",
+    )
     p.add_argument("--json", metavar="PATH", help="also write one JSON object per codec to PATH")
     p.set_defaults(func=cmd_advise)
     return ap

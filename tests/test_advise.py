@@ -13,12 +13,15 @@ import pytest
 from gcodec.advise import (
     CodecSpeed,
     Link,
+    MirrorComm,
+    TransportSpeed,
     advise,
     break_even_bps,
     comm_seconds,
     compute_seconds,
     fit_link,
     measure_speed,
+    measure_transport,
     parse_bandwidth,
     predict,
     probe_link,
@@ -311,3 +314,58 @@ def test_probe_without_a_launcher_or_with_bandwidth_is_a_usage_error(capsys: pyt
     if "RANK" not in os.environ:  # not itself under torchrun
         assert main([*PROBE_ARGS, "--probe", "torch"]) == 2
         assert "runs under torchrun" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "codec, p, mode, bound",
+    [
+        # every rank sends x, so the mean is x, decoded: the summable mode encodes x / p (exact
+        # scaling by 2) in fp16, 2**-11 relative, or 2**-25 absolute where x / 2 is subnormal, and
+        # sums p = 2 of them: 2**-11 |x| + 2**-24
+        ("fp16", 2, "summable", lambda x: np.abs(x) * 2.0**-11 + 2.0**-24),
+        # 8-bit groups of 64: at most half a step, max|group| / 127 / 2, per encode
+        ({"id": "uniform", "bits": 8}, 2, "gather", lambda x: np.full(x.shape, np.abs(x).max() / 254)),
+        # two-phase re-encodes the owner's chunk of the sum: two such errors
+        ({"id": "uniform", "bits": 8}, 4, "two_phase", lambda x: np.full(x.shape, 2 * np.abs(x).max() / 254)),
+    ],
+)
+def test_the_mirror_runs_the_real_protocol_to_the_mean(codec, p, mode, bound) -> None:
+    """What measure_transport times is the transports' real protocol, run to its end: on a mirror
+    of p ranks that all send x, the result is x within the codec's rounding."""
+    from gcodec.transports import TransportState, allreduce_protocol, run_blocking
+
+    x = np.random.default_rng(5).standard_normal(4 * 12288).astype(np.float32)  # even two-phase chunks
+    out = np.empty_like(x)
+    st = TransportState(codec, error_feedback=False, mode=mode)
+    run_blocking(allreduce_protocol(MirrorComm(p), st, x, out, "w", "mean", mode))
+    if mode == "two_phase":  # the mirror hands rank 0's owner chunk back as every owner's
+        c = x.size // p
+        assert all(np.array_equal(out[j * c : (j + 1) * c], out[:c]) for j in range(1, p))
+        x, out = x[:c], out[:c]
+    assert np.all(np.abs(out - x) <= bound(x))
+    assert not np.array_equal(out, x)  # it went through the codec
+
+
+def test_a_measured_transport_line_replaces_the_formula_and_says_so() -> None:
+    sp = CodecSpeed(1e-4, 1e-9, 1e-4, 1e-9, 0.0, 2.0)
+    tr = TransportSpeed(5e-4, 4e-9)
+    shapes = [(1000, 1000), (4096,)]
+    row = predict("fp16", sp, shapes, 4, GBIT, transport=tr)
+    assert row["compute_source"] == "transport"
+    assert row["compute_seconds"] == pytest.approx(tr.seconds(1_000_000) + tr.seconds(4096))
+    assert row["codec_compute_seconds"] == pytest.approx(predict("fp16", sp, shapes, 4, GBIT)["compute_seconds"])
+    assert row["step_seconds"] == pytest.approx(row["comm_seconds"] + row["compute_seconds"])
+    # PowerSGD's cost depends on the matrices: its formula stays
+    low = predict({"id": "powersgd", "rank": 2}, sp, shapes[:1], 4, GBIT, transport=tr)
+    assert low["compute_source"] == "codec"
+    assert predict(None, sp, shapes, 4, GBIT, transport=tr)["compute_source"] == "none"
+
+
+def test_advise_prices_the_transports_timed_protocol_by_default() -> None:
+    rows = advise(numel=1 << 16, candidates=[None, "fp16", {"id": "uniform", "bits": 4}], workers=2, repeats=1)
+    assert [r["compute_source"] for r in rows] == ["none", "transport", "transport"]
+    assert all(r["compute_seconds"] > 0 for r in rows[1:])
+    rows = advise(numel=1 << 16, candidates=[None, "fp16"], workers=2, repeats=1, transport=False)
+    assert rows[1]["compute_source"] == "codec"
+    with pytest.raises(ConfigError, match="PowerSGD"):
+        measure_transport({"id": "powersgd", "rank": 2}, 2)
