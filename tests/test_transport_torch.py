@@ -85,6 +85,11 @@ def test_bucket_rebuild_gives_new_groups_not_errors(trained: dict) -> None:
     assert len(trained["topk-through-rebuild"]["keys"]) > len(trained['{"id": "topk", "ratio": 0.05}']["keys"])
 
 
+def test_the_hooks_step_report_adds_up_against_the_measured_step(tmp_path: Path) -> None:
+    assert run_ranks("report", tmp_path) == [0, 0]
+    assert len(checks_of(tmp_path, [0, 1])) == 2 * (5 * 4 + 1)
+
+
 def test_all_reduce_modes_and_dtypes(tmp_path: Path) -> None:
     assert run_ranks("all_reduce", tmp_path) == [0, 0]
     assert len(checks_of(tmp_path, [0, 1])) == 2 * 5

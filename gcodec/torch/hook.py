@@ -33,6 +33,7 @@ rank; the size rules (``min_numel``, a codec that would pass a shape through) ke
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,7 @@ from ..transports.handshake import Agreement, fingerprint
 from ..transports.protocol_helpers import timed
 from ..transports.quality import sample_quality
 from ..transports.router import RouterSetting
-from ..transports.stats import StepStats
+from ..transports.stats import StepReports, StepStats
 from ..transports.summable import summable_protocol
 from ..transports.two_phase import two_phase_protocol
 from .comm import TorchCommunicator, comm_for, queue_for
@@ -151,6 +152,8 @@ class HookState:
         )
         self._comm: TorchCommunicator | None = None
         self._agreed: dict[str, str] = {}  # bucket -> the plan its exchange last agreed on
+        #: per-iteration totals over every bucket (:meth:`step_report`)
+        self.reports = StepReports()
         self.warmup_codec = self.router.codec(warmup_codec)
 
     # ---- the configuration the router's shorthand policy holds (changes reach the router) ----
@@ -192,6 +195,14 @@ class HookState:
             for k, v in st.stats().items():
                 out[k] = {**v, "codec": st.codec.get_config()}
         return out
+
+    def step_report(self) -> dict[str, Any]:
+        """What the hook did per iteration, every bucket together: the last finished iteration
+        (``"last"``: raw, encoded, received and dense bytes, encode, communication, decode and
+        overhead seconds that add up to ``held_s``, the time the hook held the buckets; ``step``
+        is the hook's iteration, warm-up included), the number of iterations and the totals
+        (:class:`gcodec.transports.stats.StepReports`)."""
+        return self.reports.as_dict()
 
     def state_dict(self) -> dict[str, Any]:
         """Iteration and the router's state (every codec's steps and factors, the residuals by
@@ -241,9 +252,24 @@ class HookState:
 
 
 def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
+    t_start = time.perf_counter()  # the queue has started this bucket: the engine holds it from here
     comm = state.comm()
     buf = bucket.buffer()
     p = comm.size
+    last = bucket.is_last()
+
+    def report(groups: list[StepStats], dense_bytes: int = 0, dense_comm_s: float = 0.0) -> None:
+        state.reports.add(
+            it,
+            groups,
+            raw_bytes=buf.nbytes,
+            held_s=time.perf_counter() - t_start,
+            dense_bytes=dense_bytes,
+            dense_wire_bytes=2 * (p - 1) * dense_bytes // p,
+            dense_comm_s=dense_comm_s,
+            last=last,
+        )
+
     what = f"DDP hook, bucket {bucket.index()} at iteration {it}"
     router = state.router
     rung: Codec | None = None
@@ -278,14 +304,16 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         buf.div_(p)
         if ckey is not None:
             router.record_step(ckey, None, DENSE, [st])
+        report([st])
         return buf
     grads, names = plan.grads, plan.names
     # Dense tensors: their concatenation (in float32) is summed uncompressed, riding with the
     # bucket's first summable or PowerSGD group when it has one (no round of their own; see
     # summable_protocol and lowrank_protocol), else in an allreduce of its own. A residual a
     # parameter kept from a codec it has left goes with it.
-    flat = None
+    flat, dense_bytes, dense_comm_s = None, 0, 0.0
     if plan.dense:
+        dense_bytes = sum(grads[i].numel() * 4 for i in plan.dense)  # they travel in float32
         parts = [xp.flat(as_array(grads[i])) for i in plan.dense]
         flat = xp.concat(parts, parts[0], np.float32)
         pos = 0
@@ -295,7 +323,9 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             pos += part.shape[0]
     if flat is not None and plan.carrier is None:
         yield from ex.begin()
+        t0 = time.perf_counter()
         yield comm.allreduce(flat, "sum")
+        dense_comm_s = time.perf_counter() - t0  # the queue resumes this once the sum is done
         _write_dense(grads, plan.dense, flat, p)
 
     for g in plan.groups:
@@ -337,6 +367,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         _write_dense(grads, plan.dense, flat, p)
     if ckey is not None and rung is not None:
         _record_rung(router, ckey, rung, plan)
+    report([g.stats for g in plan.groups if g.stats is not None], dense_bytes, dense_comm_s)
     return buf
 
 

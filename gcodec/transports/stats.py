@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["FIELDS", "Stats", "StepStats"]
+__all__ = ["FIELDS", "REPORT_FIELDS", "Stats", "StepReports", "StepStats"]
 
 FIELDS = ("raw_bytes", "payload_bytes", "wire_bytes", "encode_s", "comm_s", "decode_s", "host_bytes")
 
@@ -68,3 +68,87 @@ class Stats:
         self._last.clear()
         self._total.clear()
         self._count.clear()
+
+
+#: The fields of a :class:`StepReports` record (one engine step, every group of it together).
+REPORT_FIELDS = (
+    "raw_bytes",
+    "payload_bytes",
+    "wire_bytes",
+    "dense_bytes",
+    "dense_wire_bytes",
+    "encode_s",
+    "comm_s",
+    "decode_s",
+    "overhead_s",
+    "held_s",
+)
+
+
+class StepReports:
+    """Per-step totals of an engine (the DDP hook: every bucket of one iteration together).
+
+    * ``raw_bytes``: bytes of every gradient of the step, compressed or not;
+    * ``payload_bytes``, ``wire_bytes``: what the compressed groups encoded and received (the
+      transports' :data:`FIELDS`; in a step that sends everything dense, the dense allreduce's
+      bytes and the ring allreduce's ``2 (p-1)/p`` of them);
+    * ``dense_bytes``: bytes of the tensors sent uncompressed in a compressed step (biases, small
+      tensors, what a policy keeps dense), and ``dense_wire_bytes`` the ring allreduce's
+      ``2 (p-1)/p`` of them (in float32, as they travel);
+    * ``encode_s``, ``comm_s``, ``decode_s``: the groups' seconds, plus the dense allreduce's wait;
+    * ``held_s``: seconds from the start of each bucket's exchange to its end, summed: the time
+      the engine held the buckets; ``overhead_s`` is what of it the three above do not account
+      for (planning, joining and scattering tensors, the agreement's control words, queueing).
+      So ``encode_s + comm_s + decode_s + overhead_s == held_s`` in every report.
+
+    ``step`` is the engine's own step (the DDP hook's iteration, warm-up included), the same for
+    every codec. The last finished step is kept, and the totals over all steps."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, dict[str, float]] = {}
+        self._last: dict[str, Any] | None = None
+        self._total: dict[str, float] = dict.fromkeys(REPORT_FIELDS, 0)
+        self._steps = 0
+
+    def add(
+        self,
+        step: int,
+        groups: list[StepStats],
+        *,
+        raw_bytes: int,
+        held_s: float,
+        dense_bytes: int = 0,
+        dense_wire_bytes: int = 0,
+        dense_comm_s: float = 0.0,
+        last: bool = False,
+    ) -> None:
+        """One bucket (or exchange) of ``step``; ``last`` closes the step."""
+        r = self._open.setdefault(step, dict.fromkeys(REPORT_FIELDS, 0))
+        r["raw_bytes"] += raw_bytes
+        for g in groups:
+            for f in ("payload_bytes", "wire_bytes", "encode_s", "comm_s", "decode_s"):
+                r[f] += g.values[f]
+        r["dense_bytes"] += dense_bytes
+        r["dense_wire_bytes"] += dense_wire_bytes
+        r["comm_s"] += dense_comm_s
+        r["held_s"] += held_s
+        if last:
+            done = self._open.pop(step)
+            done["overhead_s"] = done["held_s"] - done["encode_s"] - done["comm_s"] - done["decode_s"]
+            for f in REPORT_FIELDS:
+                self._total[f] += done[f]
+            self._steps += 1
+            self._last = {"step": step, **done}
+            for s in [s for s in self._open if s < step]:  # a step whose last bucket failed
+                del self._open[s]
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"last": {"step", <fields>} or None, "steps": count, "total": {<fields>}}``."""
+        return {
+            "last": None if self._last is None else dict(self._last),
+            "steps": self._steps,
+            "total": dict(self._total),
+        }
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]

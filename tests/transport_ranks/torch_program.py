@@ -12,6 +12,7 @@ import os
 import pickle
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,47 @@ def scenario_train(outdir: Path) -> None:
         other = [torch.zeros(mine.size) for _ in range(WORLD)]
         dist.all_gather(other, torch.from_numpy(mine))
         check(f"{h}: same parameters on every rank", all(torch.equal(o, other[0]) for o in other))
+
+
+def scenario_report(outdir: Path) -> None:
+    """The hook's per-step report against the step itself: two codecs by policy, biases dense,
+    two warm-up steps; several buckets per step."""
+    model, x, y = model_and_data()
+    ddp = DDP(model, bucket_cap_mb=0.01)
+    policy = {"2.weight": {"id": "uniform", "bits": 4}, "*": "fp16"}
+    state = gcodec.torch.HookState(codec="fp16", start_iter=2, min_numel=1024, module=model, policy=policy)
+    ddp.register_comm_hook(state, gcodec.torch.comm_hook)
+    params = list(model.parameters())
+    raw = sum(q.numel() * 4 for q in params)
+    dense = sum(q.numel() * 4 for q in params if q.numel() < 1024)  # the biases and the 8 x 96 weight
+    for i in range(5):
+        t0 = time.perf_counter()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()  # DDP waits for every bucket's future here
+        backward_s = time.perf_counter() - t0
+        rep = state.step_report()["last"]
+        parts = rep["encode_s"] + rep["comm_s"] + rep["decode_s"] + rep["overhead_s"]
+        warm = i < 2
+        check(
+            f"step {i}: the report is this iteration's, of every gradient byte",
+            rep["step"] == i and rep["raw_bytes"] == raw,
+            json.dumps(rep),
+        )
+        check(
+            f"step {i}: dense bytes are the small tensors' ({dense} B) once compression starts, and travel as a ring",
+            rep["dense_bytes"] == (0 if warm else dense)
+            and rep["dense_wire_bytes"] == 2 * (WORLD - 1) * rep["dense_bytes"] // WORLD,
+            json.dumps(rep),
+        )
+        check(
+            f"step {i}: encode + comm + decode + overhead = held <= the backward pass ({backward_s:.4f} s)",
+            abs(parts - rep["held_s"]) < 1e-9 and rep["overhead_s"] >= 0 and 0 < rep["held_s"] <= backward_s,
+            json.dumps(rep),
+        )
+        # warm-up: the whole buffer goes dense; then the compressed groups send fewer bytes than raw
+        sent = rep["payload_bytes"] + (0 if warm else rep["dense_bytes"])
+        check(f"step {i}: bytes sent", sent == raw if warm else sent < raw, json.dumps(rep))
+    total = state.step_report()
+    check("five steps counted", total["steps"] == 5 and total["total"]["raw_bytes"] == 5 * raw, json.dumps(total))
 
 
 def scenario_all_reduce(outdir: Path) -> None:
