@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from gcodec.advise import (  # noqa: E402
     CodecSpeed,
+    Link,
     TransportSpeed,
     measure_speed,
     measure_transport,
@@ -117,7 +118,19 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
         sizes=(1 << 10, 1 << 16, 1 << 20, numel),
         repeats=rounds,
     )
+    mc = gcodec.mpi.MPICommunicator(comm)
+    gfit = probe_link(
+        lambda b: mc.allgatherv(b, [b.shape[0]] * p).wait(),
+        p,
+        barrier=comm.Barrier,
+        slowest=lambda t: comm.allreduce(t, op=MPI.MAX),
+        sizes=(1 << 10, 1 << 16, 1 << 20, numel),
+        repeats=rounds,
+        array=lambda n: np.ones(4 * n, np.uint8),
+        collective="gather",
+    )
     link, alpha, t_big = fit.link, fit.link.latency_s, fit.samples[-1][1]
+    glink = Link(link.bandwidth_bps, link.latency_s, gfit.link)  # the transport-timed rows use both
     dense_pred = predict(None, measure_speed(None), [(numel,)], p, link)["step_seconds"]
     rows = [{"codec": None, "measured": t_big, "predicted": dense_pred}]
     x = np.random.default_rng(comm.rank).standard_normal(numel, dtype=np.float32)
@@ -129,7 +142,7 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
         for ef in (False, True):
             pred = predict(cfg, agreed, [(numel,)], p, link, error_feedback=ef)
             tr = comm.allreduce(measure_transport(cfg, p, error_feedback=ef, threads=1).seconds(numel), op=MPI.MAX)
-            pred_tr = predict(cfg, agreed, [(numel,)], p, link, error_feedback=ef, transport=TransportSpeed(tr, 0.0))
+            pred_tr = predict(cfg, agreed, [(numel,)], p, glink, error_feedback=ef, transport=TransportSpeed(tr, 0.0))
             state = gcodec.mpi.State(cfg, error_feedback=ef, num_threads=1)
             ts = []
             for _ in range(rounds + 1):
@@ -158,7 +171,13 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
             r["factor"] = _factor(r["predicted"], r["measured"])
             r["factor_transport"] = _factor(r.get("predicted_transport", r["predicted"]), r["measured"])
         Path(out).write_text(
-            json.dumps({"link": {"bandwidth_bps": link.bandwidth_bps, "latency_s": alpha}, "rows": rows}, indent=2)
+            json.dumps(
+                {
+                    "link": {"bandwidth_bps": link.bandwidth_bps, "latency_s": alpha, "gather": gfit.to_dict()},
+                    "rows": rows,
+                },
+                indent=2,
+            )
         )
 
 
@@ -170,6 +189,7 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
     import torch.distributed as dist
 
     import gcodec.torch
+    from gcodec.torch.comm import comm_for
     from gcodec.transports import TransportState
 
     torch.set_num_threads(1)
@@ -197,7 +217,19 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
         repeats=rounds,
         array=lambda n: torch.ones(n),
     )
+    tc = comm_for(None)
+    gfit = probe_link(
+        lambda b: tc.allgatherv(b, [b.shape[0]] * p).wait(),
+        p,
+        barrier=dist.barrier,
+        slowest=slowest,
+        sizes=(1 << 10, 1 << 16, 1 << 20, numel),
+        repeats=rounds,
+        array=lambda n: np.ones(4 * n, np.uint8),
+        collective="gather",
+    )
     link, alpha, t_big = fit.link, fit.link.latency_s, fit.samples[-1][1]
+    glink = Link(link.bandwidth_bps, link.latency_s, gfit.link)
     rows = [
         {
             "codec": None,
@@ -213,7 +245,7 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
         agreed = CodecSpeed(float(e[0]), 0.0, float(e[1]), 0.0, sp.payload_t0, sp.payload_per_element)
         pred = predict(cfg, agreed, [(numel,)], p, link)
         tr = slowest(measure_transport(cfg, p, threads=1).seconds(numel))
-        pred_tr = predict(cfg, agreed, [(numel,)], p, link, transport=TransportSpeed(tr, 0.0))
+        pred_tr = predict(cfg, agreed, [(numel,)], p, glink, transport=TransportSpeed(tr, 0.0))
         state = TransportState(cfg, error_feedback=False, num_threads=1)
         ts = []
         for _ in range(rounds + 1):
@@ -236,7 +268,12 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
             r["factor"] = _factor(r["predicted"], r["measured"])
             r["factor_transport"] = _factor(r.get("predicted_transport", r["predicted"]), r["measured"])
         Path(out).write_text(
-            json.dumps({"link": {"bandwidth_bps": link.bandwidth_bps, "latency_s": alpha}, "rows": rows})
+            json.dumps(
+                {
+                    "link": {"bandwidth_bps": link.bandwidth_bps, "latency_s": alpha, "gather": gfit.to_dict()},
+                    "rows": rows,
+                }
+            )
         )
     dist.destroy_process_group()
 
@@ -267,7 +304,11 @@ def run_gloo(numel: int, rounds: int) -> dict:
 
 def _print_rows(res: dict) -> None:
     link = res["link"]
-    print(f"calibrated link: {link['bandwidth_bps'] / 1e9:.2f} Gbit/s, alpha {1e6 * link['latency_s']:.1f} us")
+    g = link["gather"]
+    print(
+        f"calibrated link: {link['bandwidth_bps'] / 1e9:.2f} Gbit/s, alpha {1e6 * link['latency_s']:.1f} us; "
+        f"all-gather {g['bandwidth_bps'] / 1e9:.2f} Gbit/s, alpha {1e6 * g['latency_s']:.1f} us"
+    )
     for r in res["rows"]:
         name = "dense allreduce" if r["codec"] is None else json.dumps(r["codec"])
         name += " + EF" if r.get("error_feedback") else ""

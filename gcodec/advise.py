@@ -99,16 +99,31 @@ def parse_bandwidth(text: str | float) -> float:
     return value
 
 
+#: The collectives that move payload bytes through the engine's all-gather / all-to-all (the rest
+#: are allreduces): what ``Link.gather`` prices when it is known.
+GATHER_COLLECTIVES = ("gather", "two_phase")
+
+
 @dataclass(frozen=True)
 class Link:
-    """A network link: bandwidth in bits/s, latency alpha in seconds per message."""
+    """A network link: bandwidth in bits/s, latency alpha in seconds per message. ``gather``, when
+    measured (``gcodec advise --probe``), is the link as the engine's all-gather of payload bytes
+    sees it, which prices the gather and two-phase collectives; an engine's all-gather need not
+    move bytes as fast as its allreduce (gloo's does not)."""
 
     bandwidth_bps: float
     latency_s: float = 50e-6
+    gather: Link | None = None
 
     @property
     def bytes_per_s(self) -> float:
         return self.bandwidth_bps / 8
+
+    def for_collective(self, collective: str) -> Link:
+        """The link that prices ``collective``."""
+        if self.gather is not None and collective in GATHER_COLLECTIVES:
+            return self.gather
+        return self
 
 
 @dataclass(frozen=True)
@@ -124,11 +139,13 @@ class LinkFit:
     samples: tuple[tuple[int, float], ...]
     worst_residual: float
     transport: str = ""
+    collective: str = "allreduce"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": "probe",
             "transport": self.transport,
+            "collective": self.collective,
             "bandwidth_bps": self.link.bandwidth_bps,
             "latency_s": self.link.latency_s,
             "workers": self.workers,
@@ -137,8 +154,11 @@ class LinkFit:
         }
 
 
-def fit_link(samples: Sequence[tuple[int, float]], workers: int, transport: str = "") -> LinkFit:
-    """alpha and beta from dense ring-allreduce times: ``t = 2(p-1) alpha + 2(p-1)/p * bytes / beta``.
+def fit_link(
+    samples: Sequence[tuple[int, float]], workers: int, transport: str = "", collective: str = "allreduce"
+) -> LinkFit:
+    """alpha and beta from dense ring-allreduce times: ``t = 2(p-1) alpha + 2(p-1)/p * bytes / beta``
+    (``collective="gather"``: all-gather times, ``t = (p-1) alpha + (p-1) * bytes / beta``).
 
     A least-squares line through (2(p-1)/p · bytes, t), each sample weighted by 1/t so that the
     small sizes, which carry the latency, count as much as the large ones. A negative intercept
@@ -151,7 +171,9 @@ def fit_link(samples: Sequence[tuple[int, float]], workers: int, transport: str 
     pts = [(int(b), float(t)) for b, t in samples]
     if len({b for b, _ in pts}) < 2 or any(not (t > 0 and math.isfinite(t)) or b <= 0 for b, t in pts):
         raise ConfigError(f"a link fit needs positive times at 2 or more sizes, not {pts}")
-    k = 2 * (p - 1) / p
+    if collective not in ("allreduce", "gather"):
+        raise ConfigError(f"collective must be 'allreduce' or 'gather', not {collective!r}")
+    k, messages = (2 * (p - 1) / p, 2 * (p - 1)) if collective == "allreduce" else (p - 1, p - 1)
     x = np.array([k * b for b, _ in pts])
     t = np.array([tt for _, tt in pts])
     w = 1.0 / t
@@ -163,8 +185,8 @@ def fit_link(samples: Sequence[tuple[int, float]], workers: int, transport: str 
         )
     a = max(0.0, float(a))
     worst = float(np.max(np.abs(a + b * x - t) / t))
-    link = Link(8.0 / float(b), a / (2 * (p - 1)))
-    return LinkFit(link, p, tuple(pts), worst, transport)
+    link = Link(8.0 / float(b), a / messages)
+    return LinkFit(link, p, tuple(pts), worst, transport, collective)
 
 
 #: Elements of the dense float32 allreduces :func:`probe_link` times: 4 KB to 16 MB per rank.
@@ -182,6 +204,7 @@ def probe_link(
     transport: str = "",
     array: Any = None,
     clock: Any = time.perf_counter,
+    collective: str = "allreduce",
 ) -> LinkFit:
     """Measure the link the job runs on: time ``allreduce(a)`` (a dense in-place sum over the job's
     ranks: ``torch.distributed.all_reduce``, ``MPI.Comm.Allreduce``) on float32 arrays of ``sizes``
@@ -191,7 +214,9 @@ def probe_link(
     ``barrier()`` when given; the median is kept and ``slowest(seconds)`` (the maximum over the
     ranks), when given, makes every rank fit the same samples. ``array(n)`` makes the buffers (a
     device tensor for NCCL, say; NumPy by default). The transports know no link: this takes plain
-    callables, so any engine can probe with its own collective."""
+    callables, so any engine can probe with its own collective. ``collective="gather"``:
+    ``allreduce`` is an all-gather of the buffer instead (fitted as one, see :func:`fit_link`), and
+    a sample's bytes are the buffer's ``nbytes``."""
     make = array or (lambda n: np.ones(n, np.float32))
     samples = []
     for n in sizes:
@@ -205,8 +230,9 @@ def probe_link(
             allreduce(buf)
             ts.append(clock() - t0)
         med = float(np.median(ts))
-        samples.append((4 * int(n), float(slowest(med)) if slowest is not None else med))
-    return fit_link(samples, workers, transport)
+        nbytes = int(getattr(buf, "nbytes", 4 * int(n)))
+        samples.append((nbytes, float(slowest(med)) if slowest is not None else med))
+    return fit_link(samples, workers, transport, collective)
 
 
 @dataclass(frozen=True)
@@ -395,8 +421,9 @@ def _volume_latency(collective: str, workers: int, nbytes: float, link: Link) ->
 
 def comm_seconds(collective: str, workers: int, nbytes: float, link: Link) -> float:
     """Predicted communication seconds of one step (the table of the module docstring)."""
-    v, lat = _volume_latency(collective, workers, nbytes, link)
-    return lat + v / link.bytes_per_s
+    sub = link.for_collective(collective)
+    v, lat = _volume_latency(collective, workers, nbytes, sub)
+    return lat + v / sub.bytes_per_s
 
 
 def compute_seconds(collective: str, workers: int, enc: float, dec: float) -> float:
@@ -415,7 +442,9 @@ def break_even_bps(
 ) -> float | None:
     """The bandwidth (bits/s) above which the codec costs more than a dense allreduce, or None when it
     always pays (no extra time at any bandwidth) or never does (no fewer bytes on the wire)."""
-    v, lat = _volume_latency(collective, workers, nbytes, link)
+    sub = link.for_collective(collective)
+    v, lat = _volume_latency(collective, workers, nbytes, sub)
+    v *= link.bytes_per_s / sub.bytes_per_s  # a slower gather link: the bytes count for more
     vd, latd = _volume_latency("allreduce", workers, dense_bytes, link)
     extra = compute + lat - latd
     if v >= vd:
@@ -497,8 +526,8 @@ def predict(
         "step_seconds": comm + compute,
         "baseline_seconds": base,
         "saving_seconds": base - (comm + compute),
-        "bandwidth_bps": link.bandwidth_bps,
-        "latency_s": link.latency_s,
+        "bandwidth_bps": link.for_collective(coll).bandwidth_bps,
+        "latency_s": link.for_collective(coll).latency_s,
         "break_even_bps": None if cfg is None else break_even_bps(coll, workers, payload, compute, raw, link),
     }
 
@@ -544,13 +573,15 @@ def advise(
     speeds: Mapping[str, CodecSpeed] | None = None,
     error_feedback: bool = False,
     transport: bool = True,
+    gather_link: Link | None = None,
 ) -> list[dict[str, Any]]:
     """One prediction per candidate codec (see :func:`predict`), measuring each codec's speed here.
 
     Give ``numel`` (one flat tensor, as the DDP hook sends a bucket) or ``model`` (a parameter list,
     see :func:`model_shapes`: tensors under ``min_numel`` elements and 1-D tensors stay dense, as the
     default policy keeps them). PowerSGD needs matrices, so it is priced for ``model`` only.
-    ``transport`` (default) times the transports' own protocol for each codec
+    ``gather_link`` (measured by ``--probe``) prices the gather and two-phase collectives
+    (:attr:`Link.gather`). ``transport`` (default) times the transports' own protocol for each codec
     (:func:`measure_transport`) and prices compute with it; False uses the formula on the codec's
     encode and decode times alone, which leaves out the transports' passes.
     """
@@ -558,7 +589,7 @@ def advise(
         raise ConfigError("give numel or model, not both or neither")
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an int >= 1, not {workers!r}")
-    link = Link(parse_bandwidth(bandwidth), latency_s)
+    link = Link(parse_bandwidth(bandwidth), latency_s, gather_link)
     if numel is not None:
         if int(numel) < 1:
             raise ConfigError(f"numel must be >= 1, not {numel}")

@@ -492,15 +492,25 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
         comm = MPI.COMM_WORLD
         if comm.size < 2:
             raise UsageError("--probe mpi runs under mpiexec with 2 or more ranks (mpiexec -n 2 gcodec advise ...)")
-        fit = probe_link(
-            lambda a: comm.Allreduce(MPI.IN_PLACE, a),
+        from .mpi import MPICommunicator
+
+        name = f"MPI ({' '.join(MPI.Get_library_version().split()[:3])})"
+        agree: dict[str, Any] = {
+            "barrier": comm.Barrier,
+            "slowest": lambda t: comm.allreduce(t, op=MPI.MAX),
+            "sizes": sizes,
+        }
+        fit = probe_link(lambda a: comm.Allreduce(MPI.IN_PLACE, a), comm.size, transport=name, **agree)
+        mc = MPICommunicator(comm)
+        gather = probe_link(
+            lambda b: mc.allgatherv(b, [b.shape[0]] * comm.size).wait(),  # the transports' own all-gather
             comm.size,
-            barrier=comm.Barrier,
-            slowest=lambda t: comm.allreduce(t, op=MPI.MAX),
-            sizes=sizes,
-            transport=f"MPI ({' '.join(MPI.Get_library_version().split()[:3])})",
+            array=lambda n: np.ones(4 * n, np.uint8),
+            collective="gather",
+            transport=name,
+            **agree,
         )
-        return fit, comm.rank, comm.size, lambda: None
+        return (fit, gather), comm.rank, comm.size, lambda: None
     try:
         import torch
         import torch.distributed as dist
@@ -530,22 +540,35 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    fit = probe_link(
-        allreduce,
-        dist.get_world_size(),
-        barrier=dist.barrier,
-        slowest=slowest,
-        sizes=sizes,
-        array=lambda n: torch.ones(n, dtype=torch.float32, device=device),
-        transport=f"torch.distributed ({backend})",
-    )
-    return fit, dist.get_rank(), dist.get_world_size(), dist.destroy_process_group if made else lambda: None
+    from .torch.comm import comm_for
+
+    world, name = dist.get_world_size(), f"torch.distributed ({backend})"
+    agree = {"barrier": dist.barrier, "slowest": slowest, "sizes": sizes, "transport": name}
+    fit = probe_link(allreduce, world, array=lambda n: torch.ones(n, dtype=torch.float32, device=device), **agree)
+    tc = comm_for(None)
+
+    def allgather(b: Any) -> None:
+        tc.allgatherv(b, [b.shape[0]] * world).wait()  # the transports' own all-gather
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    if device.type == "cuda":
+        from .torch.convert import as_array
+
+        make = lambda n: as_array(torch.ones(4 * n, dtype=torch.uint8, device=device))  # noqa: E731
+    else:
+        make = lambda n: np.ones(4 * n, np.uint8)  # noqa: E731
+    gather = probe_link(allgather, world, array=make, collective="gather", **agree)
+    return (fit, gather), dist.get_rank(), world, dist.destroy_process_group if made else lambda: None
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
     from .advise import DEFAULT_CANDIDATES, PROBE_SIZES, advise, format_table, parse_bandwidth
 
-    rank, fit, close = 0, None, lambda: None
+    rank, close = 0, lambda: None
+    fit: Any = None
+    gfit: Any = None
+    gather: Any = None
     try:
         if args.probe and args.bandwidth is not None:
             raise UsageError("give --probe (measure the link) or --bandwidth (assume one), not both")
@@ -563,8 +586,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
         if args.probe:
             # at least the two smallest sizes: a line needs two points
             sizes = [n for i, n in enumerate(PROBE_SIZES) if i < 2 or 4 * n <= args.probe_max_bytes]
-            fit, rank, workers, close = _probe(args.probe, sizes)
-            bandwidth, latency = fit.link.bandwidth_bps, fit.link.latency_s
+            (fit, gfit), rank, workers, close = _probe(args.probe, sizes)
+            bandwidth, latency, gather = fit.link.bandwidth_bps, fit.link.latency_s, gfit.link
         rows = advise(
             numel=args.numel,
             model=model,
@@ -577,20 +600,23 @@ def cmd_advise(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             error_feedback=args.error_feedback,
             transport=not args.codec_only,
+            gather_link=gather,
         )
     except (GcodecError, UsageError, json.JSONDecodeError) as e:
         print(f"gcodec advise: error: {_err(e)}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         close()
-    if fit is not None:
+    if fit is not None and gfit is not None:
         lo, hi = fit.samples[0][0], fit.samples[-1][0]
         link_note = (
             f"link: measured by --probe over {fit.transport}, {fit.workers} ranks: dense allreduces of "
             f"{_size(lo)} to {_size(hi)} per rank fit {fit.link.bandwidth_bps / 1e9:.3g} Gbit/s, "
-            f"alpha {fit.link.latency_s * 1e6:.3g} us (worst sample {100 * fit.worst_residual:.0f} % off the line)"
+            f"alpha {fit.link.latency_s * 1e6:.3g} us (worst sample {100 * fit.worst_residual:.0f} % off the line); "
+            f"its all-gather of payload bytes (gather, two-phase) fits {gfit.link.bandwidth_bps / 1e9:.3g} Gbit/s, "
+            f"alpha {gfit.link.latency_s * 1e6:.3g} us (worst {100 * gfit.worst_residual:.0f} %)"
         )
-        link_info: dict[str, Any] = fit.to_dict()
+        link_info: dict[str, Any] = {**fit.to_dict(), "gather": gfit.to_dict()}
     else:
         link_note = (
             f"link: assumed, not measured: {parse_bandwidth(bandwidth) / 1e9:.3g} Gbit/s "

@@ -248,22 +248,26 @@ def test_probe_link_times_every_size_after_a_barrier_and_fits_the_slowest_rank()
     assert fit.link.bandwidth_bps == pytest.approx(truth.bandwidth_bps, rel=1e-6)
 
 
-PROBE_ARGS = ["advise", "--numel", "262144", "--codec", "fp16", "--repeats", "1", "--probe-max-bytes", "1048576"]
+PROBE_ARGS = ["advise", "--numel", "262144", "--codec", "fp16", "--codec", "uniform"]
+PROBE_ARGS += ["--repeats", "1"]  # the probe's default sizes: up to 16 MiB, well above a busy machine's noise
 
 
 def check_probed(text: str, out: Path, transport: str) -> None:
     """What a probed run must say and write: the link measured over ``transport`` by the fit of
-    the three probe sizes up to 1 MiB, and rows priced on exactly that link."""
+    the four probe sizes, and rows priced on exactly that link."""
     assert f"link: measured by --probe over {transport}" in text, text
     assert "codec speeds: measured on this machine now" in text
     rows = json.loads(out.read_text())
     link = rows[0]["link"]
     assert link["source"] == "probe" and link["workers"] == 2
-    assert [s["bytes"] for s in link["samples"]] == [4096, 65536, 1048576]
-    assert all(s["seconds"] > 0 for s in link["samples"])
-    assert link["bandwidth_bps"] > 0 and link["latency_s"] >= 0
-    for r in rows:
-        assert r["bandwidth_bps"] == link["bandwidth_bps"] and r["latency_s"] == link["latency_s"]
+    for lk, coll in ((link, "allreduce"), (link["gather"], "gather")):
+        assert lk["collective"] == coll and [s["bytes"] for s in lk["samples"]] == [4096, 65536, 1 << 20, 1 << 24]
+        assert all(s["seconds"] > 0 for s in lk["samples"])
+        assert lk["bandwidth_bps"] > 0 and lk["latency_s"] >= 0
+    assert "its all-gather of payload bytes (gather, two-phase) fits" in text
+    for r in rows:  # each row priced on the link of its collective (fp16: summable, an allreduce)
+        lk = link["gather"] if r["collective"] in ("gather", "two_phase") else link
+        assert r["bandwidth_bps"] == lk["bandwidth_bps"] and r["latency_s"] == lk["latency_s"]
         assert r["workers"] == 2
 
 
@@ -369,3 +373,32 @@ def test_advise_prices_the_transports_timed_protocol_by_default() -> None:
     assert rows[1]["compute_source"] == "codec"
     with pytest.raises(ConfigError, match="PowerSGD"):
         measure_transport({"id": "powersgd", "rank": 2}, 2)
+
+
+@pytest.mark.parametrize("p", [2, 5])
+def test_fit_link_recovers_an_all_gather_link(p: int) -> None:
+    truth = Link(2e9, 300e-6)
+    samples = [(b, (p - 1) * (truth.latency_s + b / truth.bytes_per_s)) for b in (4096, 65536, 1 << 20)]
+    fit = fit_link(samples, p, collective="gather")
+    assert fit.link.bandwidth_bps == pytest.approx(truth.bandwidth_bps, rel=1e-9)
+    assert fit.link.latency_s == pytest.approx(truth.latency_s, rel=1e-9)
+    with pytest.raises(ConfigError, match="collective"):
+        fit_link(samples, p, collective="broadcast")
+
+
+def test_a_gather_link_prices_gather_and_two_phase_and_moves_the_break_even() -> None:
+    """Same bytes, a gather link 4 times slower: the gather collective's communication takes 4
+    times as long, the allreduce-based ones do not change, and the break-even bandwidth (in the
+    allreduce link's bits/s) rises to where the slower gather's bytes cost as much."""
+    fast, slow = Link(8e9, 0.0), Link(2e9, 0.0)
+    both = Link(8e9, 0.0, slow)
+    n = 1 << 20
+    assert comm_seconds("gather", 2, n, both) == pytest.approx(4 * comm_seconds("gather", 2, n, fast))
+    assert comm_seconds("two_phase", 4, n, both) == pytest.approx(4 * comm_seconds("two_phase", 4, n, fast))
+    for coll in ("allreduce", "summable", "powersgd"):
+        assert comm_seconds(coll, 4, n, both) == comm_seconds(coll, 4, n, fast)
+    dense = 4 * n
+    be = break_even_bps("gather", 2, n / 4, 1e-3, dense, both)
+    # where the saving vanishes: dense's 2 (p-1)/p n / beta equals the gather's (p-1) S / (beta/4) + compute
+    beta = be / 8
+    assert dense / beta == pytest.approx(4 * (n / 4) / beta + 1e-3)
