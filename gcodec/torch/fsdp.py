@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,7 +43,7 @@ from ..transports.gather import allgather_protocol
 from ..transports.handshake import Agreement, fingerprint
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
 from ..transports.router import RouterSetting
-from ..transports.stats import Stats, StepStats
+from ..transports.stats import Stats, StepReports, StepStats
 from .comm import FutureWork, TorchCommunicator, comm_for, queue_for
 from .convert import as_array
 from .hook import TensorChooser
@@ -152,6 +153,10 @@ class FSDPState:
             num_threads=num_threads,
         )
         self._dense = Stats()
+        #: per-step totals over every module's reduce-scatter (:meth:`step_report`)
+        self.reports = StepReports()
+        self._modules: set[str] = set()  # the ReduceScatters of this state: a step ends when all reported
+        self._reported: dict[int, int] = {}  # step -> modules reported
         self._agreed: dict[str, str] = {}
         self._threads: int | None = num_threads
         self._shapes: dict[str, tuple[int, ...]] = {}
@@ -188,6 +193,22 @@ class FSDPState:
         return max(self.iters.values(), default=0)
 
     # ---- statistics --------------------------------------------------------------------------
+    def step_report(self) -> dict[str, Any]:
+        """What the reduce-scatters did per step, every module together, as the DDP hook's
+        :meth:`HookState.step_report`: ``step`` is the modules' reduce-scatter count (warm-up
+        included), a step ends when every module of this state has reported it, dense bytes are
+        the columns sent uncompressed in a compressed step (``dense_wire_bytes`` their
+        reduce-scatter share, (p-1)/p), and ``held_s`` runs from each call to its protocol's end."""
+        return self.reports.as_dict()
+
+    def _report(self, name: str, step: int, groups: list[StepStats], raw: int, t0: float, **dense: Any) -> None:
+        n = self._reported[step] = self._reported.get(step, 0) + 1
+        last = n >= len(self._modules)
+        if last:
+            for s in [s for s in self._reported if s <= step]:
+                del self._reported[s]
+        self.reports.add(step, groups, raw_bytes=raw, held_s=time.perf_counter() - t0, last=last, **dense)
+
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per key (module and codec): bytes and seconds of the last step and totals, as the DDP
         hook's ``HookState.stats()``; dense traffic under ``"<module>:dense"`` with codec None."""
@@ -402,6 +423,8 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         self.state = state
         self.module = module
         self.name = name or "<root>"
+        if _owns_parameters(module):  # FSDP calls it every step: a step ends when all such have
+            state._modules.add(self.name)
         self.fqns = dict(fqns) if fqns is not None else {}
         if module is not None and fqns is None:
             self.fqns = {id(p): n for n, p in module.named_parameters()}
@@ -441,6 +464,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         op: Any = dist.ReduceOp.AVG,
         async_op: bool = False,
     ) -> Any:
+        t0 = time.perf_counter()
         st = self.state
         comm = st.comm(group)
         p = comm.size
@@ -456,6 +480,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
                 work = rs(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
             if not async_op:
                 st._dense.record(s)
+                st._report(self.name, it, [s], input_tensor.nbytes, t0)
             return work
         rung: Codec | None = None
         if st.router.adaptive:
@@ -485,7 +510,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             "size": p,
             "ef": st.error_feedback,
         }
-        proto = self._protocol(comm, x, out, groups, scale, fingerprint(**fields), rung)
+        proto = self._protocol(comm, x, out, groups, scale, fingerprint(**fields), rung, (it, t0, input_tensor.nbytes))
         if async_op:
             return FutureWork(queue_for(group).submit(proto, input_tensor.device))
         queue_for(group).run(proto)  # FSDP2 waits for it anyway
@@ -567,6 +592,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         scale: float,
         fp: Any,
         rung: Codec | None = None,
+        report: tuple[int, float, int] | None = None,
     ) -> Any:
         st = self.state
         states = st.router.states
@@ -586,7 +612,34 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         if st.router.adaptive:  # what the controller reads of this module's step
             parts = [g.stats for g in groups if g.stats is not None and (g.state is not None or rung is None)]
             st.router.record_step(self.name, rung, "reduce_scatter", parts)
+        if report is not None:
+            it, t0, raw = report
+            p = comm.size
+            dense = [g for g in groups if g.state is None and g.stats is not None]
+            dense_bytes = sum(x.shape[0] * g.numel * x.dtype.itemsize for g in dense)  # the p rows of its columns
+            st._report(
+                self.name,
+                it,
+                [g.stats for g in groups if g.state is not None and g.stats is not None],
+                raw,
+                t0,
+                dense_bytes=dense_bytes,
+                dense_wire_bytes=(p - 1) * dense_bytes // p,
+                dense_comm_s=sum(g.stats.values["comm_s"] for g in dense if g.stats is not None),
+            )
         return None
+
+
+def _owns_parameters(module: Any) -> bool:
+    """Whether FSDP2 reduce-scatters gradients for ``module`` itself (a root whose parameters all
+    live in child FSDP modules has none); True when it cannot tell (no module, another torch)."""
+    get = getattr(module, "_get_fsdp_state", None)
+    if module is None or get is None:
+        return True
+    try:
+        return any(pg.fsdp_params for pg in get()._fsdp_param_groups)
+    except AttributeError:
+        return True
 
 
 class QuantizedAllGather(_AGBase):  # type: ignore[misc,valid-type]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,19 +54,47 @@ def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
 
 
-def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[float]:
+def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, state: Any = None) -> list[float]:
+    """SGD steps; with ``state`` (an FSDPState), each step's report is checked against the step."""
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     losses = []
-    for _ in range(steps):
+    for i in range(steps):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
+        t0 = time.perf_counter()
+        loss.backward()  # FSDP2 runs every module's reduce-scatter in here (gloo: synchronously)
+        backward_s = time.perf_counter() - t0
+        if state is not None:
+            report_check(state, i, backward_s)
         opt.step()
         t = loss.detach().clone()
         dist.all_reduce(t)
         losses.append(float(t) / WORLD)
     return losses
 
+
+def report_check(state: Any, i: int, backward_s: float) -> None:
+    """The step report of step i: this step's, every module's whole input, parts that add up to
+    the time held, no more than the backward pass; dense columns (the biases) once compression
+    started, their reduce-scatter share on the wire."""
+    rep = state.step_report()["last"]
+    raw = sum(4 * WORLD * -(-q.shape[0] // WORLD) * (q[0].numel() if q.dim() > 1 else 1) for q in PARAMS)
+    parts = rep["encode_s"] + rep["comm_s"] + rep["decode_s"] + rep["overhead_s"]
+    dense = i >= state.start_iter
+    ok = (
+        rep["step"] == i
+        and rep["raw_bytes"] == raw
+        and abs(parts - rep["held_s"]) < 1e-9
+        and rep["overhead_s"] >= 0
+        and 0 < rep["held_s"] <= backward_s
+        and (rep["dense_bytes"] > 0) == dense
+        and rep["dense_wire_bytes"] == (WORLD - 1) * rep["dense_bytes"] // WORLD
+    )
+    check(f"step report {i}: this step's, adds up, within the backward pass ({backward_s:.4f} s)", ok, json.dumps(rep))
+
+
+#: the model's parameter shapes (as FSDP pads them: each dim 0 split over the ranks), set by build()
+PARAMS: list[torch.Tensor] = []
 
 # name: (codec, warm-up steps); top-k 1 % gets the recommended 10 uncompressed steps first
 RUNS: dict[str, tuple[Any, int]] = {
@@ -265,7 +294,8 @@ def scenario_train(outdir: Path) -> None:
                     for pg in m._get_fsdp_state()._fsdp_param_groups
                 ]
                 check("all-gather off by default", bool(comms) and all(type(c) is DefaultAllGather for c in comms))
-        losses = train(model, x, y, STEPS)
+        PARAMS[:] = [torch.empty(tuple(q.shape)) for q in full_params(model).values()] if name == "uniform4" else []
+        losses = train(model, x, y, STEPS, state if name == "uniform4" else None)
         params = full_params(model)
         runs[name] = {"losses": losses, "params": torch.cat([v.reshape(-1) for v in params.values()]).tolist()}
         if state is not None:
