@@ -31,8 +31,11 @@ arithmetic), only its wall time does. So:
    + the remaining steps to the target x the contender's step time. A contender that never reaches the target in
    the schedule shows "not reached".
 
-**gcodec advise.** The comparison with ``gcodec advise``'s predicted break-even bandwidths is a hook
-left for the telemetry work: :func:`advise_break_even` returns None until ``gcodec.advise`` exists.
+**gcodec advise.** At every rate the ranks first run ``gcodec advise --probe torch`` in that
+rate's namespace (:func:`probe_rate`): the one shaped loopback carries both ranks' traffic, so each
+sees about half the nominal rate, and advise is priced on what they measure, not on the qdisc's
+figure. Its choice per rate (:func:`advise_choices`) and its break-even bandwidths
+(:func:`advise_break_even`) are set beside the measured times.
 """
 
 from __future__ import annotations
@@ -181,15 +184,67 @@ def advise_break_even(
     return float(be)
 
 
+def probe_rate(rate: str, workers: int) -> dict[str, Any] | None:
+    """The link as the ranks see it at ``rate``: ``gcodec advise --probe torch`` run by ``workers``
+    gloo ranks inside a namespace shaped to ``rate``, as the training ranks run. The one shaped
+    loopback carries every rank's traffic, so a rank sees less than the nominal rate; advise must
+    be told what the ranks see, not the qdisc's figure. Returns the probe's ``link`` (allreduce
+    and all-gather bandwidth and latency), or None when the probe fails."""
+    import tempfile
+
+    from gcodec.demo.launch import free_port
+
+    with tempfile.TemporaryDirectory(prefix="gcodec-probe-") as tmp, namespace(rate) as prefix:
+        out, port = Path(tmp) / "advise.json", free_port()
+        cmd = [*prefix, sys.executable, "-m", "gcodec", "advise", "--probe", "torch", "--numel", "4096"]
+        cmd += ["--codec", "fp16", "--codec-only", "--repeats", "1", "--probe-max-bytes", str(4 << 20)]
+        cmd += ["--json", str(out)]
+        procs = []
+        for r in range(workers):
+            env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(r)}
+            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
+            env["PYTHONPATH"] = str(ROOT)
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        texts = [p.communicate(timeout=600)[0] for p in procs]
+        if any(p.returncode for p in procs) or not out.exists():
+            print(f"probe at {rate} failed:\n{texts[0][-2000:]}", file=sys.stderr)
+            return None
+        link: dict[str, Any] = json.loads(out.read_text())[0]["link"]
+        print(
+            f"probe at {rate}: allreduce {link['bandwidth_bps'] / 1e9:.3g} Gbit/s, alpha "
+            f"{link['latency_s'] * 1e6:.0f} us; all-gather {link['gather']['bandwidth_bps'] / 1e9:.3g} Gbit/s",
+            file=sys.stderr,
+        )
+        return link
+
+
+def _link_of(adv: Any, probed: dict[str, Any] | None, nominal_bps: float) -> dict[str, Any]:
+    """advise()'s link arguments: the probed link, or the nominal rate (and advise's default alpha)."""
+    if probed is None:
+        return {"bandwidth": nominal_bps}
+    g = probed["gather"]
+    return {
+        "bandwidth": probed["bandwidth_bps"],
+        "latency_s": probed["latency_s"],
+        "gather_link": adv.Link(g["bandwidth_bps"], g["latency_s"]),
+    }
+
+
 def advise_choices(
-    contenders: list[dict[str, Any]], hidden: list[int], workers: int, rates: list[str], unlimited_bps: float
+    contenders: list[dict[str, Any]],
+    hidden: list[int],
+    workers: int,
+    rates: list[str],
+    unlimited_bps: float,
+    links: dict[str, dict[str, Any] | None] | None = None,
 ) -> dict[str, str | None]:
     """Per rate, the gcodec contender ``gcodec advise`` picks at that bandwidth (the largest predicted
     saving per step over an uncompressed allreduce), or None when it predicts that none pays.
 
     This is what a user who follows ``gcodec advise`` runs; the benchmark then reads that
-    contender's measured time (the all-dense hook's for None). The unlimited loopback is priced at
-    ``unlimited_bps``.
+    contender's measured time (the all-dense hook's for None). Each rate is priced on the link
+    the ranks measured there (``links``, :func:`probe_rate`), else on its nominal figure (the
+    unlimited loopback at ``unlimited_bps``).
     """
     adv = _advise_module()
     cands = [c for c in contenders if c["hook"] == "gcodec" and c["codec"] is not None and not c.get("policy")]
@@ -207,7 +262,7 @@ def advise_choices(
         for c in cands:
             row = adv.advise(
                 model=_shapes(hidden),
-                bandwidth=bps,
+                **_link_of(adv, (links or {}).get(rate), bps),
                 workers=workers,
                 candidates=[c["codec"]],
                 error_feedback=c["error_feedback"],
@@ -283,6 +338,8 @@ def run(
         s = Settings(hidden=hidden, epochs=1, evals_per_epoch=0, start_iter=2, max_steps=2 + 2 + args.timed_steps)
         with namespace(rate) as prefix:
             timed[rate] = {r["label"]: r for r in run_job(contenders, s, args.workers, prefix=prefix, env=env)["runs"]}
+    # What the ranks see at each rate, for advise: measured as a user would, with --probe
+    links = {rate: probe_rate(rate, args.workers) for rate in args.rates}
     rows = []
     for c in contenders:
         a = info.get(c["label"])
@@ -323,8 +380,9 @@ def run(
         "elapsed_s": time.perf_counter() - t0,
         "rows": rows,
         "advise_choice": advise_choices(
-            contenders, hidden, args.workers, args.rates, getattr(args, "unlimited_bps", UNLIMITED_BPS)
+            contenders, hidden, args.workers, args.rates, getattr(args, "unlimited_bps", UNLIMITED_BPS), links
         ),
+        "links": links,
         "unlimited_bps": getattr(args, "unlimited_bps", UNLIMITED_BPS),
     }
 
@@ -350,11 +408,24 @@ def choice_lines(res: dict[str, Any]) -> list[str]:
     by_label = {r["label"]: r for r in res["rows"]}
     base = res["rows"][0]
     gbit = res.get("unlimited_bps", UNLIMITED_BPS) / 1e9
+    links = res.get("links") or {}
+    how = (
+        "each rate priced on the link the ranks measured there with `gcodec advise --probe torch`"
+        if any(links.values())
+        else f"the unlimited loopback priced at {gbit:.0f} Gbit/s"
+    )
     out = [
         "",
-        "gcodec's choice (the contender `gcodec advise` picks at each rate, the unlimited loopback priced "
-        f"at {gbit:.0f} Gbit/s; none: the hook with every tensor dense):",
+        f"gcodec's choice (the contender `gcodec advise` picks at each rate, {how}; "
+        "none: the hook with every tensor dense):",
     ]
+    for q in res["rates"]:
+        lk = links.get(q)
+        if lk:
+            out.append(
+                f"- probed at {q}: allreduce {lk['bandwidth_bps'] / 1e9:.3g} Gbit/s (alpha "
+                f"{lk['latency_s'] * 1e6:.0f} us), all-gather {lk['gather']['bandwidth_bps'] / 1e9:.3g} Gbit/s"
+            )
     for q in res["rates"]:
         if q not in choice:
             continue
