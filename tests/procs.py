@@ -119,23 +119,19 @@ def run_checked(body: Callable[[], None], checks: list[dict], outdir: Path, rank
 
 def finish_gloo(destroy: bool = True) -> None:
     """In a rank program, after :func:`run_checked` wrote its checks: free what the steps left in
-    reference cycles (DDP modules whose hook failed, errors that hold frames) while the process
-    group still stands, tear the group down (``destroy=False``: a group with a dead peer cannot be
-    torn down cleanly), and leave without interpreter finalization.
+    reference cycles (DDP modules whose hook failed) while the process group still stands, then
+    tear the group down and return, so that the program ends as a user's does (interpreter exit,
+    gcodec's queue threads joined at exit: an abort there fails the test, as it should).
 
-    Why skip finalization: at exit CPython destroys what is left in an arbitrary order while gloo's
-    C++ threads may still run, and torch then aborts now and then with ``terminate called without
-    an active exception`` (pytorch/pytorch#179291 describes one such order). The rank's verdict is
-    its checks and its exit code up to here; an abort in teardown says nothing about gcodec, and
-    ``faulthandler`` (set by :func:`start_gloo`) prints where every thread was if one happens
-    earlier."""
+    ``destroy=False`` (a scenario whose peer was killed): the group cannot be torn down cleanly and
+    the queue may be stuck on the dead peer's collective, so the rank leaves at once."""
     import gc
 
     import torch.distributed as dist
 
     gc.collect()
-    if destroy:
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    if not destroy:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    dist.destroy_process_group()

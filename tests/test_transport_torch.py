@@ -149,3 +149,41 @@ def test_a_failed_protocol_leaves_no_tensors_or_works_pinned_by_its_error() -> N
     assert len(refs) == 2 and all(r() is None for r in refs)
     # the error still says where it came from
     assert any(f.name == "proto" for f in __import__("traceback").extract_tb(info.value.__traceback__))
+
+
+EXIT_RACE = """
+import time, torch
+from gcodec.torch.comm import FutureQueue
+from gcodec.transports import DoneWork
+
+class SlowWork(DoneWork):
+    def wait(self):
+        time.sleep(0.2)  # so that the callback below is registered before the future completes
+        return super().wait()
+
+def proto():
+    yield SlowWork(None)
+    return torch.zeros(4)
+
+fut = FutureQueue().submit(proto())
+fut.then(lambda f: time.sleep(0.5))  # as DDP's reducer does: runs on the queue's thread, in set_result
+fut.wait()
+print("main exits", flush=True)
+"""
+
+
+def test_the_program_may_end_while_the_queue_still_completes_a_future(tmp_path: Path) -> None:
+    """The training thread wakes when the future completes and may end the program while the
+    queue's thread is still running the future's callbacks in torch's C++. Without the join at
+    exit, finalization ends that thread with pthread_exit and the process aborts ("terminate called
+    without an active exception", SIGABRT), every time with this program."""
+    import subprocess
+    import sys
+
+    (tmp_path / "race.py").write_text(EXIT_RACE)
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "race.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and "main exits" in proc.stdout, proc.stderr[-2000:]
+    assert "terminate called" not in proc.stderr

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import queue
 import threading
 import traceback
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -200,12 +202,18 @@ class FutureQueue:
     Python releases the GIL and takes it back; if the training thread, woken by that completion,
     reaches ``destroy_process_group`` first, it holds the GIL while joining gloo's threads and the
     process hangs at exit (seen on 2 of 6 benchmark runs). gloo's threads now never run Python.
+
+    The queue's own thread completes the futures, so it runs their callbacks (DDP's reducer
+    copies the bucket back there). At interpreter exit every queue's thread is joined first
+    (:func:`_close_all`), so that finalization never finds it inside torch: ended there, it
+    aborted the process.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[Protocol, torch.futures.Future, Any]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        _live.add(self)
 
     def submit(self, proto: Protocol, device: Any = None) -> torch.futures.Future:
         """Queue ``proto``; for tensors on a CUDA ``device`` its work goes on the stream that is
@@ -239,9 +247,22 @@ class FutureQueue:
         ``destroy_process_group`` after an error."""
         self.submit(_empty()).wait()
 
+    def close(self, timeout: float | None = None) -> None:
+        """Let the queue's thread finish what was submitted before, then end it (``timeout``
+        seconds at most). Called for every queue at interpreter exit: see :func:`_close_all`."""
+        with self._lock:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                return
+            self._jobs.put(_STOP)
+            self._thread = None  # a later submit starts a new thread
+        thread.join(timeout)
+
     def _serve(self) -> None:
         while True:
             job = self._jobs.get()
+            if job is _STOP:
+                return
             stream = job[2]
             # On the caller's stream: gcodec's kernels launch on torch's current stream, and the
             # future records its completion event there.
@@ -273,6 +294,26 @@ class FutureQueue:
         except BaseException as e:
             proto.close()
             return None, e
+
+
+_STOP = object()  # what close() puts on a queue: its thread returns
+_live: weakref.WeakSet[FutureQueue] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At interpreter exit, end every queue's thread before the interpreter finalizes.
+
+    Completing a future runs its callbacks on the completing thread: DDP's reducer copies the
+    bucket back inside ``set_result``, in torch's C++. The training thread, woken by that
+    completion, may reach the end of the program while the queue's thread is still in there; a
+    daemon thread that then asks for the GIL is ended by ``pthread_exit``, whose unwinding through
+    torch's ``noexcept`` frames calls ``std::terminate`` ("terminate called without an active
+    exception", SIGABRT at exit). So the thread is joined here, after what it was running, while
+    the interpreter still stands. 60 s at most: a queue stuck on a dead peer's collective does
+    not hold the exit longer than the process group's own timeout would."""
+    for q in list(_live):
+        q.close(timeout=60.0)
 
 
 def _drop_locals(error: BaseException) -> None:
