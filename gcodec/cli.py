@@ -527,6 +527,23 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
         if gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if gpu else "gloo")
+    try:
+        fits = _probe_torch(sizes)
+    except BaseException:
+        if made:  # the group made here goes with the error
+            dist.destroy_process_group()
+        raise
+    return fits, dist.get_rank(), dist.get_world_size(), dist.destroy_process_group if made else lambda: None
+
+
+def _probe_torch(sizes: Sequence[int]) -> tuple[Any, Any]:
+    """The allreduce and all-gather fits on torch.distributed's default group."""
+    import torch
+    import torch.distributed as dist
+
+    from .advise import probe_link
+    from .torch.comm import comm_for
+
     backend = str(dist.get_backend())
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
@@ -540,10 +557,8 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    from .torch.comm import comm_for
-
     world, name = dist.get_world_size(), f"torch.distributed ({backend})"
-    agree = {"barrier": dist.barrier, "slowest": slowest, "sizes": sizes, "transport": name}
+    agree: dict[str, Any] = {"barrier": dist.barrier, "slowest": slowest, "sizes": sizes, "transport": name}
     fit = probe_link(allreduce, world, array=lambda n: torch.ones(n, dtype=torch.float32, device=device), **agree)
     tc = comm_for(None)
 
@@ -558,8 +573,7 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
         make = lambda n: as_array(torch.ones(4 * n, dtype=torch.uint8, device=device))  # noqa: E731
     else:
         make = lambda n: np.ones(4 * n, np.uint8)  # noqa: E731
-    gather = probe_link(allgather, world, array=make, collective="gather", **agree)
-    return (fit, gather), dist.get_rank(), world, dist.destroy_process_group if made else lambda: None
+    return fit, probe_link(allgather, world, array=make, collective="gather", **agree)
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
@@ -582,7 +596,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
         cands: list[Any] = list(DEFAULT_CANDIDATES)
         if args.codec:
             cands = [None] + [json.loads(c) if c.lstrip().startswith("{") else c for c in args.codec]
-        bandwidth, latency, workers = args.bandwidth or "1Gbit", args.latency, args.workers
+        bandwidth, workers = args.bandwidth or "1Gbit", args.workers
+        latency = LATENCY_DEFAULT if args.latency is None else args.latency
         if args.probe:
             # at least the two smallest sizes: a line needs two points
             sizes = [n for i, n in enumerate(PROBE_SIZES) if i < 2 or 4 * n <= args.probe_max_bytes]
@@ -621,7 +636,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
         link_note = (
             f"link: assumed, not measured: {parse_bandwidth(bandwidth) / 1e9:.3g} Gbit/s "
             f"({'--bandwidth' if args.bandwidth else 'the default; give --bandwidth or --probe'}), "
-            f"alpha {latency * 1e6:.3g} us ({'--latency' if args.latency != LATENCY_DEFAULT else 'the default'}), "
+            f"alpha {latency * 1e6:.3g} us ({'the default' if args.latency is None else '--latency'}), "
             f"{workers} workers"
         )
         link_info = {"source": "assumed", "bandwidth_bps": parse_bandwidth(bandwidth), "latency_s": latency}
@@ -821,7 +836,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe-max-bytes", type=int, default=4 << 22, help="largest probe allreduce per rank (default 16 MiB)"
     )
     p.add_argument("--workers", type=int, default=2, help="ranks in the allreduce (--probe: the launcher's)")
-    p.add_argument("--latency", type=float, default=LATENCY_DEFAULT, help="seconds per message (alpha)")
+    p.add_argument(
+        "--latency", type=float, default=None, help=f"assumed seconds per message, alpha (default {LATENCY_DEFAULT:g})"
+    )
     p.add_argument("--codec", action="append", help="a codec id or JSON config to compare (repeatable)")
     p.add_argument("--mode", default="auto", help="transport mode (auto, summable, gather, two_phase, powersgd)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads per rank for the measurement")
