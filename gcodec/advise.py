@@ -286,6 +286,15 @@ def _sample(codec: Codec, n: int, seed: int = 0) -> np.ndarray:
     return rng.standard_normal(n, dtype=np.float32)
 
 
+def _line(n0: int, t0: float, n1: int, t1: float) -> tuple[float, float]:
+    """(intercept, slope) of the line through two timings; a noisy pair (a busy machine: a falling
+    line, or one below zero at n = 0) gives the line through zero and the larger size."""
+    slope = (t1 - t0) / (n1 - n0)
+    if slope <= 0 or t0 - slope * n0 < 0:
+        return 0.0, t1 / n1
+    return t0 - slope * n0, slope
+
+
 def measure_speed(
     codec: Codec | str | Mapping[str, Any] | None,
     *,
@@ -304,14 +313,7 @@ def measure_speed(
             x = _sample(c, n)
             pts.append((x.size, *_time_codec(c, x, repeats)))
     (n0, e0, d0, b0), (n1, e1, d1, b1) = pts
-
-    def line(t0: float, t1: float) -> tuple[float, float]:
-        slope = (t1 - t0) / (n1 - n0)
-        if slope <= 0 or t0 - slope * n0 < 0:  # noise (a busy machine): proportional to size, through 0
-            return 0.0, t1 / n1
-        return t0 - slope * n0, slope
-
-    (et, es), (dt, ds) = line(e0, e1), line(d0, d1)
+    (et, es), (dt, ds) = _line(n0, e0, n1, e1), _line(n0, d0, n1, d1)
     db = (b1 - b0) / (n1 - n0)
     return CodecSpeed(et, es, dt, ds, b0 - db * n0, db)
 
@@ -395,10 +397,7 @@ def measure_transport(
         once()
         pts.append((x.size, _best(once, repeats)))
     (n0, t0), (n1, t1) = pts
-    slope = (t1 - t0) / (n1 - n0)
-    if slope <= 0 or t0 - slope * n0 < 0:  # noise: proportional to size
-        return TransportSpeed(0.0, t1 / n1)
-    return TransportSpeed(t0 - slope * n0, slope)
+    return TransportSpeed(*_line(n0, t0, n1, t1))
 
 
 def collective_of(codec: Codec | Mapping[str, Any] | None, workers: int, mode: str = "auto") -> str:
