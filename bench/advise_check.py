@@ -40,7 +40,7 @@ from gcodec.advise import (  # noqa: E402
     measure_speed,
     measure_transport,
     predict,
-    probe_link,
+    probe_links,
 )
 
 CODECS = [
@@ -110,24 +110,15 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
     p = comm.size
 
     # the link as gcodec advise --probe measures it, with the checked size as the largest
-    fit = probe_link(
-        lambda a: comm.Allreduce(MPI.IN_PLACE, a),
-        p,
-        barrier=comm.Barrier,
-        slowest=lambda t: comm.allreduce(t, op=MPI.MAX),
-        sizes=(1 << 10, 1 << 16, 1 << 20, numel),
-        repeats=rounds,
-    )
     mc = gcodec.mpi.MPICommunicator(comm)
-    gfit = probe_link(
+    fit, gfit = probe_links(
+        lambda a: comm.Allreduce(MPI.IN_PLACE, a),
         lambda b: mc.allgatherv(b, [b.shape[0]] * p).wait(),
         p,
         barrier=comm.Barrier,
         slowest=lambda t: comm.allreduce(t, op=MPI.MAX),
         sizes=(1 << 10, 1 << 16, 1 << 20, numel),
         repeats=rounds,
-        array=lambda n: np.ones(4 * n, np.uint8),
-        collective="gather",
     )
     link, alpha, t_big = fit.link, fit.link.latency_s, fit.samples[-1][1]
     glink = Link(link.bandwidth_bps, link.latency_s, gfit.link)  # the transport-timed rows use both
@@ -198,35 +189,24 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
     )
     p = 2
 
-    def med_max(ts: list[float]) -> float:
-        t = torch.tensor([statistics.median(ts[1:])], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t[0])
-
     def slowest(t: float) -> float:
         v = torch.tensor([t], dtype=torch.float64)
         dist.all_reduce(v, op=dist.ReduceOp.MAX)
         return float(v[0])
 
-    fit = probe_link(
-        dist.all_reduce,
-        p,
-        barrier=dist.barrier,
-        slowest=slowest,
-        sizes=(1 << 10, 1 << 16, 1 << 20, numel),
-        repeats=rounds,
-        array=lambda n: torch.ones(n),
-    )
+    def med_max(ts: list[float]) -> float:
+        return slowest(statistics.median(ts[1:]))
+
     tc = comm_for(None)
-    gfit = probe_link(
+    fit, gfit = probe_links(
+        dist.all_reduce,
         lambda b: tc.allgatherv(b, [b.shape[0]] * p).wait(),
         p,
+        array=lambda n: torch.ones(n),
         barrier=dist.barrier,
         slowest=slowest,
         sizes=(1 << 10, 1 << 16, 1 << 20, numel),
         repeats=rounds,
-        array=lambda n: np.ones(4 * n, np.uint8),
-        collective="gather",
     )
     link, alpha, t_big = fit.link, fit.link.latency_s, fit.samples[-1][1]
     glink = Link(link.bandwidth_bps, link.latency_s, gfit.link)

@@ -64,6 +64,7 @@ __all__ = [
     "parse_bandwidth",
     "predict",
     "probe_link",
+    "probe_links",
 ]
 
 #: What ``gcodec advise`` compares by default (None is the uncompressed fp32 ring allreduce).
@@ -316,6 +317,26 @@ def measure_speed(
     (et, es), (dt, ds) = _line(n0, e0, n1, e1), _line(n0, d0, n1, d1)
     db = (b1 - b0) / (n1 - n0)
     return CodecSpeed(et, es, dt, ds, b0 - db * n0, db)
+
+
+def probe_links(
+    allreduce: Any,
+    allgather: Any,
+    workers: int,
+    *,
+    array: Any = None,
+    byte_array: Any = None,
+    **common: Any,
+) -> tuple[LinkFit, LinkFit]:
+    """The two links a job's collectives run on, with the same barrier, agreement, sizes and
+    repeats (``common``, as :func:`probe_link` takes them): the dense allreduce's (``array(n)``
+    makes its float32 buffers) and the all-gather's of payload bytes (``allgather(b)`` on a uint8
+    buffer of 4n bytes, ``byte_array(nbytes)`` to make it elsewhere than in host memory), which
+    prices the gather and two-phase collectives (:attr:`Link.gather`)."""
+    fit = probe_link(allreduce, workers, array=array, **common)
+    make = byte_array or (lambda nbytes: np.ones(nbytes, np.uint8))
+    gather = probe_link(allgather, workers, array=lambda n: make(4 * n), collective="gather", **common)
+    return fit, gather
 
 
 class MirrorComm(Communicator):

@@ -482,7 +482,7 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
     done: it tears down a process group made here). ``torch`` reads
     torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and uses NCCL when this
     process has a GPU, else gloo; ``mpi`` uses MPI.COMM_WORLD (mpiexec)."""
-    from .advise import probe_link
+    from .advise import probe_links
 
     if kind == "mpi":
         try:
@@ -494,23 +494,17 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
             raise UsageError("--probe mpi runs under mpiexec with 2 or more ranks (mpiexec -n 2 gcodec advise ...)")
         from .mpi import MPICommunicator
 
-        name = f"MPI ({' '.join(MPI.Get_library_version().split()[:3])})"
-        agree: dict[str, Any] = {
-            "barrier": comm.Barrier,
-            "slowest": lambda t: comm.allreduce(t, op=MPI.MAX),
-            "sizes": sizes,
-        }
-        fit = probe_link(lambda a: comm.Allreduce(MPI.IN_PLACE, a), comm.size, transport=name, **agree)
         mc = MPICommunicator(comm)
-        gather = probe_link(
+        fits = probe_links(
+            lambda a: comm.Allreduce(MPI.IN_PLACE, a),
             lambda b: mc.allgatherv(b, [b.shape[0]] * comm.size).wait(),  # the transports' own all-gather
             comm.size,
-            array=lambda n: np.ones(4 * n, np.uint8),
-            collective="gather",
-            transport=name,
-            **agree,
+            barrier=comm.Barrier,
+            slowest=lambda t: comm.allreduce(t, op=MPI.MAX),
+            sizes=sizes,
+            transport=f"MPI ({' '.join(MPI.Get_library_version().split()[:3])})",
         )
-        return (fit, gather), comm.rank, comm.size, lambda: None
+        return fits, comm.rank, comm.size, lambda: None
     try:
         import torch
         import torch.distributed as dist
@@ -541,7 +535,7 @@ def _probe_torch(sizes: Sequence[int]) -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
 
-    from .advise import probe_link
+    from .advise import probe_links
     from .torch.comm import comm_for
 
     backend = str(dist.get_backend())
@@ -557,9 +551,7 @@ def _probe_torch(sizes: Sequence[int]) -> tuple[Any, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    world, name = dist.get_world_size(), f"torch.distributed ({backend})"
-    agree: dict[str, Any] = {"barrier": dist.barrier, "slowest": slowest, "sizes": sizes, "transport": name}
-    fit = probe_link(allreduce, world, array=lambda n: torch.ones(n, dtype=torch.float32, device=device), **agree)
+    world = dist.get_world_size()
     tc = comm_for(None)
 
     def allgather(b: Any) -> None:
@@ -570,10 +562,20 @@ def _probe_torch(sizes: Sequence[int]) -> tuple[Any, Any]:
     if device.type == "cuda":
         from .torch.convert import as_array
 
-        make = lambda n: as_array(torch.ones(4 * n, dtype=torch.uint8, device=device))  # noqa: E731
-    else:
-        make = lambda n: np.ones(4 * n, np.uint8)  # noqa: E731
-    return fit, probe_link(allgather, world, array=make, collective="gather", **agree)
+        def on_device(nbytes: int) -> Any:
+            return as_array(torch.ones(nbytes, dtype=torch.uint8, device=device))
+
+    return probe_links(
+        allreduce,
+        allgather,
+        world,
+        array=lambda n: torch.ones(n, dtype=torch.float32, device=device),
+        byte_array=on_device if device.type == "cuda" else None,
+        barrier=dist.barrier,
+        slowest=slowest,
+        sizes=sizes,
+        transport=f"torch.distributed ({backend})",
+    )
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
