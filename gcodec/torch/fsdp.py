@@ -156,7 +156,6 @@ class FSDPState:
         #: per-step totals over every module's reduce-scatter (:meth:`step_report`)
         self.reports = StepReports()
         self._modules: set[str] = set()  # the ReduceScatters of this state: a step ends when all reported
-        self._reported: dict[int, int] = {}  # step -> modules reported
         self._agreed: dict[str, str] = {}
         self._threads: int | None = num_threads
         self._shapes: dict[str, tuple[int, ...]] = {}
@@ -201,13 +200,9 @@ class FSDPState:
         reduce-scatter share, (p-1)/p), and ``held_s`` runs from each call to its protocol's end."""
         return self.reports.as_dict()
 
-    def _report(self, name: str, step: int, groups: list[StepStats], raw: int, t0: float, **dense: Any) -> None:
-        n = self._reported[step] = self._reported.get(step, 0) + 1
-        last = n >= len(self._modules)
-        if last:
-            for s in [s for s in self._reported if s <= step]:
-                del self._reported[s]
-        self.reports.add(step, groups, raw_bytes=raw, held_s=time.perf_counter() - t0, last=last, **dense)
+    def _report(self, step: int, groups: list[StepStats], raw: int, t0: float, **dense: Any) -> None:
+        held = time.perf_counter() - t0
+        self.reports.add(step, groups, raw_bytes=raw, held_s=held, parts=len(self._modules), **dense)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per key (module and codec): bytes and seconds of the last step and totals, as the DDP
@@ -480,7 +475,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
                 work = rs(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
             if not async_op:
                 st._dense.record(s)
-                st._report(self.name, it, [s], input_tensor.nbytes, t0)
+                st._report(it, [s], input_tensor.nbytes, t0)
             return work
         rung: Codec | None = None
         if st.router.adaptive:
@@ -618,7 +613,6 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             dense = [g for g in groups if g.state is None and g.stats is not None]
             dense_bytes = sum(x.shape[0] * g.numel * x.dtype.itemsize for g in dense)  # the p rows of its columns
             st._report(
-                self.name,
                 it,
                 [g.stats for g in groups if g.state is not None and g.stats is not None],
                 raw,

@@ -106,6 +106,7 @@ class StepReports:
 
     def __init__(self) -> None:
         self._open: dict[int, dict[str, float]] = {}
+        self._parts: dict[int, int] = {}  # step -> adds so far
         self._last: dict[str, Any] | None = None
         self._total: dict[str, float] = dict.fromkeys(REPORT_FIELDS, 0)
         self._steps = 0
@@ -121,9 +122,13 @@ class StepReports:
         dense_wire_bytes: int = 0,
         dense_comm_s: float = 0.0,
         last: bool = False,
+        parts: int | None = None,
     ) -> None:
-        """One bucket (or exchange) of ``step``; ``last`` closes the step."""
+        """One bucket (or exchange) of ``step``; ``last`` closes the step, or ``parts``: the step
+        closes with its ``parts``-th add (FSDP2: one per module)."""
         r = self._open.setdefault(step, dict.fromkeys(REPORT_FIELDS, 0))
+        self._parts[step] = self._parts.get(step, 0) + 1
+        last = last or (parts is not None and self._parts[step] >= parts)
         r["raw_bytes"] += raw_bytes
         for g in groups:
             for f in ("payload_bytes", "wire_bytes", "encode_s", "comm_s", "decode_s"):
@@ -141,6 +146,8 @@ class StepReports:
             self._last = {"step": step, **done}
             for s in [s for s in self._open if s < step]:  # a step whose last bucket failed
                 del self._open[s]
+            for s in [s for s in self._parts if s <= step]:
+                del self._parts[s]
 
     def as_dict(self) -> dict[str, Any]:
         """``{"last": {"step", <fields>} or None, "steps": count, "total": {<fields>}}``."""
