@@ -73,6 +73,12 @@ def test_mismatch_corruption_and_nan_raise_on_every_rank(tmp_path: Path, n: int)
     assert_all_pass(checks, minimum=7 * n)
 
 
+def test_the_step_reports_of_a_state_and_a_policy_state_add_up_per_round(tmp_path: Path) -> None:
+    proc = run_ranks(2, "report", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_all_pass(checks_of(tmp_path, 2, proc), minimum=2 * 4)
+
+
 def test_error_feedback_state_checkpoint_resumes_bit_identically(tmp_path: Path) -> None:
     proc = run_ranks(2, "checkpoint", tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -85,9 +85,10 @@ def test_bucket_rebuild_gives_new_groups_not_errors(trained: dict) -> None:
     assert len(trained["topk-through-rebuild"]["keys"]) > len(trained['{"id": "topk", "ratio": 0.05}']["keys"])
 
 
-def test_the_hooks_step_report_adds_up_against_the_measured_step(tmp_path: Path) -> None:
+def test_the_step_reports_of_the_hook_and_all_reduce_add_up_against_the_measured_steps(tmp_path: Path) -> None:
+    # the hook: 4 checks a step for 5 steps and the count; all_reduce: 2 states x 2 ways to close a round
     assert run_ranks("report", tmp_path) == [0, 0]
-    assert len(checks_of(tmp_path, [0, 1])) == 2 * (5 * 4 + 1)
+    assert len(checks_of(tmp_path, [0, 1])) == 2 * (5 * 4 + 1 + 4)
 
 
 def test_all_reduce_modes_and_dtypes(tmp_path: Path) -> None:

@@ -1,11 +1,14 @@
 """One compressed allreduce of one tensor: pick the protocol, agree on it, run it, record statistics.
 
 This is what ``gcodec.mpi.allreduce`` and ``gcodec.torch.all_reduce`` run, on their own
-communicator. ``out`` may be ``x`` itself (in place).
+communicator. ``out`` may be ``x`` itself (in place). Each call is one part of its state's step
+report (:class:`~gcodec.transports.stats.KeyRounds`), or of the router's that ran it.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,8 +59,18 @@ def exchange_for(comm: Communicator, state: TransportState, key: str, what: str,
 
 
 def allreduce_protocol(
-    comm: Communicator, state: TransportState, x: np.ndarray, out: np.ndarray, key: str, op: str, mode: str
+    comm: Communicator,
+    state: TransportState,
+    x: np.ndarray,
+    out: np.ndarray,
+    key: str,
+    op: str,
+    mode: str,
+    report: Callable[[StepStats], None] | None = None,
 ) -> Protocol:
+    """The protocol of one allreduce of ``key``; its figures go to ``state``'s statistics and to
+    ``report`` (a router's step report), or by default to ``state``'s step report."""
+    t0 = time.perf_counter()  # the engine holds the tensor from its protocol's start
     what = f"compressed allreduce of {key!r}"
     try:
         if op not in OPS:
@@ -79,4 +92,8 @@ def allreduce_protocol(
     else:
         yield from timed(st, _PROTOCOLS[resolved](ex, state, x, out, key, op, step, st))
     state.record(st)
+    if report is None:
+        state.reports.add_call(key, [st], raw_bytes=x.nbytes, held_s=time.perf_counter() - t0)
+    else:
+        report(st)
     return out

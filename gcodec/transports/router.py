@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,13 +50,10 @@ from .control import Exchange
 from .handshake import fingerprint
 from .protocol_helpers import timed, work_dtype
 from .state import MODES, TransportState, resolve_mode
-from .stats import StepStats
+from .stats import DENSE, KeyRounds, StepStats
 from .two_phase import owner_bounds
 
 __all__ = ["DENSE", "FORMS", "Piece", "PolicyState", "Router", "RouterSetting", "codec_key"]
-
-#: The name of the uncompressed path in statistics and switch records.
-DENSE = "dense"
 
 #: How a group's residual is stored in its codec's state (module docstring).
 FORMS = ("flat", "split", "rows", "lowrank")
@@ -145,6 +143,8 @@ class Router:
         self.agreed: dict[str, str] = {}  # agreements of exchanges that are no codec's own
         self._stores: dict[tuple[str | None, str], _Store] = {}
         self._owner: dict[str, tuple[str | None, str]] = {}  # parameter -> the store holding its residual
+        #: per-round totals of the keys this router exchanged one call at a time (:meth:`step_report`)
+        self.reports = KeyRounds()
 
     # ---- the policy --------------------------------------------------------------------------
     @property
@@ -271,6 +271,18 @@ class Router:
         """Per key: the last step's record (bytes, seconds, mode, ``codec``: config or "dense", and
         ``quality`` when telemetry sampled it)."""
         return {k: dict(v) for k, v in self._last.items()}
+
+    def step_report(self) -> dict[str, Any]:
+        """What this router's calls (``gcodec.mpi.allreduce`` or ``gcodec.torch.all_reduce`` with
+        it as ``state=``) did per step, every key and codec together, dense keys included: the
+        last finished round, the number of rounds and the totals, in the shape every engine's
+        report has (:class:`gcodec.transports.stats.KeyRounds`: a round ends when a key comes
+        back, or at :meth:`end_step`). An engine with buckets or modules keeps its own report."""
+        return self.reports.as_dict()
+
+    def end_step(self) -> None:
+        """Close the round in progress (:meth:`step_report`), as the next call of a key would."""
+        self.reports.end_step()
 
     def residual_norm(self, key: str) -> float:
         """The norm of ``key``'s pending residual (0 when none)."""
@@ -511,11 +523,17 @@ class Router:
     # ---- one key's allreduce (gcodec.mpi, gcodec.torch.all_reduce) ------------------------------
     def protocol(self, comm: Communicator, x: np.ndarray, out: np.ndarray, key: str, op: str) -> Protocol:
         """Choose ``key``'s codec for this step, move its residual on a change, exchange."""
+        t0, raw = time.perf_counter(), int(x.nbytes)
+
+        def report(st: StepStats) -> None:  # the call, codec choice included, is one part of the round
+            self.reports.add_call(key, [st], raw_bytes=raw, held_s=time.perf_counter() - t0)
+
         codec, step = yield from self.decide(comm, key, tuple(x.shape))
         whole = [[Piece.whole(key, int(x.size))]]
         if codec is None:
             carried = self.take(whole)
-            yield from self._dense(comm, x, out, key, op, step, None if carried is None else carried[0])
+            st = yield from self._dense(comm, x, out, key, op, step, None if carried is None else carried[0])
+            report(st)
             return out
         ts = self.state_for(codec)
         mode = resolve_mode(codec, ts.mode, comm.size)
@@ -524,7 +542,7 @@ class Router:
         flush = self.place(ts, key, form, whole, shapes)
         if flush is not None and flush[0] is not None:  # no feedback in the new codec: send it now
             x = (x.reshape(-1).astype(work_dtype(x.dtype)) + flush[0]).astype(x.dtype).reshape(x.shape)
-        yield from allreduce_protocol(comm, ts, x, out, key, op, self.mode)
+        yield from allreduce_protocol(comm, ts, x, out, key, op, self.mode, report)
         rec = dict(ts._stats._last[key])
         rec["codec"] = codec.get_config()
         q = ts.telemetry.records().get(key) if ts.telemetry is not None else None
@@ -551,6 +569,7 @@ class Router:
             buf *= buf.dtype.type(1.0 / p)
         out.reshape(-1)[...] = buf
         self.record(key, {"step": step, "mode": DENSE, **st.values, "codec": DENSE})
+        return st
 
 
 class RouterSetting:

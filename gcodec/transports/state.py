@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..feedback import ErrorFeedback
 from ..telemetry import Telemetry
 from .sendbuf import SendBuffers
-from .stats import Stats
+from .stats import KeyRounds, Stats
 from .threads import job_threads
 
 __all__ = ["MODES", "TransportState", "resolve_mode"]
@@ -112,6 +112,8 @@ class TransportState:
         self.threads: int | None = num_threads
         self.send_buffers = SendBuffers()
         self._stats = Stats()
+        #: per-round totals of this state's calls, every key together (:meth:`step_report`)
+        self.reports = KeyRounds()
         self._scratch: dict[str, np.ndarray] = {}
         self.telemetry = telemetry
 
@@ -147,8 +149,23 @@ class TransportState:
                     out[k]["quality"] = rec
         return out
 
+    def step_report(self) -> dict[str, Any]:
+        """What the allreduces under this state did per step, every key together: the last
+        finished round (raw, encoded and received bytes; encode, communication, decode and
+        overhead seconds that add up to ``held_s``, the time from each call's protocol start to
+        its end), the number of rounds and the totals, in the shape every engine's report has
+        (:class:`gcodec.transports.stats.KeyRounds`: a round ends when a key comes back, or at
+        :meth:`end_step`)."""
+        return self.reports.as_dict()
+
+    def end_step(self) -> None:
+        """Close the round in progress (:meth:`step_report`), as the next call of a key would."""
+        self.reports.end_step()
+
     def reset_stats(self) -> None:
+        """Forget the per-key statistics and the step report."""
         self._stats.reset()
+        self.reports.reset()
 
     def state_dict(self) -> dict[str, Any]:
         """Residuals, warm-start factors and step counters (plain arrays, ints, strings, dicts)."""

@@ -20,7 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["FIELDS", "REPORT_FIELDS", "Stats", "StepReports", "StepStats"]
+__all__ = ["DENSE", "FIELDS", "REPORT_FIELDS", "KeyRounds", "Stats", "StepReports", "StepStats"]
+
+#: The mode of an exchange that sent its tensor uncompressed (statistics, switch records).
+DENSE = "dense"
 
 FIELDS = ("raw_bytes", "payload_bytes", "wire_bytes", "encode_s", "comm_s", "decode_s", "host_bytes")
 
@@ -89,17 +92,22 @@ class StepReports:
     """Per-step totals of an engine (the DDP hook: every bucket of one iteration together).
 
     * ``raw_bytes``: bytes of every gradient of the step, compressed or not;
-    * ``payload_bytes``, ``wire_bytes``: what the compressed groups encoded and received (the
-      transports' :data:`FIELDS`; in a step that sends everything dense, the dense allreduce's
-      bytes and the ring allreduce's ``2 (p-1)/p`` of them);
-    * ``dense_bytes``: bytes of the tensors sent uncompressed in a compressed step (biases, small
-      tensors, what a policy keeps dense), and ``dense_wire_bytes`` the ring allreduce's
-      ``2 (p-1)/p`` of them (in float32, as they travel);
-    * ``encode_s``, ``comm_s``, ``decode_s``: the groups' seconds, plus the dense allreduce's wait;
-    * ``held_s``: seconds from the start of each bucket's exchange to its end, summed: the time
-      the engine held the buckets; ``overhead_s`` is what of it the three above do not account
-      for (planning, joining and scattering tensors, the agreement's control words, queueing).
-      So ``encode_s + comm_s + decode_s + overhead_s == held_s`` in every report.
+    * ``payload_bytes``, ``wire_bytes``: what the compressed exchanges encoded and received (the
+      transports' :data:`FIELDS`); in a step that compressed nothing (a warm-up, a policy that
+      keeps everything dense), the dense allreduces' bytes and the ring allreduce's ``2 (p-1)/p``
+      of them, so that they always say what was sent;
+    * ``dense_bytes``: in a step that compressed something, the bytes sent uncompressed beside it
+      (biases, small tensors, what a policy keeps dense; a bucket, module or key sent dense as a
+      whole counts here too), and ``dense_wire_bytes`` their share of the collective that carried
+      them (a ring allreduce's ``2 (p-1)/p``, a reduce-scatter's ``(p-1)/p``); 0 in a step that
+      compressed nothing;
+    * ``encode_s``, ``comm_s``, ``decode_s``: the exchanges' seconds, dense allreduces' waits
+      included;
+    * ``held_s``: seconds from the start of each part's exchange (a bucket, a module, a call) to
+      its end, summed: the time the engine held the tensors; ``overhead_s`` is what of it the
+      three above do not account for (choosing codecs, planning, joining and scattering tensors,
+      the agreement's control words, queueing). So ``encode_s + comm_s + decode_s + overhead_s ==
+      held_s`` in every report.
 
     ``step`` is the engine's own step (the DDP hook's iteration, warm-up included), the same for
     every codec. The last finished step is kept, and the totals over all steps."""
@@ -124,30 +132,48 @@ class StepReports:
         last: bool = False,
         parts: int | None = None,
     ) -> None:
-        """One bucket (or exchange) of ``step``; ``last`` closes the step, or ``parts``: the step
-        closes with its ``parts``-th add (FSDP2: one per module)."""
-        r = self._open.setdefault(step, dict.fromkeys(REPORT_FIELDS, 0))
+        """One part (a bucket, a module, a call) of ``step``: its exchanges' :class:`StepStats`
+        (one of mode :data:`DENSE`: the part went uncompressed as a whole) and the dense tensors
+        that rode beside them. ``last`` closes the step, or ``parts``: the step closes with its
+        ``parts``-th add (FSDP2: one per module)."""
+        r = self._open.setdefault(step, {**dict.fromkeys(REPORT_FIELDS, 0), "_whole": 0, "_whole_wire": 0})
         self._parts[step] = self._parts.get(step, 0) + 1
         last = last or (parts is not None and self._parts[step] >= parts)
         r["raw_bytes"] += raw_bytes
         for g in groups:
-            for f in ("payload_bytes", "wire_bytes", "encode_s", "comm_s", "decode_s"):
+            for f in ("encode_s", "comm_s", "decode_s"):
                 r[f] += g.values[f]
+            if g.mode == DENSE:  # sent whole: payload or dense bytes, as the step turns out
+                r["_whole"] += g.values["payload_bytes"]
+                r["_whole_wire"] += g.values["wire_bytes"]
+            else:
+                r["payload_bytes"] += g.values["payload_bytes"]
+                r["wire_bytes"] += g.values["wire_bytes"]
         r["dense_bytes"] += dense_bytes
         r["dense_wire_bytes"] += dense_wire_bytes
         r["comm_s"] += dense_comm_s
         r["held_s"] += held_s
         if last:
-            done = self._open.pop(step)
+            self.close(step)
+
+    def close(self, step: int) -> None:
+        """End ``step`` (its report becomes the last one); steps before it still open are dropped
+        (a step whose last part failed). Nothing happens for a step with no part."""
+        done = self._open.pop(step, None)
+        if done is not None:
+            whole, whole_wire = done.pop("_whole"), done.pop("_whole_wire")
+            compressed = done["payload_bytes"] > 0 or done["dense_bytes"] > 0
+            done["dense_bytes" if compressed else "payload_bytes"] += whole
+            done["dense_wire_bytes" if compressed else "wire_bytes"] += whole_wire
             done["overhead_s"] = done["held_s"] - done["encode_s"] - done["comm_s"] - done["decode_s"]
             for f in REPORT_FIELDS:
                 self._total[f] += done[f]
             self._steps += 1
             self._last = {"step": step, **done}
-            for s in [s for s in self._open if s < step]:  # a step whose last bucket failed
-                del self._open[s]
-            for s in [s for s in self._parts if s <= step]:
-                del self._parts[s]
+        for s in [s for s in self._open if s < step]:
+            del self._open[s]
+        for s in [s for s in self._parts if s <= step]:
+            del self._parts[s]
 
     def as_dict(self) -> dict[str, Any]:
         """``{"last": {"step", <fields>} or None, "steps": count, "total": {<fields>}}``."""
@@ -159,3 +185,35 @@ class StepReports:
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
+
+
+class KeyRounds(StepReports):
+    """The :class:`StepReports` of an engine called one key at a time (``gcodec.mpi.allreduce``,
+    ``gcodec.torch.all_reduce``), whose callers decide what a step is.
+
+    A step is a *round*: each key exchanged once. It ends when a key comes back (that call opens
+    the next round) or at :meth:`end_step`; ``step`` counts the rounds from 0. In a training loop
+    that exchanges every tensor once per iteration this is the iteration, and each key's own step
+    counter (its random streams) agrees with it; a key first exchanged later joins the round in
+    progress. A call is one part: from its protocol's start to its end, codec choice included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._round = 0
+        self._keys: set[str] = set()
+
+    def add_call(self, key: str, groups: list[StepStats], *, raw_bytes: int, held_s: float) -> None:
+        """One call's exchange of ``key`` (its :class:`StepStats`, one of mode :data:`DENSE` when it
+        went uncompressed)."""
+        if key in self._keys:
+            self.end_step()
+        self._keys.add(key)
+        self.add(self._round, groups, raw_bytes=raw_bytes, held_s=held_s)
+
+    def end_step(self) -> None:
+        """Close the round in progress now (the last iteration of a loop has no next call to close
+        it); nothing happens when no key was exchanged since the last close."""
+        if self._keys:
+            self.close(self._round)
+            self._round += 1
+            self._keys.clear()

@@ -25,6 +25,7 @@ from gcodec.transports import run_blocking
 from gcodec.transports.two_phase import owner_bounds
 
 from .bounds import bound, envelope
+from .report_checks import N_B, check_rounds
 
 COMM = MPI.COMM_WORLD
 P, ME = COMM.size, COMM.rank
@@ -267,6 +268,25 @@ def scenario_checkpoint(path: str) -> None:
             check(f"checkpoint {cfg['id']} {mode}: residuals saved", bool(ef_on))
 
 
+def scenario_report() -> None:
+    """The step reports of gcodec.mpi's two states against the rounds' wall time (report_checks)."""
+    for end_each in (True, False):
+        state = gcodec.mpi.State({"id": "uniform", "bits": 4}, mode="gather")
+
+        def by_state(k: str, x: np.ndarray, state=state) -> None:  # type: ignore[no-untyped-def]
+            gcodec.mpi.allreduce(COMM, x, None, key=k, state=state, mode="gather")
+
+        bad = check_rounds(ME, P, by_state, state, end_each, dense=0)
+        check(f"State's step report adds up (end_step each round: {end_each})", not bad, "; ".join(bad))
+        router = gcodec.mpi.PolicyState({"b": None}, codec={"id": "uniform", "bits": 4}, mode="gather")
+
+        def by_policy(k: str, x: np.ndarray, router=router) -> None:  # type: ignore[no-untyped-def]
+            gcodec.mpi.allreduce(COMM, x, None, key=k, state=router)
+
+        bad = check_rounds(ME, P, by_policy, router, end_each, dense=4 * N_B)
+        check(f"PolicyState's step report adds up, dense key included (end_step: {end_each})", not bad, "; ".join(bad))
+
+
 def scenario_kill() -> None:
     x = inputs((1 << 16,), 60)[ME]
     gcodec.mpi.allreduce(COMM, x, "uniform", key="k", mode="two_phase")  # handshake and one step
@@ -279,7 +299,7 @@ def scenario_kill() -> None:
 def main() -> None:
     scenario, outdir = sys.argv[1], Path(sys.argv[2])
     try:
-        {"matrix": scenario_matrix, "errors": scenario_errors, "kill": scenario_kill}.get(
+        {"matrix": scenario_matrix, "errors": scenario_errors, "kill": scenario_kill, "report": scenario_report}.get(
             scenario, lambda: scenario_checkpoint(str(outdir))
         )()
     except Exception:

@@ -25,6 +25,7 @@ import gcodec
 import gcodec.torch
 
 from ..procs import finish_gloo, run_checked, start_gloo
+from .report_checks import N_B, check_rounds
 
 CHECKS: list[dict] = []
 RANK = WORLD = 0
@@ -149,6 +150,26 @@ def scenario_report(outdir: Path) -> None:
         check(f"step {i}: bytes sent", sent == raw if warm else sent < raw, json.dumps(rep))
     total = state.step_report()
     check("five steps counted", total["steps"] == 5 and total["total"]["raw_bytes"] == 5 * raw, json.dumps(total))
+    # gcodec.torch.all_reduce's two states, in the same shape (report_checks)
+    for end_each in (True, False):
+        ts = gcodec.torch.TransportState({"id": "uniform", "bits": 4}, mode="gather")
+
+        def by_state(k: str, x: np.ndarray, ts=ts) -> None:  # type: ignore[no-untyped-def]
+            gcodec.torch.all_reduce(torch.from_numpy(x), ts.codec, key=k, state=ts, mode="gather")
+
+        bad = check_rounds(RANK, WORLD, by_state, ts, end_each, dense=0)
+        check(f"all_reduce: a TransportState's step report adds up (end_step: {end_each})", not bad, "; ".join(bad))
+        router = gcodec.torch.Router({"b": None}, codec={"id": "uniform", "bits": 4}, mode="gather")
+
+        def by_router(k: str, x: np.ndarray, router=router) -> None:  # type: ignore[no-untyped-def]
+            gcodec.torch.all_reduce(torch.from_numpy(x), None, key=k, state=router)
+
+        bad = check_rounds(RANK, WORLD, by_router, router, end_each, dense=4 * N_B)
+        check(
+            f"all_reduce: a Router's step report adds up, dense key included (end_step: {end_each})",
+            not bad,
+            "; ".join(bad),
+        )
 
 
 def scenario_all_reduce(outdir: Path) -> None:
