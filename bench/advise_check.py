@@ -41,6 +41,7 @@ from gcodec.advise import (  # noqa: E402
     measure_transport,
     predict,
     probe_links,
+    transport_sizes,
 )
 
 CODECS = [
@@ -55,6 +56,29 @@ CODECS = [
 
 def _factor(pred: float, meas: float) -> float:
     return max(pred / meas, meas / pred) if pred > 0 and meas > 0 else float("inf")
+
+
+def _timed_steps(run, state, rounds: int, barrier, slowest) -> dict:
+    """``rounds + 1`` steps of ``run()`` after a barrier each; the slowest rank's median wall time
+    (the first step, the handshake, left out) and the medians of the step report's parts, which
+    say where the measured time went (the state's report: one key, one round a step)."""
+    ts, parts = [], []
+    for _ in range(rounds + 1):
+        barrier()
+        t0 = time.perf_counter()
+        run()
+        ts.append(time.perf_counter() - t0)
+        state.end_step()
+        parts.append(state.step_report()["last"])
+    fields = ("encode_s", "comm_s", "decode_s", "overhead_s")
+    return {
+        "measured": slowest(statistics.median(ts[1:])),
+        "measured_parts": {f: statistics.median(q[f] for q in parts[1:]) for f in fields},
+    }
+
+
+def _predicted_parts(row: dict) -> dict:
+    return {"comm_s": row["comm_seconds"], "compute_s": row["compute_seconds"], "rounds": row["rounds"]}
 
 
 def _best(f, repeats: int) -> float:
@@ -132,29 +156,24 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
         agreed = CodecSpeed(sp_enc, 0.0, sp_dec, 0.0, sp.payload_t0, sp.payload_per_element)
         for ef in (False, True):
             pred = predict(cfg, agreed, [(numel,)], p, link, error_feedback=ef)
-            tr = comm.allreduce(measure_transport(cfg, p, error_feedback=ef, threads=1).seconds(numel), op=MPI.MAX)
-            pred_tr = predict(cfg, agreed, [(numel,)], p, glink, error_feedback=ef, transport=TransportSpeed(tr, 0.0))
+            ms = measure_transport(cfg, p, error_feedback=ef, threads=1, sizes=transport_sizes([numel]))
+            tr = TransportSpeed(comm.allreduce(ms.seconds(numel), op=MPI.MAX), 0.0, ms.rounds)  # the slowest rank's
+            pred_tr = predict(cfg, agreed, [(numel,)], p, glink, error_feedback=ef, transport=tr)
             state = gcodec.mpi.State(cfg, error_feedback=ef, num_threads=1)
-            ts = []
-            for _ in range(rounds + 1):
-                comm.Barrier()
-                t0 = time.perf_counter()
+
+            def run(state=state, cfg=cfg) -> None:
                 gcodec.mpi.allreduce(comm, x, cfg, key="w", state=state)
-                ts.append(time.perf_counter() - t0)
-            meas = comm.allreduce(statistics.median(ts[1:]), op=MPI.MAX)
-            s = state.stats()["w"]["total"]
+
+            got = _timed_steps(run, state, rounds, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX))
             rows.append(
                 {
                     "codec": cfg,
                     "error_feedback": ef,
                     "collective": pred["collective"],
-                    "measured": meas,
+                    **got,
                     "predicted": pred["step_seconds"],
                     "predicted_transport": pred_tr["step_seconds"],
-                    "predicted_comm": pred["comm_seconds"],
-                    "predicted_compute": pred["compute_seconds"],
-                    "measured_encode_decode": (s["encode_s"] + s["decode_s"]) / (rounds + 1),
-                    "measured_comm": s["comm_s"] / (rounds + 1),
+                    "predicted_parts": _predicted_parts(pred_tr),
                 }
             )
     if comm.rank == 0:
@@ -172,32 +191,35 @@ def rank_program(numel: int, rounds: int, out: str) -> None:
         )
 
 
-def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
-    """The same check on torch.distributed with gloo (2 processes on 127.0.0.1)."""
+def _gloo_start(rank: int, port: int):  # type: ignore[no-untyped-def]
+    """This gloo rank's process group (2 ranks on 127.0.0.1) and its slowest-rank reduction."""
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    import gcodec.torch
-    from gcodec.torch.comm import comm_for
-    from gcodec.transports import TransportState
-
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60)
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120)
     )
-    p = 2
 
     def slowest(t: float) -> float:
         v = torch.tensor([t], dtype=torch.float64)
         dist.all_reduce(v, op=dist.ReduceOp.MAX)
         return float(v[0])
 
-    def med_max(ts: list[float]) -> float:
-        return slowest(statistics.median(ts[1:]))
+    return slowest
 
-    tc = comm_for(None)
+
+def _gloo_links(top: int, rounds: int, slowest):  # type: ignore[no-untyped-def]
+    """The gloo allreduce link and all-gather link, probed as ``--probe torch`` does (up to ``top``
+    float32 values): (allreduce fit, all-gather fit, the link pricing both)."""
+    import torch
+    import torch.distributed as dist
+
+    from gcodec.torch.comm import comm_for
+
+    tc, p = comm_for(None), 2
     fit, gfit = probe_links(
         dist.all_reduce,
         lambda b: tc.allgatherv(b, [b.shape[0]] * p).wait(),
@@ -205,11 +227,24 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
         array=lambda n: torch.ones(n),
         barrier=dist.barrier,
         slowest=slowest,
-        sizes=(1 << 10, 1 << 16, 1 << 20, numel),
+        sizes=(1 << 10, 1 << 16, 1 << 20, top),
         repeats=rounds,
     )
+    return fit, gfit, Link(fit.link.bandwidth_bps, fit.link.latency_s, gfit.link)
+
+
+def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
+    """The same check on torch.distributed with gloo (2 processes on 127.0.0.1)."""
+    import torch
+    import torch.distributed as dist
+
+    import gcodec.torch
+    from gcodec.transports import TransportState
+
+    slowest = _gloo_start(rank, port)
+    p = 2
+    fit, gfit, glink = _gloo_links(numel, rounds, slowest)
     link, alpha, t_big = fit.link, fit.link.latency_s, fit.samples[-1][1]
-    glink = Link(link.bandwidth_bps, link.latency_s, gfit.link)
     rows = [
         {
             "codec": None,
@@ -224,23 +259,24 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
         dist.all_reduce(e, op=dist.ReduceOp.MAX)
         agreed = CodecSpeed(float(e[0]), 0.0, float(e[1]), 0.0, sp.payload_t0, sp.payload_per_element)
         pred = predict(cfg, agreed, [(numel,)], p, link)
-        tr = slowest(measure_transport(cfg, p, threads=1).seconds(numel))
-        pred_tr = predict(cfg, agreed, [(numel,)], p, glink, transport=TransportSpeed(tr, 0.0))
+        ms = measure_transport(cfg, p, threads=1, sizes=transport_sizes([numel]))
+        tr = TransportSpeed(slowest(ms.seconds(numel)), 0.0, ms.rounds)  # the slowest rank's
+        pred_tr = predict(cfg, agreed, [(numel,)], p, glink, transport=tr)
         state = TransportState(cfg, error_feedback=False, num_threads=1)
-        ts = []
-        for _ in range(rounds + 1):
-            y = x.clone()
-            dist.barrier()
-            t0 = time.perf_counter()
-            gcodec.torch.all_reduce(y, cfg, key="w", state=state)
-            ts.append(time.perf_counter() - t0)
+        ys = [x.clone() for _ in range(rounds + 1)]  # made before: a clone is not part of the step
+
+        def run(state=state, cfg=cfg, ys=ys) -> None:
+            gcodec.torch.all_reduce(ys.pop(), cfg, key="w", state=state)
+
+        got = _timed_steps(run, state, rounds, dist.barrier, slowest)
         rows.append(
             {
                 "codec": cfg,
                 "collective": pred["collective"],
-                "measured": med_max(ts),
+                **got,
                 "predicted": pred["step_seconds"],
                 "predicted_transport": pred_tr["step_seconds"],
+                "predicted_parts": _predicted_parts(pred_tr),
             }
         )
     if rank == 0:
@@ -258,7 +294,122 @@ def gloo_rank(rank: int, port: int, numel: int, rounds: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def run_gloo(numel: int, rounds: int) -> dict:
+#: The DDP check's contenders: what a user would try on a bandwidth-bound job.
+DDP_CODECS = [
+    {"id": "fp16"},
+    {"id": "uniform", "bits": 4},
+    {"id": "topk", "ratio": 0.01},
+    {"id": "powersgd", "rank": 2},
+]
+
+
+def ddp_rank(rank: int, port: int, params_m: float, steps: int, out: str) -> None:
+    """DDP steps of bench/transports.py's MLP (3 square layers with biases, about ``params_m``
+    million parameters, one bucket so that the exchange is exposed, as the model prices it) on
+    2 gloo ranks: the step with no communication at all (a hook that returns the bucket), with
+    DDP's own allreduce and with gcodec's hook per codec, against the step without communication
+    plus advise's predicted exchange of the model's gradients (tensors of 1024 elements or more
+    compressed as one group, as the hook joins a bucket's tensors; biases dense)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import gcodec.torch
+
+    slowest = _gloo_start(rank, port)
+    p = 2
+    width = int((params_m * 1e6 / 3) ** 0.5)
+    x = torch.randn(64, width, generator=torch.Generator().manual_seed(rank))
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(width, width))
+
+    shapes = [tuple(q.shape) for q in make().parameters()]
+    comp = [s for s in shapes if len(s) >= 2 and int(np.prod(s)) >= 1024]
+    dense = [s for s in shapes if s not in comp]
+    n_comp, n_all = sum(int(np.prod(s)) for s in comp), sum(int(np.prod(s)) for s in shapes)
+
+    def noop(state, bucket):  # type: ignore[no-untyped-def]
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    def measure(setup) -> dict:  # type: ignore[no-untyped-def]
+        model = make()
+        ddp = DDP(model, bucket_cap_mb=4096)  # one bucket: the exchange follows the backward pass
+        state = setup(ddp)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+        ts, parts = [], []
+        for i in range(3 + steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            ddp(x).square().mean().backward()
+            opt.step()
+            if i >= 3:  # after the warm-up: kernels compiled, DDP's buckets rebuilt
+                ts.append(time.perf_counter() - t0)
+                if state is not None:
+                    parts.append(state.step_report()["last"])
+        got = {"measured": slowest(statistics.median(ts))}
+        if parts:
+            fields = ("encode_s", "comm_s", "decode_s", "overhead_s", "held_s")
+            got["measured_parts"] = {f: statistics.median(q[f] for q in parts) for f in fields}
+        del ddp, model, opt
+        return got
+
+    fit, gfit, glink = _gloo_links(min(n_all, 1 << 22), 5, slowest)
+    base = measure(lambda ddp: ddp.register_comm_hook(None, noop))["measured"]
+    dense_row = measure(lambda ddp: None)
+    pred_dense = predict(None, measure_speed(None), [(n_all,)], p, fit.link)
+    rows = [{"codec": None, **dense_row, "predicted": base + pred_dense["step_seconds"], "no_comm_s": base}]
+    for cfg in DDP_CODECS:
+        low = cfg["id"] == "powersgd"
+        sp = measure_speed(cfg, threads=1)
+        tensors = comp if low else [(n_comp,)]
+        e = torch.tensor([sum(sp.encode_seconds(int(np.prod(s))) for s in tensors), 0.0], dtype=torch.float64)
+        e[1] = sum(sp.decode_seconds(int(np.prod(s))) for s in tensors)
+        dist.all_reduce(e, op=dist.ReduceOp.MAX)
+        tr = None
+        if not low:
+            ms = measure_transport(cfg, p, threads=1, sizes=transport_sizes([n_comp]))
+            tr = TransportSpeed(slowest(ms.seconds(n_comp)), 0.0, ms.rounds)
+        # the encode and decode lines as the slowest rank measured them (their sum is what counts)
+        k = float(e[0]) / max(1e-12, sum(sp.encode_seconds(int(np.prod(s))) for s in tensors))
+        kd = float(e[1]) / max(1e-12, sum(sp.decode_seconds(int(np.prod(s))) for s in tensors))
+        agreed = CodecSpeed(
+            sp.encode_t0 * k, sp.encode_per_element * k, sp.decode_t0 * kd, sp.decode_per_element * kd,
+            sp.payload_t0, sp.payload_per_element,
+        )  # fmt: skip
+        pred = predict(cfg, agreed, tensors, p, glink, dense_tensors=dense, transport=tr)
+
+        def setup(ddp, cfg=cfg):  # type: ignore[no-untyped-def]
+            st = gcodec.torch.HookState(cfg, start_iter=0, min_numel=1024, error_feedback=False, num_threads=1)
+            ddp.register_comm_hook(st, gcodec.torch.comm_hook)
+            return st
+
+        got = measure(setup)
+        rows.append(
+            {
+                "codec": cfg,
+                "collective": pred["collective"],
+                **got,
+                "predicted": base + pred["step_seconds"],
+                "predicted_parts": _predicted_parts(pred),
+                "no_comm_s": base,
+            }
+        )
+    if rank == 0:
+        for r in rows:
+            r["factor"] = _factor(r["predicted"], r["measured"])
+        link = {"bandwidth_bps": fit.link.bandwidth_bps, "latency_s": fit.link.latency_s, "gather": gfit.to_dict()}
+        Path(out).write_text(json.dumps({"params": n_all, "link": link, "rows": rows}))
+    dist.destroy_process_group()
+
+
+def _spawn_gloo(flags: list[str], timeout: float = 1800) -> dict:
+    """Run this file's gloo rank program (``flags`` pick which) as 2 processes; rank 0's JSON."""
     import socket
 
     with socket.socket() as sock:
@@ -266,11 +417,11 @@ def run_gloo(numel: int, rounds: int) -> dict:
         port = int(sock.getsockname()[1])
     tmp = ROOT / ".advise_check_gloo.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GCODEC_NUM_THREADS": "1"}
-    base = [sys.executable, __file__, "--numel", str(numel), "--rounds", str(rounds), "--port", str(port)]
-    procs = [subprocess.Popen([*base, "--gloo-rank", str(r), str(tmp)], env=env) for r in range(2)]
+    base = [sys.executable, __file__, "--port", str(port), *flags]
+    procs = [subprocess.Popen([*base, str(r), str(tmp)], env=env) for r in range(2)]
     try:
         for pr in procs:
-            if pr.wait(timeout=900) != 0:
+            if pr.wait(timeout=timeout) != 0:
                 raise SystemExit("a gloo rank failed")
     finally:
         for pr in procs:
@@ -280,6 +431,30 @@ def run_gloo(numel: int, rounds: int) -> dict:
     res = json.loads(tmp.read_text())
     tmp.unlink()
     return res
+
+
+def run_gloo(numel: int, rounds: int) -> dict:
+    return _spawn_gloo(["--numel", str(numel), "--rounds", str(rounds), "--gloo-rank"], timeout=900)
+
+
+def _print_ddp(res: dict) -> None:
+    print(
+        f"-- {res['params'] / 1e6:.2f} M parameters; "
+        f"step without communication {1e3 * res['rows'][0]['no_comm_s']:.1f} ms"
+    )
+    dense = res["rows"][0]["measured"]
+    pdense = res["rows"][0]["predicted"]
+    for r in res["rows"]:
+        name = "DDP allreduce" if r["codec"] is None else json.dumps(r["codec"])
+        verdict = ""
+        if r["codec"] is not None:
+            said, was = r["predicted"] < pdense, r["measured"] < dense
+            verdict = f"  advise: {'pays' if said else 'costs'}, measured: {'pays' if was else 'costs'}"
+            verdict += "" if said == was else "  (WRONG)"
+        print(
+            f"  {name:<34} measured {1e3 * r['measured']:8.1f} ms  predicted {1e3 * r['predicted']:8.1f} ms  "
+            f"x{r['factor']:.2f}{verdict}"
+        )
 
 
 def _print_rows(res: dict) -> None:
@@ -293,16 +468,38 @@ def _print_rows(res: dict) -> None:
         name = "dense allreduce" if r["codec"] is None else json.dumps(r["codec"])
         name += " + EF" if r.get("error_feedback") else ""
         extra = ""
-        if r["codec"] is not None and "measured_comm" in r:
+        if r["codec"] is not None:  # where the time went: the job's step report against the model
+            m, q = r["measured_parts"], r["predicted_parts"]
             extra = (
-                f"  [compute {1e3 * r['measured_encode_decode']:.1f} vs {1e3 * r['predicted_compute']:.1f} ms, "
-                f"comm {1e3 * r['measured_comm']:.1f} vs {1e3 * r['predicted_comm']:.1f} ms]"
+                f"  [comm {1e3 * m['comm_s']:.1f} vs {1e3 * q['comm_s']:.1f} ms ({q['rounds']} rounds), "
+                f"encode+decode+overhead {1e3 * (m['encode_s'] + m['decode_s']):.1f}+{1e3 * m['overhead_s']:.1f} "
+                f"vs compute {1e3 * q['compute_s']:.1f} ms]"
             )
         tr = r.get("predicted_transport", r["predicted"])
         print(
             f"{name:<37} measured {1e3 * r['measured']:8.2f} ms  predicted {1e3 * r['predicted']:8.2f} ms  "
             f"x{r['factor']:.2f}; with the transport timed {1e3 * tr:8.2f} ms x{r['factor_transport']:.2f}{extra}"
         )
+
+
+def ddp_check(sizes: list[float], steps: int, out: str | None) -> None:
+    """The DDP check at each model size; the verdicts and factors, and a JSON file if asked."""
+    print("== DDP on 2 gloo ranks (127.0.0.1), one bucket: advise's predicted step against the measured one")
+    res = []
+    for m in sizes:
+        r = _spawn_gloo(["--steps", str(steps), "--ddp-rank", str(m)])
+        _print_ddp(r)
+        res.append(r)
+    f = [r["factor"] for x in res for r in x["rows"]]
+    wrong = [
+        (x["params"], r["codec"])
+        for x in res
+        for r in x["rows"][1:]
+        if (r["predicted"] < x["rows"][0]["predicted"]) != (r["measured"] < x["rows"][0]["measured"])
+    ]
+    print(f"summary: within x{max(f):.2f} (median x{statistics.median(f):.2f}); wrong verdicts: {wrong or 'none'}")
+    if out:
+        Path(out).write_text(json.dumps({"ddp": res, "factor_max": max(f), "wrong": wrong}, indent=2))
 
 
 def main() -> None:
@@ -315,6 +512,13 @@ def main() -> None:
     ap.add_argument("--no-gloo", action="store_true", help="skip the torch.distributed (gloo) part")
     ap.add_argument("--rank-program", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument("--gloo-rank", nargs=2, metavar=("RANK", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--ddp",
+        metavar="MILLIONS",
+        help="only the DDP check, at these model sizes in million parameters (e.g. 0.2,4,25)",
+    )
+    ap.add_argument("--steps", type=int, default=8, help="timed DDP steps per contender")
+    ap.add_argument("--ddp-rank", nargs=3, metavar=("PARAMS", "RANK", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_program:
@@ -322,6 +526,12 @@ def main() -> None:
         return
     if args.gloo_rank:
         gloo_rank(int(args.gloo_rank[0]), args.port, args.numel, args.rounds, args.gloo_rank[1])
+        return
+    if args.ddp_rank:
+        ddp_rank(int(args.ddp_rank[1]), args.port, float(args.ddp_rank[0]), args.steps, args.ddp_rank[2])
+        return
+    if args.ddp:
+        ddp_check([float(v) for v in args.ddp.split(",")], args.steps, args.json)
         return
     print(f"== codec speed: the advise line against timings at other sizes ({os.cpu_count()} cores)")
     speed = [] if args.skip_speed else speed_check(args.numel)

@@ -6,7 +6,8 @@ With p ranks, n bytes of float32 gradient per rank, a payload of S bytes, latenc
 bandwidth beta (bytes/s), one step's communication (Thakur, Rabenseifner and Gropp, 2005) is:
 
 * dense ring allreduce: ``2(p-1) alpha + 2(p-1)/p * n / beta``;
-* summable (fp16, bf16, Random-K): ``2(p-1) alpha + 2(p-1)/p * S / beta``;
+* summable (fp16, bf16, Random-K): ``2(p-1) alpha + 2(p-1)/p * S / beta`` (an all-to-all and an
+  all-gather of the values; at p = 2 one all-gather, ``alpha + S / beta``);
 * gather: ``(p-1) (alpha + S / beta)``;
 * two-phase: ``2(p-1) alpha + 2(p-1)/p * S / beta``;
 * PowerSGD (two rounds, S = 4 (m+n) r): ``4(p-1) alpha + 2(p-1)/p * S / beta``;
@@ -59,12 +60,15 @@ __all__ = [
     "comm_seconds",
     "compute_seconds",
     "fit_link",
+    "job_tensors",
     "measure_speed",
+    "measure_steps",
     "measure_transport",
     "parse_bandwidth",
     "predict",
     "probe_link",
     "probe_links",
+    "transport_sizes",
 ]
 
 #: What ``gcodec advise`` compares by default (None is the uncompressed fp32 ring allreduce).
@@ -100,16 +104,18 @@ def parse_bandwidth(text: str | float) -> float:
     return value
 
 
-#: The collectives that move payload bytes through the engine's all-gather / all-to-all (the rest
-#: are allreduces): what ``Link.gather`` prices when it is known.
-GATHER_COLLECTIVES = ("gather", "two_phase")
+#: The collectives whose bytes the transports move with the engine's all-gather / all-to-all of
+#: payload bytes (summable too: its values are summed by gcodec, not by the engine's allreduce;
+#: gcodec.transports.summable): what ``Link.gather`` prices when it is known. The rest are the
+#: engine's float32 allreduces.
+GATHER_COLLECTIVES = ("summable", "gather", "two_phase")
 
 
 @dataclass(frozen=True)
 class Link:
     """A network link: bandwidth in bits/s, latency alpha in seconds per message. ``gather``, when
     measured (``gcodec advise --probe``), is the link as the engine's all-gather of payload bytes
-    sees it, which prices the gather and two-phase collectives; an engine's all-gather need not
+    sees it, which prices the summable, gather and two-phase collectives; an engine's all-gather need not
     move bytes as fast as its allreduce (gloo's does not)."""
 
     bandwidth_bps: float
@@ -332,7 +338,7 @@ def probe_links(
     repeats (``common``, as :func:`probe_link` takes them): the dense allreduce's (``array(n)``
     makes its float32 buffers) and the all-gather's of payload bytes (``allgather(b)`` on a uint8
     buffer of 4n bytes, ``byte_array(nbytes)`` to make it elsewhere than in host memory), which
-    prices the gather and two-phase collectives (:attr:`Link.gather`)."""
+    prices the summable, gather and two-phase collectives (:attr:`Link.gather`)."""
     fit = probe_link(allreduce, workers, array=array, **common)
     make = byte_array or (lambda nbytes: np.ones(nbytes, np.uint8))
     gather = probe_link(allgather, workers, array=lambda n: make(4 * n), collective="gather", **common)
@@ -341,42 +347,69 @@ def probe_links(
 
 class MirrorComm(Communicator):
     """Rank 0 of ``size`` ranks whose peers all send what it sends (host arrays): the transports' real protocol
-    runs every pass it makes on a rank (encode, the residual, decoding ``size`` payloads, scaling,
-    buffers, copies) with no network at all. Collectives complete at once; a sum is ``size`` times
-    the input. What :func:`measure_transport` times. The two-phase mode's chunks must be of equal
-    size: rank 0 is handed its own owner chunk as every owner's, so the work is a real rank's but
-    the result is right on chunk 0 only."""
+        runs every pass it makes on a rank (encode, the residual, decoding ``size`` payloads, scaling,
+        buffers, copies) with no network at all. Collectives complete at once; a sum is ``size`` times
+        the input. What :func:`measure_transport` times. The two-phase mode's chunks must be of equal
+        size: rank 0 is handed its own owner chunk as every owner's, so the work is a real rank's but
+        the result is right on chunk 0 only; an all-gather of parts of unequal length (summable chunks)
+    hands peer j rank 0's bytes cycled to its length. ``calls`` counts the collectives by kind (control words
+        included): the rounds whose latency a step pays."""
 
     rank = 0
 
     def __init__(self, size: int) -> None:
         self.size = int(size)
+        self.calls: dict[str, int] = {}
+
+    def _count(self, kind: str) -> None:
+        self.calls[kind] = self.calls.get(kind, 0) + 1
 
     def allreduce(self, arr: Any, op: str = "sum") -> Work:
+        self._count("allreduce")
         if op == "sum":
             arr *= self.size
         return DoneWork(arr)
 
     def allgather(self, arr: np.ndarray) -> Work:
+        self._count("allgather")
         return DoneWork(np.stack([np.array(arr, copy=True) for _ in range(self.size)]))
 
     def allgatherv(self, buf: Any, counts: Sequence[int]) -> Work:
-        return DoneWork([np.array(buf, copy=True) for _ in range(self.size)])
+        self._count("allgatherv")  # peer j's part has the length it announced: rank 0's bytes, cycled
+        return DoneWork([np.resize(np.asarray(buf), int(c)) for c in counts])
 
     def alltoallv(self, bufs: Sequence[Any], recv_counts: Sequence[int]) -> Work:
+        self._count("alltoallv")
         return DoneWork([np.array(bufs[0], copy=True) for _ in range(self.size)])  # each peer's part for rank 0
 
 
 @dataclass(frozen=True)
 class TransportSpeed:
     """``t(n) = t0 + per_element · n``: one rank's compute in the transport's real protocol for one
-    tensor of n elements (:func:`measure_transport`)."""
+    tensor of n elements (:func:`measure_transport`). ``rounds``, when known, is the protocol's
+    collectives per steady step: (allreduces, all-gathers and all-to-alls), control words
+    included, whose latencies the step pays (:func:`comm_seconds`)."""
 
     t0: float
     per_element: float
+    rounds: tuple[int, int] | None = None
 
     def seconds(self, n: int) -> float:
         return max(0.0, self.t0 + self.per_element * n)
+
+
+#: The default sizes :func:`measure_transport` fits its line through; :func:`advise` reaches up to
+#: the job's largest tensor instead (:func:`transport_sizes`).
+TRANSPORT_SIZES = (1 << 14, 1 << 20)
+
+
+def transport_sizes(numels: Iterable[int]) -> tuple[int, int]:
+    """The two sizes to time the transports' protocol at for tensors of ``numels`` elements: 16 Ki
+    and the largest tensor (at least 64 Ki, at most 16 Mi elements). A line through 16 Ki and 1 Mi
+    extrapolated to 4 Mi under-predicted top-k and uniform by 1.5 to 2 times on this machine: past
+    the caches the cost per element grows, so the line must reach the sizes the job sends."""
+    top = max((int(n) for n in numels), default=TRANSPORT_SIZES[1])
+    return TRANSPORT_SIZES[0], min(max(top, 1 << 16), 1 << 24)
 
 
 def measure_transport(
@@ -385,7 +418,7 @@ def measure_transport(
     *,
     mode: str = "auto",
     error_feedback: bool = False,
-    sizes: tuple[int, int] = (1 << 14, 1 << 20),
+    sizes: tuple[int, int] = TRANSPORT_SIZES,
     repeats: int = 3,
     threads: int | None = None,
 ) -> TransportSpeed:
@@ -394,7 +427,8 @@ def measure_transport(
     best of ``repeats`` after an untimed step (the handshake, first buffers): the compute a rank
     spends per step, which the codec's own encode and decode times leave out (the summable mode's
     scaling and float32 sum buffer, the residual's passes, gather's p decodes, copies). A line
-    ``t0 + c·n`` through the two sizes, as :func:`measure_speed`."""
+    ``t0 + c·n`` through the two sizes, as :func:`measure_speed`, and the collectives of one
+    steady step (``rounds``)."""
     from .transports import TransportState, allreduce_protocol, run_blocking
 
     c = get_codec(codec)  # type: ignore[arg-type]
@@ -404,6 +438,7 @@ def measure_transport(
 
     comm = MirrorComm(max(2, int(workers)))
     pts = []
+    rounds: tuple[int, int] | None = None
     for want in sizes:
         n = int(want)  # two-phase's chunks must be equal for the mirror: a size that splits evenly
         while len(set(np.diff(owner_bounds(n, comm.size)))) > 1:
@@ -416,9 +451,13 @@ def measure_transport(
             run_blocking(allreduce_protocol(comm, state, x, out, "t", "mean", mode))
 
         once()
+        comm.calls.clear()
         pts.append((x.size, _best(once, repeats)))
+        if rounds is None:  # _best ran ``repeats`` steady steps, each with the same collectives
+            k, calls = max(1, repeats), comm.calls
+            rounds = (calls.get("allreduce", 0) // k, sum(v for c, v in calls.items() if c != "allreduce") // k)
     (n0, t0), (n1, t1) = pts
-    return TransportSpeed(*_line(n0, t0, n1, t1))
+    return TransportSpeed(*_line(n0, t0, n1, t1), rounds=rounds)
 
 
 def collective_of(codec: Codec | Mapping[str, Any] | None, workers: int, mode: str = "auto") -> str:
@@ -428,21 +467,35 @@ def collective_of(codec: Codec | Mapping[str, Any] | None, workers: int, mode: s
     return resolve_mode(get_codec(codec), mode, workers)  # type: ignore[arg-type]
 
 
-def _volume_latency(collective: str, workers: int, nbytes: float, link: Link) -> tuple[float, float]:
-    """(bytes received per rank, latency seconds) of one step."""
+def _volume_latency(
+    collective: str, workers: int, nbytes: float, link: Link, rounds: tuple[int, int] | None = None
+) -> tuple[float, float]:
+    """(bytes received per rank, latency seconds) of one step. ``rounds`` (allreduces, all-gathers
+    and all-to-alls), when the protocol's collectives were counted (:class:`TransportSpeed`),
+    replaces the table's latency term: a ring allreduce pays 2(p-1) alpha, an all-gather or
+    all-to-all (p-1) alpha of the all-gather's link, control words included."""
     p = workers
     if p <= 1:
         return 0.0, 0.0
-    if collective == "gather":
-        return (p - 1) * nbytes, (p - 1) * link.latency_s
-    rounds = 2 if collective == "powersgd" else 1
-    return 2 * (p - 1) / p * nbytes, rounds * 2 * (p - 1) * link.latency_s
+    if collective == "gather" or (collective == "summable" and p == 2):  # p = 2: one all-gather of the values
+        vol, lat = (p - 1) * nbytes, (p - 1) * link.latency_s
+    else:
+        n_rounds = 2 if collective == "powersgd" else 1
+        vol, lat = 2 * (p - 1) / p * nbytes, n_rounds * 2 * (p - 1) * link.latency_s
+    if rounds is not None:
+        gather = link.for_collective("gather")
+        lat = rounds[0] * 2 * (p - 1) * link.latency_s + rounds[1] * (p - 1) * gather.latency_s
+    return vol, lat
 
 
-def comm_seconds(collective: str, workers: int, nbytes: float, link: Link) -> float:
-    """Predicted communication seconds of one step (the table of the module docstring)."""
+def comm_seconds(
+    collective: str, workers: int, nbytes: float, link: Link, rounds: tuple[int, int] | None = None
+) -> float:
+    """Predicted communication seconds of one step (the table of the module docstring; ``rounds``:
+    the protocol's counted collectives, see :func:`_volume_latency`)."""
     sub = link.for_collective(collective)
-    v, lat = _volume_latency(collective, workers, nbytes, sub)
+    v, _ = _volume_latency(collective, workers, nbytes, sub)
+    _, lat = _volume_latency(collective, workers, nbytes, link if rounds is not None else sub, rounds)
     return lat + v / sub.bytes_per_s
 
 
@@ -458,12 +511,19 @@ def compute_seconds(collective: str, workers: int, enc: float, dec: float) -> fl
 
 
 def break_even_bps(
-    collective: str, workers: int, nbytes: float, compute: float, dense_bytes: float, link: Link
+    collective: str,
+    workers: int,
+    nbytes: float,
+    compute: float,
+    dense_bytes: float,
+    link: Link,
+    rounds: tuple[int, int] | None = None,
 ) -> float | None:
     """The bandwidth (bits/s) above which the codec costs more than a dense allreduce, or None when it
     always pays (no extra time at any bandwidth) or never does (no fewer bytes on the wire)."""
     sub = link.for_collective(collective)
-    v, lat = _volume_latency(collective, workers, nbytes, sub)
+    v, _ = _volume_latency(collective, workers, nbytes, sub)
+    _, lat = _volume_latency(collective, workers, nbytes, link if rounds is not None else sub, rounds)
     v *= link.bytes_per_s / sub.bytes_per_s  # a slower gather link: the bytes count for more
     vd, latd = _volume_latency("allreduce", workers, dense_bytes, link)
     extra = compute + lat - latd
@@ -514,17 +574,20 @@ def predict(
                 k = int(np.prod(s[1:])) if len(s) > 1 else 1
                 payload += 4.0 * (m + k) * min(r, m, k)
     dense_extra = 4.0 * sum(int(np.prod(s)) for s in dense_tensors)
+    measured = transport is not None and cfg is not None and coll != "powersgd"
+    rounds = None  # the protocol's counted collectives, one exchange per tensor
+    if measured and transport is not None and transport.rounds is not None:
+        rounds = (transport.rounds[0] * len(numels), transport.rounds[1] * len(numels))
     base = comm_seconds("allreduce", workers, raw + dense_extra, link)
     if cfg is None:
         comm = base
     else:  # the dense tensors go in their own allreduce, next to the codec's collective
-        comm = comm_seconds(coll, workers, payload, link)
+        comm = comm_seconds(coll, workers, payload, link, rounds)
         if dense_extra:
             comm += comm_seconds("allreduce", workers, dense_extra, link)
     if error_feedback and cfg is not None and coll != "powersgd":
         enc += dec  # the residual is (x + e) minus the decoded payload
     formula = compute_seconds(coll, workers, enc, dec)
-    measured = transport is not None and cfg is not None and coll != "powersgd"
     compute = sum(transport.seconds(n) for n in numels) if transport is not None and measured else formula
     wire, _ = _volume_latency(coll, workers, payload, link)
     wire_dense, _ = _volume_latency("allreduce", workers, dense_extra, link)
@@ -543,12 +606,13 @@ def predict(
         "codec_compute_seconds": formula,
         "compute_source": "transport" if measured else ("none" if cfg is None else "codec"),
         "comm_seconds": comm,
+        "rounds": None if rounds is None else list(rounds),
         "step_seconds": comm + compute,
         "baseline_seconds": base,
         "saving_seconds": base - (comm + compute),
         "bandwidth_bps": link.for_collective(coll).bandwidth_bps,
         "latency_s": link.for_collective(coll).latency_s,
-        "break_even_bps": None if cfg is None else break_even_bps(coll, workers, payload, compute, raw, link),
+        "break_even_bps": None if cfg is None else break_even_bps(coll, workers, payload, compute, raw, link, rounds),
     }
 
 
@@ -578,6 +642,85 @@ def model_shapes(params: Any) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+def job_tensors(
+    *, numel: int | None = None, model: Any = None, min_numel: int = 1024
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """(the shapes a job compresses, the shapes it sends dense) as :func:`advise` prices them: one
+    flat tensor of ``numel`` elements, or a model's parameters (:func:`model_shapes`), tensors under
+    ``min_numel`` elements and 1-D ones dense."""
+    if (numel is None) == (model is None):
+        raise ConfigError("give numel or model, not both or neither")
+    if numel is not None:
+        if int(numel) < 1:
+            raise ConfigError(f"numel must be >= 1, not {numel}")
+        return [(int(numel),)], []
+    shapes = model_shapes(model)
+    tensors = [s for _, s in shapes if len(s) >= 2 and int(np.prod(s)) >= min_numel]
+    return tensors, [s for _, s in shapes if not (len(s) >= 2 and int(np.prod(s)) >= min_numel)]
+
+
+def measure_steps(
+    candidates: Sequence[Any],
+    tensors: Sequence[tuple[int, ...]],
+    dense: Sequence[tuple[int, ...]],
+    *,
+    exchange: Any,
+    dense_allreduce: Any,
+    make: Any,
+    barrier: Any,
+    slowest: Any,
+    repeats: int = 3,
+    mode: str = "auto",
+    error_feedback: bool = False,
+    threads: int | None = None,
+) -> dict[str, float]:
+    """Each candidate's exchange of the job's gradients, measured on the job's own ranks and link
+    (what ``gcodec advise --probe`` reports beside the model): ``{codec config as canonical JSON
+    ("null": dense): seconds}``, the slowest rank's median of ``repeats`` steps after an untimed
+    one (the handshake, kernels compiled), each after a barrier.
+
+    A step is what :func:`predict` prices: each of ``tensors`` exchanged under the codec with its
+    own key (``exchange(array, codec, key, state)``: the engine's compressed allreduce in place,
+    ``state`` a :class:`~gcodec.transports.TransportState`) and the ``dense`` ones in one float32
+    allreduce (``dense_allreduce(array)``); for the baseline, every byte in one such allreduce.
+    ``make(shape)`` makes an engine array of Gaussian float32 values. Every rank must call it with
+    the same arguments. The transport knows no engine: the caller's callables are the engine."""
+    from statistics import median
+
+    from .transports import TransportState
+
+    arrays = [make(tuple(s)) for s in tensors]
+    n_dense = sum(int(np.prod(s)) for s in dense)
+    side = make((n_dense,)) if n_dense else None
+    whole = make((sum(int(np.prod(s)) for s in tensors) + n_dense,))
+    out: dict[str, float] = {}
+    for cand in candidates:
+        cfg = None if cand is None else get_codec(cand).get_config()
+        if cfg is not None and get_codec(cfg).low_rank and not all(len(s) >= 2 for s in tensors):
+            continue  # PowerSGD needs matrices (as advise, which prices it for a model only)
+        state = (
+            None if cfg is None else TransportState(cfg, error_feedback=error_feedback, mode=mode, num_threads=threads)
+        )
+
+        def step(cfg: Any = cfg, state: Any = state) -> None:
+            if cfg is None:
+                dense_allreduce(whole)
+                return
+            for i, a in enumerate(arrays):
+                exchange(a, cfg, f"t{i}", state)
+            if side is not None:
+                dense_allreduce(side)
+
+        ts = []
+        for _ in range(max(1, repeats) + 1):
+            barrier()
+            t0 = time.perf_counter()
+            step()
+            ts.append(time.perf_counter() - t0)
+        out[json.dumps(cfg, sort_keys=True)] = float(slowest(median(ts[1:])))
+    return out
+
+
 def advise(
     *,
     numel: int | None = None,
@@ -600,25 +743,15 @@ def advise(
     Give ``numel`` (one flat tensor, as the DDP hook sends a bucket) or ``model`` (a parameter list,
     see :func:`model_shapes`: tensors under ``min_numel`` elements and 1-D tensors stay dense, as the
     default policy keeps them). PowerSGD needs matrices, so it is priced for ``model`` only.
-    ``gather_link`` (measured by ``--probe``) prices the gather and two-phase collectives
+    ``gather_link`` (measured by ``--probe``) prices the summable, gather and two-phase collectives
     (:attr:`Link.gather`). ``transport`` (default) times the transports' own protocol for each codec
     (:func:`measure_transport`) and prices compute with it; False uses the formula on the codec's
     encode and decode times alone, which leaves out the transports' passes.
     """
-    if (numel is None) == (model is None):
-        raise ConfigError("give numel or model, not both or neither")
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an int >= 1, not {workers!r}")
     link = Link(parse_bandwidth(bandwidth), latency_s, gather_link)
-    if numel is not None:
-        if int(numel) < 1:
-            raise ConfigError(f"numel must be >= 1, not {numel}")
-        tensors: list[tuple[int, ...]] = [(int(numel),)]
-        dense: list[tuple[int, ...]] = []
-    else:
-        shapes = model_shapes(model)
-        tensors = [s for _, s in shapes if len(s) >= 2 and int(np.prod(s)) >= min_numel]
-        dense = [s for _, s in shapes if not (len(s) >= 2 and int(np.prod(s)) >= min_numel)]
+    tensors, dense = job_tensors(numel=numel, model=model, min_numel=min_numel)
     out = []
     for cand in candidates:
         cfg = None if cand is None else get_codec(cand).get_config()
@@ -629,7 +762,13 @@ def advise(
         tspeed = None
         if transport and cfg is not None and not get_codec(cfg).low_rank and workers > 1:
             tspeed = measure_transport(
-                cfg, workers, mode=mode, error_feedback=error_feedback, threads=threads, repeats=repeats
+                cfg,
+                workers,
+                mode=mode,
+                error_feedback=error_feedback,
+                threads=threads,
+                repeats=repeats,
+                sizes=transport_sizes(int(np.prod(s)) for s in tensors),
             )
         row = predict(
             cfg,
@@ -650,26 +789,34 @@ def format_table(
     rows: Sequence[Mapping[str, Any]], bandwidth_bps: float, workers: int, notes: Sequence[str] = ()
 ) -> str:
     """The human-readable table ``gcodec advise`` prints; ``notes`` (what was measured, what
-    assumed) go under its first line."""
+    assumed) go under its first line. Rows that carry ``measured_step_seconds`` (``--probe``: the
+    job's exchange timed on its link) get that figure and the verdict it gives beside the model's."""
 
     def bw(v: float | None, pays: bool) -> str:
         if v is None:
             return "always" if pays else "never"
         return f"{v / 1e9:.3g} Gbit/s" if v >= 1e9 else f"{v / 1e6:.3g} Mbit/s"
 
+    measured = any(r.get("measured_step_seconds") is not None for r in rows)
+    head = f"{'codec':<27} {'mode':<10} {'wire MB':>9} {'comm ms':>9} {'compute ms':>11} {'saving ms':>10}  break-even"
     lines = [
         f"{workers} workers, {bandwidth_bps / 1e9:.3g} Gbit/s; baseline: fp32 ring allreduce "
         f"{rows[0]['baseline_seconds'] * 1e3:.1f} ms per step"
         if rows
         else "no candidates",
         *notes,
-        f"{'codec':<27} {'mode':<10} {'wire MB':>9} {'comm ms':>9} {'compute ms':>11} {'saving ms':>10}  break-even",
+        head + ("    measured ms  here" if measured else ""),
     ]
     for r in rows:
         pays = r["saving_seconds"] > 0
-        lines.append(
+        line = (
             f"{r['name']:<27} {r['collective']:<10} {r['wire_bytes'] / 1e6:>9.3f} {r['comm_seconds'] * 1e3:>9.2f} "
             f"{r['compute_seconds'] * 1e3:>11.2f} {r['saving_seconds'] * 1e3:>10.2f}  "
             + ("-" if r["codec"] is None else bw(r["break_even_bps"], pays))
         )
+        t, saved = r.get("measured_step_seconds"), r.get("measured_saving_seconds")
+        if measured:
+            here = "-" if r["codec"] is None or saved is None else ("pays" if saved > 0 else "costs")
+            line = f"{line:<{len(head)}}" + (f" {t * 1e3:>14.2f}  {here}" if t is not None else f" {'-':>14}")
+        lines.append(line)
     return "\n".join(lines)

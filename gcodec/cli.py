@@ -477,9 +477,10 @@ def cmd_tour(args: argparse.Namespace) -> int:
     return EXIT_INVALID if failed and len(failed) == len(result["codecs"]) else EXIT_OK
 
 
-def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
+def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any, dict[str, Any]]:
     """Measure the link under a launcher: (the fit, this rank, the world size, what to call when
-    done: it tears down a process group made here). ``torch`` reads
+    done: it tears down a process group made here, the engine's callables that
+    :func:`gcodec.advise.measure_steps` times the job's exchange with). ``torch`` reads
     torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and uses NCCL when this
     process has a GPU, else gloo; ``mpi`` uses MPI.COMM_WORLD (mpiexec)."""
     from .advise import probe_links
@@ -504,7 +505,17 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
             sizes=sizes,
             transport=f"MPI ({' '.join(MPI.Get_library_version().split()[:3])})",
         )
-        return fits, comm.rank, comm.size, lambda: None
+        import gcodec.mpi
+
+        gen = np.random.default_rng(comm.rank)
+        engine = {
+            "exchange": lambda a, cfg, key, state: gcodec.mpi.allreduce(comm, a, cfg, key=key, state=state, out=a),
+            "dense_allreduce": lambda a: comm.Allreduce(MPI.IN_PLACE, a),
+            "make": lambda shape: gen.standard_normal(shape, dtype=np.float32),
+            "barrier": comm.Barrier,
+            "slowest": lambda t: comm.allreduce(t, op=MPI.MAX),
+        }
+        return fits, comm.rank, comm.size, lambda: None, engine
     try:
         import torch
         import torch.distributed as dist
@@ -522,16 +533,28 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any]:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if gpu else "gloo")
     try:
-        fits = _probe_torch(sizes)
+        fits, engine = _probe_torch(sizes)
     except BaseException:
         if made:  # the group made here goes with the error
             dist.destroy_process_group()
         raise
-    return fits, dist.get_rank(), dist.get_world_size(), dist.destroy_process_group if made else lambda: None
+
+    def close() -> None:
+        if made:  # gcodec's queue idle and no c10d work left to a later collection, then the group
+            import gc
+
+            from .torch import synchronize
+
+            synchronize()
+            gc.collect()
+            dist.destroy_process_group()
+
+    return fits, dist.get_rank(), dist.get_world_size(), close, engine
 
 
-def _probe_torch(sizes: Sequence[int]) -> tuple[Any, Any]:
-    """The allreduce and all-gather fits on torch.distributed's default group."""
+def _probe_torch(sizes: Sequence[int]) -> tuple[Any, dict[str, Any]]:
+    """The allreduce and all-gather fits on torch.distributed's default group, and the engine's
+    callables for :func:`gcodec.advise.measure_steps`."""
     import torch
     import torch.distributed as dist
 
@@ -565,7 +588,7 @@ def _probe_torch(sizes: Sequence[int]) -> tuple[Any, Any]:
         def on_device(nbytes: int) -> Any:
             return as_array(torch.ones(nbytes, dtype=torch.uint8, device=device))
 
-    return probe_links(
+    fits = probe_links(
         allreduce,
         allgather,
         world,
@@ -576,18 +599,46 @@ def _probe_torch(sizes: Sequence[int]) -> tuple[Any, Any]:
         sizes=sizes,
         transport=f"torch.distributed ({backend})",
     )
+    import gcodec.torch
+
+    gen = torch.Generator(device=device).manual_seed(dist.get_rank())
+
+    def exchange(a: Any, cfg: Any, key: str, state: Any) -> None:
+        gcodec.torch.all_reduce(a, cfg, key=key, state=state)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    engine = {
+        "exchange": exchange,
+        "dense_allreduce": allreduce,
+        "make": lambda shape: torch.randn(shape, generator=gen, device=device),
+        "barrier": dist.barrier,
+        "slowest": slowest,
+    }
+    return fits, engine
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    from .advise import DEFAULT_CANDIDATES, PROBE_SIZES, advise, format_table, parse_bandwidth
+    from .advise import (
+        DEFAULT_CANDIDATES,
+        PROBE_SIZES,
+        advise,
+        format_table,
+        job_tensors,
+        measure_steps,
+        parse_bandwidth,
+    )
 
     rank, close = 0, lambda: None
+    engine: dict[str, Any] = {}
     fit: Any = None
     gfit: Any = None
     gather: Any = None
     try:
         if args.probe and args.bandwidth is not None:
             raise UsageError("give --probe (measure the link) or --bandwidth (assume one), not both")
+        if args.no_measure and not args.probe:
+            raise UsageError("--no-measure goes with --probe (only a probed run measures the job's exchange)")
         model = None
         if args.model is not None:
             try:
@@ -603,7 +654,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
         if args.probe:
             # at least the two smallest sizes: a line needs two points
             sizes = [n for i, n in enumerate(PROBE_SIZES) if i < 2 or 4 * n <= args.probe_max_bytes]
-            (fit, gfit), rank, workers, close = _probe(args.probe, sizes)
+            (fit, gfit), rank, workers, close, engine = _probe(args.probe, sizes)
             bandwidth, latency, gather = fit.link.bandwidth_bps, fit.link.latency_s, gfit.link
         rows = advise(
             numel=args.numel,
@@ -619,6 +670,23 @@ def cmd_advise(args: argparse.Namespace) -> int:
             transport=not args.codec_only,
             gather_link=gather,
         )
+        if args.probe and not args.no_measure:  # and the job's exchange itself, on this link
+            tensors, dense = job_tensors(numel=args.numel, model=model)
+            got = measure_steps(
+                [r["codec"] for r in rows],
+                tensors,
+                dense,
+                **engine,
+                repeats=args.repeats,
+                mode=args.mode,
+                error_feedback=args.error_feedback,
+                threads=args.threads,
+            )
+            base = got.get("null")
+            for r in rows:
+                t = got.get(json.dumps(r["codec"], sort_keys=True))
+                r["measured_step_seconds"] = t
+                r["measured_saving_seconds"] = None if t is None or base is None else base - t
     except (GcodecError, UsageError, json.JSONDecodeError) as e:
         print(f"gcodec advise: error: {_err(e)}", file=sys.stderr)
         return EXIT_USAGE
@@ -630,7 +698,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
             f"link: measured by --probe over {fit.transport}, {fit.workers} ranks: dense allreduces of "
             f"{_size(lo)} to {_size(hi)} per rank fit {fit.link.bandwidth_bps / 1e9:.3g} Gbit/s, "
             f"alpha {fit.link.latency_s * 1e6:.3g} us (worst sample {100 * fit.worst_residual:.0f} % off the line); "
-            f"its all-gather of payload bytes (gather, two-phase) fits {gfit.link.bandwidth_bps / 1e9:.3g} Gbit/s, "
+            "its all-gather of payload bytes (summable, gather, two-phase) fits "
+            f"{gfit.link.bandwidth_bps / 1e9:.3g} Gbit/s, "
             f"alpha {gfit.link.latency_s * 1e6:.3g} us (worst {100 * gfit.worst_residual:.0f} %)"
         )
         link_info: dict[str, Any] = {**fit.to_dict(), "gather": gfit.to_dict()}
@@ -836,6 +905,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--probe-max-bytes", type=int, default=4 << 22, help="largest probe allreduce per rank (default 16 MiB)"
+    )
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="with --probe: do not also time each candidate's real exchange of the job's tensors on the link",
     )
     p.add_argument("--workers", type=int, default=2, help="ranks in the allreduce (--probe: the launcher's)")
     p.add_argument(

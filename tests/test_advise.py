@@ -10,7 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gcodec
+import gcodec.transports
 from gcodec.advise import (
+    GATHER_COLLECTIVES,
     CodecSpeed,
     Link,
     MirrorComm,
@@ -25,6 +28,7 @@ from gcodec.advise import (
     parse_bandwidth,
     predict,
     probe_link,
+    transport_sizes,
 )
 from gcodec.cli import main
 from gcodec.errors import ConfigError
@@ -60,6 +64,9 @@ def test_latency_terms() -> None:
     link = Link(1e30, 1e-3)  # infinite bandwidth: latency only
     assert comm_seconds("allreduce", 4, 1e6, link) == pytest.approx(2 * 3 * 1e-3)
     assert comm_seconds("gather", 4, 1e6, link) == pytest.approx(3 * 1e-3)
+    # summable: an all-to-all and an all-gather of the values, or at p = 2 one all-gather
+    assert comm_seconds("summable", 4, 1e6, link) == pytest.approx(2 * 3 * 1e-3)
+    assert comm_seconds("summable", 2, 1e6, link) == pytest.approx(1e-3)
     assert comm_seconds("powersgd", 4, 1e6, link) == pytest.approx(4 * 3 * 1e-3)
     assert comm_seconds("allreduce", 1, 1e6, link) == 0.0
 
@@ -264,11 +271,20 @@ def check_probed(text: str, out: Path, transport: str) -> None:
         assert lk["collective"] == coll and [s["bytes"] for s in lk["samples"]] == [4096, 65536, 1 << 20, 1 << 24]
         assert all(s["seconds"] > 0 for s in lk["samples"])
         assert lk["bandwidth_bps"] > 0 and lk["latency_s"] >= 0
-    assert "its all-gather of payload bytes (gather, two-phase) fits" in text
-    for r in rows:  # each row priced on the link of its collective (fp16: summable, an allreduce)
-        lk = link["gather"] if r["collective"] in ("gather", "two_phase") else link
+    assert "its all-gather of payload bytes (summable, gather, two-phase) fits" in text
+    for r in rows:  # each row priced on the link of its collective (fp16: summable, an all-gather of values)
+        lk = link["gather"] if r["collective"] in GATHER_COLLECTIVES else link
         assert r["bandwidth_bps"] == lk["bandwidth_bps"] and r["latency_s"] == lk["latency_s"]
         assert r["workers"] == 2
+    # and every candidate's real exchange timed on that link, its verdict beside the model's
+    assert "measured ms  here" in text
+    base = rows[0]["measured_step_seconds"]
+    assert base > 0 and rows[0]["measured_saving_seconds"] == 0
+    for r in rows[1:]:
+        assert r["measured_step_seconds"] > 0
+        assert r["measured_saving_seconds"] == pytest.approx(base - r["measured_step_seconds"])
+        line = next(ln for ln in text.splitlines() if ln.startswith(r["name"] + " "))
+        assert line.endswith("pays" if r["measured_saving_seconds"] > 0 else "costs"), line
 
 
 @pytest.mark.mpi
@@ -313,6 +329,8 @@ def test_probe_without_a_launcher_or_with_bandwidth_is_a_usage_error(capsys: pyt
     pytest.importorskip("torch")
     assert main([*PROBE_ARGS, "--probe", "torch", "--bandwidth", "1Gbit"]) == 2
     assert "not both" in capsys.readouterr().err
+    assert main([*PROBE_ARGS, "--no-measure"]) == 2
+    assert "goes with --probe" in capsys.readouterr().err
     import os
 
     if "RANK" not in os.environ:  # not itself under torchrun
@@ -369,6 +387,9 @@ def test_advise_prices_the_transports_timed_protocol_by_default() -> None:
     rows = advise(numel=1 << 16, candidates=[None, "fp16", {"id": "uniform", "bits": 4}], workers=2, repeats=1)
     assert [r["compute_source"] for r in rows] == ["none", "transport", "transport"]
     assert all(r["compute_seconds"] > 0 for r in rows[1:])
+    # and the latency of the collectives the protocol was counted running
+    assert rows[1]["rounds"] == list(measure_transport("fp16", 2, repeats=1).rounds)
+    assert rows[0]["rounds"] is None
     rows = advise(numel=1 << 16, candidates=[None, "fp16"], workers=2, repeats=1, transport=False)
     assert rows[1]["compute_source"] == "codec"
     with pytest.raises(ConfigError, match="PowerSGD"):
@@ -395,10 +416,112 @@ def test_a_gather_link_prices_gather_and_two_phase_and_moves_the_break_even() ->
     n = 1 << 20
     assert comm_seconds("gather", 2, n, both) == pytest.approx(4 * comm_seconds("gather", 2, n, fast))
     assert comm_seconds("two_phase", 4, n, both) == pytest.approx(4 * comm_seconds("two_phase", 4, n, fast))
-    for coll in ("allreduce", "summable", "powersgd"):
+    # summable's values travel by all-to-all and all-gather too (gcodec sums them, not the engine)
+    assert comm_seconds("summable", 4, n, both) == pytest.approx(4 * comm_seconds("summable", 4, n, fast))
+    for coll in ("allreduce", "powersgd"):
         assert comm_seconds(coll, 4, n, both) == comm_seconds(coll, 4, n, fast)
     dense = 4 * n
     be = break_even_bps("gather", 2, n / 4, 1e-3, dense, both)
     # where the saving vanishes: dense's 2 (p-1)/p n / beta equals the gather's (p-1) S / (beta/4) + compute
     beta = be / 8
     assert dense / beta == pytest.approx(4 * (n / 4) / beta + 1e-3)
+
+
+class _Counting:
+    """A thread rank's communicator that counts its collectives by kind (as MirrorComm does)."""
+
+    def __init__(self, comm) -> None:  # type: ignore[no-untyped-def]
+        self.comm, self.rank, self.size, self.calls = comm, comm.rank, comm.size, {}
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        f = getattr(self.comm, name)
+
+        def counted(*a, **k):  # type: ignore[no-untyped-def]
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return f(*a, **k)
+
+        return counted
+
+
+@pytest.mark.parametrize(
+    "codec, p",
+    [("fp16", 2), ("fp16", 3), ({"id": "randomk", "ratio": 0.013}, 3), ({"id": "uniform", "bits": 4}, 2),
+     ({"id": "uniform", "bits": 4}, 3), ({"id": "topk", "ratio": 0.01}, 2)],
+)  # fmt: skip
+def test_the_mirror_counts_the_collectives_a_real_steady_step_runs(codec, p) -> None:
+    """measure_transport's ``rounds`` are the collectives of one steady step of real ranks (thread
+    ranks here, a second step after the handshake), split into allreduces and the rest."""
+    from gcodec.transports import TransportState, allreduce_protocol, run_blocking
+    from tests.localcomm import run_threads
+
+    n = 3 * 4096
+
+    def rank(comm):  # type: ignore[no-untyped-def]
+        cc = _Counting(comm)
+        st = TransportState(codec, error_feedback=False)
+        x = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
+        run_blocking(allreduce_protocol(cc, st, x.copy(), np.empty_like(x), "w", "mean", "auto"))
+        cc.calls.clear()
+        run_blocking(allreduce_protocol(cc, st, x.copy(), np.empty_like(x), "w", "mean", "auto"))
+        return cc.calls
+
+    calls = run_threads(p, rank)[0]
+    assert isinstance(calls, dict), calls
+    want = (calls.get("allreduce", 0), sum(v for k, v in calls.items() if k != "allreduce"))
+    assert measure_transport(codec, p, repeats=1, sizes=(n, 2 * n)).rounds == want
+    assert want[1] >= 2  # at least the control words and the data
+
+
+def test_counted_rounds_price_the_latency_of_each_collective() -> None:
+    link = Link(1e30, 1e-3, Link(1e30, 4e-3))  # latency only; the all-gather's is 4 ms
+    # 1 allreduce (2 (p-1) alpha) and 3 all-gathers ((p-1) alpha_gather each), p = 3
+    assert comm_seconds("gather", 3, 1e6, link, (1, 3)) == pytest.approx(1 * 4 * 1e-3 + 3 * 2 * 4e-3)
+    tr = TransportSpeed(0.0, 1e-9, rounds=(0, 3))
+    sp = CodecSpeed(1e-4, 1e-9, 1e-4, 1e-9, 0.0, 2.0)
+    row = predict({"id": "uniform", "bits": 4}, sp, [(1000,), (2000,)], 3, link, transport=tr, mode="gather")
+    assert row["rounds"] == [0, 6]  # one exchange per tensor
+    assert row["comm_seconds"] == pytest.approx(6 * 2 * 4e-3)
+    # without counted rounds, the table's one all-gather per exchange
+    plain = predict({"id": "uniform", "bits": 4}, sp, [(1000,), (2000,)], 3, link, mode="gather")
+    assert plain["rounds"] is None and plain["comm_seconds"] == pytest.approx(2 * 4e-3)
+
+
+def test_the_transport_is_timed_up_to_the_jobs_largest_tensor() -> None:
+    assert transport_sizes([100, 4 << 20, 5000]) == (1 << 14, 4 << 20)
+    assert transport_sizes([100]) == (1 << 14, 1 << 16)  # two sizes far enough apart for a line
+    assert transport_sizes([1 << 30]) == (1 << 14, 1 << 24)  # bounded: the probe must stay quick
+    assert transport_sizes([]) == (1 << 14, 1 << 20)
+
+
+def test_measure_steps_times_what_predict_prices() -> None:
+    """Each candidate's step: every compressed tensor exchanged under its own key, the dense ones in
+    one allreduce; the baseline: every byte in one allreduce; PowerSGD only for matrices."""
+    from gcodec.advise import measure_steps
+
+    calls: list[tuple] = []
+
+    def exchange(a, cfg, key, state) -> None:  # type: ignore[no-untyped-def]
+        assert isinstance(state, gcodec.transports.TransportState) and state.codec.get_config() == cfg
+        calls.append(("x", cfg["id"], key, a.shape))
+
+    def dense_allreduce(a) -> None:  # type: ignore[no-untyped-def]
+        calls.append(("d", a.shape))
+
+    slow: list[float] = []
+    got = measure_steps(
+        [None, "fp16", {"id": "powersgd", "rank": 2}],
+        [(64, 32), (100,)],
+        [(7,), (5,)],
+        exchange=exchange,
+        dense_allreduce=dense_allreduce,
+        make=lambda shape: np.zeros(shape, np.float32),
+        barrier=lambda: None,
+        slowest=lambda t: slow.append(t) or 2 * t,
+        repeats=2,
+    )
+    assert set(got) == {"null", json.dumps(gcodec.get_codec("fp16").get_config(), sort_keys=True)}  # no PowerSGD
+    assert all(v >= 0 for v in got.values()) and list(got.values()) == [2 * t for t in slow]  # the slowest rank's
+    steps = 3  # one untimed, two timed
+    assert calls[:steps] == [("d", (64 * 32 + 100 + 12,))] * steps  # the baseline: one allreduce of everything
+    one = [("x", "fp16", "t0", (64, 32)), ("x", "fp16", "t1", (100,)), ("d", (12,))]
+    assert calls[steps:] == one * steps
