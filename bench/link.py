@@ -1,7 +1,7 @@
 """Time to accuracy under an emulated link: real gloo ranks whose traffic crosses a token bucket.
 
     sudo python bench/link.py                         # 100 Mbit/s, 1 Gbit/s, 10 Gbit/s, unlimited
-    sudo python bench/link.py --quick                 # small model, 2 links, 4 contenders
+    sudo python bench/link.py --quick                 # small model, one link, 6 contenders
     sudo python bench/link.py --rates 100mbit,unlimited --markdown docs/link.md --plot docs/link.png
 
 **The link.** A network namespace of our own (``ip netns add gcodec-link-<pid>``) whose loopback is
@@ -93,8 +93,8 @@ CONTENDERS: list[dict[str, Any]] = [
     },
 ]
 #: indices into CONTENDERS for --quick: plain DDP, torch fp16, gcodec fp16, top-k with and without
-#: a compressed warm-up
-QUICK = [0, 1, 3, 7, 11]
+#: a compressed warm-up, and the all-dense hook (what "none" in gcodec's choice runs)
+QUICK = [0, 1, 3, 7, 10, 11]
 
 
 class NoNamespace(RuntimeError):
@@ -184,21 +184,32 @@ def advise_break_even(
     return float(be)
 
 
-def probe_rate(rate: str, workers: int) -> dict[str, Any] | None:
+def probe_rate(
+    rate: str, workers: int, model: dict[str, list[int]] | None = None, codecs: list[Any] | None = None
+) -> dict[str, Any] | None:
     """The link as the ranks see it at ``rate``: ``gcodec advise --probe torch`` run by ``workers``
     gloo ranks inside a namespace shaped to ``rate``, as the training ranks run. The one shaped
     loopback carries every rank's traffic, so a rank sees less than the nominal rate; advise must
     be told what the ranks see, not the qdisc's figure. Returns the probe's ``link`` (allreduce
-    and all-gather bandwidth and latency), or None when the probe fails."""
+    and all-gather bandwidth and latency), or None when the probe fails. Given the benchmark's
+    ``model`` and the gcodec contenders' ``codecs``, advise also times each codec's exchange of the
+    model's gradients on that link (its measured column) and the link carries them as
+    ``measured``: ``{codec config as canonical JSON ("null": dense): seconds}``."""
     import tempfile
 
     from gcodec.demo.launch import free_port
 
     with tempfile.TemporaryDirectory(prefix="gcodec-probe-") as tmp, namespace(rate) as prefix:
         out, port = Path(tmp) / "advise.json", free_port()
-        cmd = [*prefix, sys.executable, "-m", "gcodec", "advise", "--probe", "torch", "--numel", "4096"]
-        cmd += ["--codec", "fp16", "--codec-only", "--repeats", "1", "--probe-max-bytes", str(4 << 20)]
-        cmd += ["--json", str(out)]
+        cmd = [*prefix, sys.executable, "-m", "gcodec", "advise", "--probe", "torch"]
+        if model is None:
+            cmd += ["--numel", "4096", "--codec", "fp16", "--codec-only", "--repeats", "1", "--no-measure"]
+        else:
+            (Path(tmp) / "model.json").write_text(json.dumps(model))
+            cmd += ["--model", str(Path(tmp) / "model.json"), "--repeats", "5"]
+            for c in codecs or []:
+                cmd += ["--codec", json.dumps(c)]
+        cmd += ["--probe-max-bytes", str(4 << 20), "--json", str(out)]
         procs = []
         for r in range(workers):
             env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(r)}
@@ -209,7 +220,14 @@ def probe_rate(rate: str, workers: int) -> dict[str, Any] | None:
         if any(p.returncode for p in procs) or not out.exists():
             print(f"probe at {rate} failed:\n{texts[0][-2000:]}", file=sys.stderr)
             return None
-        link: dict[str, Any] = json.loads(out.read_text())[0]["link"]
+        rows = json.loads(out.read_text())
+        link: dict[str, Any] = rows[0]["link"]
+        if model is not None:
+            link["measured"] = {
+                json.dumps(r["codec"], sort_keys=True): r["measured_step_seconds"]
+                for r in rows
+                if r.get("measured_step_seconds") is not None
+            }
         print(
             f"probe at {rate}: allreduce {link['bandwidth_bps'] / 1e9:.3g} Gbit/s, alpha "
             f"{link['latency_s'] * 1e6:.0f} us; all-gather {link['gather']['bandwidth_bps'] / 1e9:.3g} Gbit/s",
@@ -238,8 +256,10 @@ def advise_choices(
     unlimited_bps: float,
     links: dict[str, dict[str, Any] | None] | None = None,
 ) -> dict[str, str | None]:
-    """Per rate, the gcodec contender ``gcodec advise`` picks at that bandwidth (the largest predicted
-    saving per step over an uncompressed allreduce), or None when it predicts that none pays.
+    """Per rate, the gcodec contender ``gcodec advise`` picks at that bandwidth, or None when it
+    says that none pays: the largest *measured* saving over the dense exchange where the rate's
+    probe timed each codec's exchange on the link (``links[rate]["measured"]``, the column a user
+    of ``--probe`` reads), else the largest predicted saving per step.
 
     This is what a user who follows ``gcodec advise`` runs; the benchmark then reads that
     contender's measured time (the all-dense hook's for None). Each rate is priced on the link
@@ -252,24 +272,32 @@ def advise_choices(
         return {}
     from gcodec import get_codec
 
+    def key(c: dict[str, Any]) -> str:
+        return json.dumps(get_codec(c["codec"]).get_config(), sort_keys=True)
+
     speeds = {}
     for c in cands:
-        speeds[json.dumps(get_codec(c["codec"]).get_config(), sort_keys=True)] = adv.measure_speed(c["codec"])
+        speeds[key(c)] = adv.measure_speed(c["codec"])
     out: dict[str, str | None] = {}
     for rate in rates:
         bps = RATE_BITS[rate] if math.isfinite(RATE_BITS[rate]) else unlimited_bps
         best, saving = None, 0.0
+        measured = ((links or {}).get(rate) or {}).get("measured")
         for c in cands:
-            row = adv.advise(
-                model=_shapes(hidden),
-                **_link_of(adv, (links or {}).get(rate), bps),
-                workers=workers,
-                candidates=[c["codec"]],
-                error_feedback=c["error_feedback"],
-                speeds=speeds,
-            )[0]
-            if row["saving_seconds"] > saving:
-                best, saving = c["label"], float(row["saving_seconds"])
+            if measured and "null" in measured and key(c) in measured:
+                got = measured["null"] - measured[key(c)]
+            else:
+                row = adv.advise(
+                    model=_shapes(hidden),
+                    **_link_of(adv, (links or {}).get(rate), bps),
+                    workers=workers,
+                    candidates=[c["codec"]],
+                    error_feedback=c["error_feedback"],
+                    speeds=speeds,
+                )[0]
+                got = float(row["saving_seconds"])
+            if got > saving:
+                best, saving = c["label"], got
         out[rate] = best
     return out
 
@@ -339,7 +367,10 @@ def run(
         with namespace(rate) as prefix:
             timed[rate] = {r["label"]: r for r in run_job(contenders, s, args.workers, prefix=prefix, env=env)["runs"]}
     # What the ranks see at each rate, for advise: measured as a user would, with --probe
-    links = {rate: probe_rate(rate, args.workers) for rate in args.rates}
+    gcodecs = [
+        c["codec"] for c in contenders if c["hook"] == "gcodec" and c["codec"] is not None and not c.get("policy")
+    ]
+    links = {rate: probe_rate(rate, args.workers, _shapes(hidden), gcodecs) for rate in args.rates}
     rows = []
     for c in contenders:
         a = info.get(c["label"])
@@ -410,7 +441,10 @@ def choice_lines(res: dict[str, Any]) -> list[str]:
     gbit = res.get("unlimited_bps", UNLIMITED_BPS) / 1e9
     links = res.get("links") or {}
     how = (
-        "each rate priced on the link the ranks measured there with `gcodec advise --probe torch`"
+        "each rate's pick the largest saving that `gcodec advise --probe torch` measured for the model's "
+        "exchange on the link the ranks see there"
+        if any((lk or {}).get("measured") for lk in links.values())
+        else "each rate priced on the link the ranks measured there with `gcodec advise --probe torch`"
         if any(links.values())
         else f"the unlimited loopback priced at {gbit:.0f} Gbit/s"
     )
@@ -422,9 +456,14 @@ def choice_lines(res: dict[str, Any]) -> list[str]:
     for q in res["rates"]:
         lk = links.get(q)
         if lk:
+            meas = lk.get("measured") or {}
+            steps = ", ".join(
+                f"{'dense' if k == 'null' else json.loads(k)['id']} {1e3 * v:.1f} ms" for k, v in meas.items()
+            )
             out.append(
                 f"- probed at {q}: allreduce {lk['bandwidth_bps'] / 1e9:.3g} Gbit/s (alpha "
                 f"{lk['latency_s'] * 1e6:.0f} us), all-gather {lk['gather']['bandwidth_bps'] / 1e9:.3g} Gbit/s"
+                + (f"; measured exchange: {steps}" if steps else "")
             )
     for q in res["rates"]:
         if q not in choice:
@@ -533,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timed-steps", type=int, default=10)
     ap.add_argument("--target", type=float, default=None, help="accuracy to reach (default: uncompressed final)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="MLP 64-256-256-10, 3 contenders, 2 epochs at 1gbit")
+    ap.add_argument("--quick", action="store_true", help="MLP 64-256-256-10, 6 contenders, 2 epochs at 1gbit")
     ap.add_argument("--accuracy-from", metavar="FILE", help="reuse the accuracy runs of an earlier --json")
     ap.add_argument(
         "--unlimited-bps",

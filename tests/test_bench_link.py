@@ -91,3 +91,26 @@ def test_gcodec_choice_reads_the_picked_contenders_time_and_none_means_all_dense
     lines = link.choice_lines({**res, "links": {"1gbit": probed, "unlimited": None}})
     assert any("measured there with `gcodec advise --probe torch`" in x for x in lines)
     assert "- probed at 1gbit: allreduce 0.45 Gbit/s (alpha 200 us), all-gather 0.2 Gbit/s" in lines
+
+
+def test_advise_picks_the_largest_measured_saving_where_the_probe_timed_the_exchange():
+    """With the probe's measured column at a rate the pick is the codec that measured the largest
+    saving over the dense exchange (none when none saved anything); at a rate without it, the
+    model's prediction decides."""
+    pytest.importorskip("gcodec.advise")
+    import json
+
+    from gcodec import get_codec
+
+    def k(c):
+        return json.dumps(get_codec(c).get_config(), sort_keys=True)
+
+    cands = [c for c in link.CONTENDERS if c["label"] in ("gcodec fp16", "gcodec uniform 4")]
+    fp16, u4 = cands[0]["codec"], cands[1]["codec"]
+    probed = {"bandwidth_bps": 1e9, "latency_s": 1e-4, "gather": {"bandwidth_bps": 1e9, "latency_s": 1e-4}}
+    links = {
+        "1gbit": {**probed, "measured": {"null": 0.010, k(fp16): 0.009, k(u4): 0.006}},
+        "10gbit": {**probed, "measured": {"null": 0.010, k(fp16): 0.012, k(u4): 0.011}},
+    }
+    got = link.advise_choices(cands, [256], 2, ["1gbit", "10gbit"], link.UNLIMITED_BPS, links)
+    assert got == {"1gbit": "gcodec uniform 4", "10gbit": None}
