@@ -197,7 +197,7 @@ def probe_rate(
     ``measured``: ``{codec config as canonical JSON ("null": dense): seconds}``."""
     import tempfile
 
-    from gcodec.demo.launch import free_port
+    from gcodec.demo.launch import free_port, torchrun_env
 
     with tempfile.TemporaryDirectory(prefix="gcodec-probe-") as tmp, namespace(rate) as prefix:
         out, port = Path(tmp) / "advise.json", free_port()
@@ -212,9 +212,8 @@ def probe_rate(
         cmd += ["--probe-max-bytes", str(4 << 20), "--json", str(out)]
         procs = []
         for r in range(workers):
-            env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(r)}
-            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
-            env["PYTHONPATH"] = str(ROOT)
+            env = torchrun_env(r, workers, port)
+            env.update({"GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(ROOT)})
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         texts = [p.communicate(timeout=600)[0] for p in procs]
         if any(p.returncode for p in procs) or not out.exists():

@@ -302,17 +302,17 @@ def test_probe_over_real_mpi_ranks_prices_the_measured_link(tmp_path: Path) -> N
 def test_probe_over_real_gloo_ranks_prices_the_measured_link(tmp_path: Path) -> None:
     """Two processes with the environment torchrun gives its workers."""
     pytest.importorskip("torch")
-    import os
     import subprocess
     import sys
 
+    from gcodec.demo.launch import torchrun_env
     from tests.procs import ROOT, free_port
 
     out, port = tmp_path / "a.json", free_port()
     procs = []
     for r in range(2):
-        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1"}
-        env.update({"MASTER_PORT": str(port), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+        env = torchrun_env(r, 2, port)
+        env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
         cmd = [sys.executable, "-m", "gcodec", *PROBE_ARGS, "--probe", "torch", "--json", str(out)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def torchrun_env(rank: int, world: int, port: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment torchrun gives worker ``rank`` of ``world`` on this host, its rendezvous on
+    127.0.0.1:``port``, over ``base`` (default: this process's environment)."""
+    env = dict(os.environ if base is None else base)
+    env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    return env
 
 
 def mpiexec() -> str | None:
@@ -91,14 +100,7 @@ def run_job(
         elif backend == "gloo":
             port = free_port()
             for r in range(workers):
-                e = {
-                    **base_env,
-                    "RANK": str(r),
-                    "WORLD_SIZE": str(workers),
-                    "LOCAL_RANK": str(r),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                }
+                e = torchrun_env(r, workers, port, base_env)
                 with open(errs[r], "wb") as ferr:
                     procs.append(
                         subprocess.Popen(
