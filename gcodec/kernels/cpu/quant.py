@@ -55,6 +55,12 @@ __all__ = ["CHUNK", "SB", "count_bad", "count_scale_overflows", "encode", "geome
 
 SB = 2048  # elements per sub-block
 CHUNK = 1 << 16  # target elements per parallel task
+#: Group sizes whose kernels are compiled with the group size as a constant trip count (each
+#: divides SB), measured on this machine (docs/performance.md): the encoder gains at 16 and 32
+#: (1.7x and 2.5x) and at the default 64; at 128 it gained nothing. The decoder gains only at 64:
+#: at 16 a literal group made it 2x slower.
+ENCODE_LITERAL_GROUPS = (16, 32, 64)
+DECODE_LITERAL_GROUPS = (64,)
 
 
 def geometry(n: int, group_size: int, align: int = 8) -> tuple[int, int, int, bool]:
@@ -135,15 +141,18 @@ def _closure(fn: Any, **names: Any) -> Any:
     return f
 
 
-def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, G64):  # type: ignore[no-untyped-def]
+def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, GL):  # type: ignore[no-untyped-def]
     """The range kernel of :func:`scaled_encode` for one setting, with that setting as constants.
 
     One kernel for every setting (width, rule, rounding, scale type and fusion as run-time values)
     cost 10-14 s to compile on first use, nearly all of it Numba inlining the code of settings the
     job never uses. Here the setting is in closure variables, which Numba treats as constants: it
     prunes the other settings' branches of :func:`_sub_block` *before* inlining their callees, so
-    each setting compiles only its own code (the default uniform encoder in ~1-2 s). ``G64``
-    (fused groups of 64, the default) adds a copy of the sub-block with constant trip counts.
+    each setting compiles only its own code (the default uniform encoder in ~1-2 s). ``GL`` (fused
+    groups of one of :data:`ENCODE_LITERAL_GROUPS`, 0 otherwise) adds a copy of the sub-block with that
+    group size as a constant trip count: with a run-time count LLVM's vector loop (16 lanes times
+    an unroll of 4) never runs for groups of 16 or 32, and those encoded 7 times slower per element
+    than groups of 64.
     Whether the statistics are fused stays a run-time value: a codec with one group per tensor
     fuses them for small tensors only, and one kernel serves both.
     """
@@ -197,7 +206,7 @@ def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, G64):  # type: ignore[no-un
 
         ``seeds``: (seed_lo, seed_hi, stream_lo, stream_hi).
         """
-        setting = (W, RULE, STOCH, CLIPPED, F16, G64)  # noqa: F841 - the cache key (closure)
+        setting = (W, RULE, STOCH, CLIPPED, F16, GL)  # noqa: F841 - the cache key (closure)
         n = x.shape[0]
         cb = np.zeros(L + 8, np.uint8)
         rb = np.empty(L // 2 + 4, np.uint32)
@@ -209,8 +218,8 @@ def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, G64):  # type: ignore[no-un
             b1 = min(b0 + L, n)
             if STOCH:
                 fill_blocks(rb, b0 // 8, (b1 - b0 + 7) // 8, seeds[2], seeds[3], ks)
-            if G64 and b1 - b0 == L:  # the default group size: constant trip counts
-                bad += SUB_BLOCK(x, codes, sc32, sc16, cb, r16, qmax, clip, 64, True, b0, b1, True)  # noqa: F821
+            if GL > 0 and b1 - b0 == L:  # a literal group size: constant trip counts
+                bad += SUB_BLOCK(x, codes, sc32, sc16, cb, r16, qmax, clip, GL, True, b0, b1, True)  # noqa: F821
             else:
                 bad += SUB_BLOCK(x, codes, sc32, sc16, cb, r16, qmax, clip, G, False, b0, b1, fused)  # noqa: F821
         return bad
@@ -219,13 +228,13 @@ def _make_encode_range(W, RULE, STOCH, CLIPPED, F16, G64):  # type: ignore[no-un
     return njit(cache=True, nogil=True)(_closure(_encode_range, SUB_BLOCK=sub))
 
 
-_ENCODERS: dict[tuple[int, int, bool, bool, bool, bool], Any] = {}
+_ENCODERS: dict[tuple[int, int, bool, bool, bool, int], Any] = {}
 _LOCK = threading.Lock()
 
 
-def encode_kernel(w: int, rule: int, stochastic: bool, clipped: bool, f16: bool, g64: bool) -> Any:
+def encode_kernel(w: int, rule: int, stochastic: bool, clipped: bool, f16: bool, gl: int) -> Any:
     """The range kernel for one setting (made on first use, then kept; compiled on its first call)."""
-    key = (int(w), int(rule), bool(stochastic), bool(clipped), bool(f16), bool(g64))
+    key = (int(w), int(rule), bool(stochastic), bool(clipped), bool(f16), int(gl))
     k = _ENCODERS.get(key)
     if k is None:
         with _LOCK:
@@ -245,7 +254,8 @@ def scaled_encode(  # type: ignore[no-untyped-def]
     when that is not empty); otherwise they must already be there (:func:`large_group_scales`).
     Returns the number of non-finite groups found here.
     """
-    kernel = encode_kernel(w, rule, stochastic, rule == RULE_MAX and clip > 0.0, sc16.shape[0] > 0, fused and G == 64)
+    gl = G if fused and G in ENCODE_LITERAL_GROUPS else 0
+    kernel = encode_kernel(w, rule, stochastic, rule == RULE_MAX and clip > 0.0, sc16.shape[0] > 0, gl)
     seeds = (np.uint32(seed_lo), np.uint32(seed_hi), np.uint32(st_lo), np.uint32(st_hi))
     return run_chunks(kernel, x.shape[0], C, x, codes, sc32, sc16, G, L, bool(fused), int(qmax), float(clip), seeds)
 
@@ -313,22 +323,23 @@ def _decode_groups_packed(codes, sc32, sc16, out, G, b0, b1, w, qmax, accumulate
     return bad
 
 
-def _make_decode_chunk(W, F16, ACC, G64):  # type: ignore[no-untyped-def]
+def _make_decode_chunk(W, F16, ACC, GL):  # type: ignore[no-untyped-def]
     """The range kernel of :func:`scaled_decode` for one setting (code width, float16 scales,
-    accumulate; ``G64``: groups of 64 and a width of 8, 4 or 2, decoded with literal sizes), the
+    accumulate; ``GL``: a group size of :data:`DECODE_LITERAL_GROUPS` with a width of 8, 4 or 2, decoded
+    with literal sizes, else 0), the
     setting as closure constants as in :func:`_make_encode_range`."""
 
     def _decode_chunk(codes, sc32, sc16, out, G, qmax, c0, c1):  # pragma: no cover - jitted
-        setting = (W, F16, ACC, G64)  # noqa: F841 - the cache key (closure)
+        setting = (W, F16, ACC, GL)  # noqa: F841 - the cache key (closure)
         qb = np.zeros(SB + 8, np.int8)
         bad = 0
         for b0 in range(c0, c1, SB):
             b1 = min(b0 + SB, c1)
-            if G64 and b1 - b0 == SB:  # sub-blocks of whole default groups: literal sizes
+            if GL > 0 and b1 - b0 == SB:  # sub-blocks of whole literal groups (GL divides SB)
                 if W == 8:
-                    bad += _decode_groups(codes, sc32, sc16, out, 64, True, b0, b1, W, qmax, ACC, F16, qb)
+                    bad += _decode_groups(codes, sc32, sc16, out, GL, True, b0, b1, W, qmax, ACC, F16, qb)
                 else:
-                    bad += _decode_groups_packed(codes, sc32, sc16, out, 64, b0, b1, W, qmax, ACC, F16)
+                    bad += _decode_groups_packed(codes, sc32, sc16, out, GL, b0, b1, W, qmax, ACC, F16)
             else:
                 if W == 4 or W == 2:  # only this width's unpacking is compiled
                     _unpack_bytes(codes, np.uint64(b0 // 8 * W), b1 - b0, W, qb)
@@ -340,12 +351,12 @@ def _make_decode_chunk(W, F16, ACC, G64):  # type: ignore[no-untyped-def]
     return njit(cache=True, nogil=True)(_decode_chunk)
 
 
-_DECODERS: dict[tuple[int, bool, bool, bool], Any] = {}
+_DECODERS: dict[tuple[int, bool, bool, int], Any] = {}
 
 
-def decode_kernel(w: int, f16: bool, accumulate: bool, g64: bool) -> Any:
+def decode_kernel(w: int, f16: bool, accumulate: bool, gl: int) -> Any:
     """The decoding range kernel for one setting (made on first use, then kept)."""
-    key = (int(w), bool(f16), bool(accumulate), bool(g64))
+    key = (int(w), bool(f16), bool(accumulate), int(gl))
     k = _DECODERS.get(key)
     if k is None:
         with _LOCK:
@@ -360,7 +371,7 @@ def scaled_decode(codes, sc32, sc16, out, G, w, qmax, accumulate):  # type: igno
 
     ``sc16``, when not empty, holds the scales as float16 bits (and ``sc32`` is ignored).
     """
-    kernel = decode_kernel(w, sc16.shape[0] > 0, accumulate, G == 64 and w in (8, 4, 2))
+    kernel = decode_kernel(w, sc16.shape[0] > 0, accumulate, G if G in DECODE_LITERAL_GROUPS and w in (8, 4, 2) else 0)
     return run_chunks(kernel, out.shape[0], CHUNK, codes, sc32, sc16, out, G, int(qmax))
 
 
