@@ -20,7 +20,6 @@ parse payload bytes by hand:
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +28,6 @@ import numpy as np
 from . import kernels, xp
 from .api import _checked, write_pending
 from .arrays import BFLOAT16, DTYPES, dtype_name
-from .checksum import crc32c
 from .codecs import compose
 from .codecs.base import Aggregation, EncodeContext
 from .codecs.randomk import RandomK, value_codec
@@ -127,9 +125,8 @@ def reseal(buf: Any) -> None:
     if not p.checksummed:
         return
     b = p.buffer
-    n = b.shape[0]
-    c = crc32c(b[PREAMBLE_SIZE + p.header_length : n - 4])
-    b[n - 4 :] = np.frombuffer(struct.pack("<I", c), np.uint8)
+    n = int(b.shape[0])
+    kernels.of(b).memory.crc32c_store(b, PREAMBLE_SIZE + p.header_length, n - 4, n - 4)
 
 
 def _bits(values: Any, dtype: Any) -> tuple[Any, np.dtype]:

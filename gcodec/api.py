@@ -319,9 +319,18 @@ def _checked(
         work += cls.decode_work(params, e)
         lim.check("decode work (multiply-adds)", work, "max_decode_work", where)
         if full:
-            cls.check_values(params, e, p.views(e))
+            cls.check_values(params, e, _reader_views(p, e, cls, None))
         out.append((e, cls, params))
     return p, out
+
+
+def _reader_views(p: ParsedPayload, e: TensorEntry, cls: type[Codec], out: Any) -> Mapping[str, Any]:
+    """The sections a codec checks and decodes from: views of the payload where it lies, unless it
+    lies on a device and either the codec cannot check device sections (``device_checks``) or the
+    output is in host memory; then one host copy of the entry's sections (docs/gpu.md)."""
+    if p.on_host or (cls.device_checks and (out is None or backend_of(out) != "cpu")):
+        return p.views(e)
+    return p.host_views(e)
 
 
 def _info(p: ParsedPayload) -> PayloadInfo:
@@ -391,9 +400,10 @@ def _decode_entry(
         flat = result.reshape(-1)
     else:
         flat = flat_out(out, e.numel, e.shape)
-        refuse_overlaps(p.buffer, [("out=", flat)])
+        if p.on_host:  # device memory never overlaps host bytes
+            refuse_overlaps(p.buffer, [("out=", flat)])
         result = out
-    views = p.views(e)
+    views = _reader_views(p, e, cls, flat)
     with kernels.of(flat).threads_for(flat.size):
         if flat.dtype in _KERNEL_OUT:
             cls.decode_into(params, e, views, flat, accumulate)
@@ -488,10 +498,11 @@ def _decode_many(
         if o is not None:
             flats.append((f"out[{name!r}]", flat_out(o, e.numel, e.shape, f"out[{name!r}]")))
         targets.append((name, o))
-    refuse_overlaps(p.buffer, flats)
+    if p.on_host:
+        refuse_overlaps(p.buffer, flats)
     if accumulate:
-        for e, cls, params in checked:
-            cls.check_values(params, e, p.views(e))
+        for (e, cls, params), (_, o) in zip(checked, targets):
+            cls.check_values(params, e, _reader_views(p, e, cls, o))
     result = {}
     for (e, cls, params), (name, o) in zip(checked, targets):
         result[name] = _decode_entry(p, e, cls, params, o, accumulate)

@@ -118,7 +118,7 @@ def element_codes(buf: Any) -> ElementCodes:
         raise ConfigError(f"element_codes needs a single fp8, mx or nvfp4 tensor, not {info.codec!r}")
     p = read_payload(buf)
     entry = p.header.tensors[0]
-    views = p.views(entry)
+    views = p.host_views(entry)  # host views (a device payload's sections copied once)
     lay = codec_class(entry.codec)._layout(entry.params)  # type: ignore[attr-defined]
     el = ELEMENTS[lay.element]
     codes = views["elements"]

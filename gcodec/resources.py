@@ -41,7 +41,7 @@ __all__ = [
 HEADER_BYTE_COST = 32
 CONTAINER_COST = 112
 
-#: What no payload size accounts for: the value checks' chunks (gcodec/codecs/valuecheck.py), the
+#: What no payload size accounts for: the value checks' chunks (``first_bad`` of gcodec/kernels/cpu/memory.py), the
 #: small objects of a call.
 MEMORY_SLACK = 1 << 20
 

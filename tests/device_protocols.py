@@ -29,6 +29,9 @@ CODECS: dict[str, dict[str, Any]] = {
     "topk-fp16": {"id": "topk", "ratio": 0.1, "values": {"id": "fp16"}},
     "threshold": {"id": "threshold", "threshold": 1.5},
     "powersgd": {"id": "powersgd", "rank": 2},
+    "mxfp4": {"id": "mx", "element": "e2m1"},
+    "nvfp4": {"id": "nvfp4"},
+    "fp8": {"id": "fp8", "group_size": 32},
 }
 GATHERED = ["uniform4", "uniform8-sto", "qsgd", "terngrad", "sign", "topk", "topk-fp16", "threshold", "fp16", "randomk"]
 SUMMABLE = ["fp16", "bf16", "randomk", "randomk-fp16"]
@@ -44,7 +47,7 @@ CASES: list[dict[str, Any]] = [
     _case("summable-fp16-sum-p3", "allreduce", "fp16", 3, 300, mode="summable", op="sum", ef=False),
     _case("summable-riders-p2", "summable_riders", "bf16", 2, 200),
     _case("summable-riders-p3", "summable_riders", "randomk-fp16", 3, 200),
-    *[_case(f"gather-{c}-p2", "allreduce", c, 2, 256, mode="gather") for c in GATHERED],
+    *[_case(f"gather-{c}-p2", "allreduce", c, 2, 256, mode="gather") for c in [*GATHERED, "mxfp4", "nvfp4", "fp8"]],
     _case("gather-topk-2steps", "allreduce", "topk", 2, 256, mode="gather", steps=2),
     *[_case(f"two_phase-{c}-p3", "allreduce", c, 3, 800, mode="two_phase") for c in GATHERED],
     _case("powersgd-p2", "lowrank", "powersgd", 2, 0, steps=2),

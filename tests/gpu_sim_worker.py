@@ -177,6 +177,60 @@ def run_sum2(pairs: list) -> list:
     return out
 
 
+def run_reader(items: list) -> list:
+    """``gcodec.validate`` and ``gcodec.decode`` (into a device ``out=``) of payloads uploaded to the
+    device whole: the outcome (error class and message, or the decoded bits), the bytes gcodec moved
+    between host and device for each call, and how many times the reader copied sections to the host
+    (``memory.to_host``, the path of codecs without ``device_checks``)."""
+    from numba import cuda
+
+    import gcodec
+    from gcodec.kernels.cuda import launch, memory
+
+    whole = memory.to_host
+    copies = [0]
+
+    def counted(buf):  # type: ignore[no-untyped-def]
+        copies[0] += 1
+        return whole(buf)
+
+    memory.to_host = counted
+    # the one-time uploads of a process (the CRC table, the element formats' value tables: 1 KiB
+    # each at most) before anything is measured
+    memory.crc32c(cuda.to_device(np.zeros(8, np.uint8)), 0, 8)
+    from gcodec.kernels.cuda import minifloat
+
+    for el in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8"):
+        minifloat._values(el)
+    out = []
+    try:
+        for it in items:
+            res: dict = {"id": it["id"]}
+            d = cuda.to_device(np.frombuffer(bytes.fromhex(it["payload"]), np.uint8))
+            copies[0] = 0
+            t = launch.transferred()
+            try:
+                gcodec.validate(d)
+                res["validate"] = "ok"
+            except gcodec.GcodecError as e:
+                res["validate"] = f"{type(e).__name__}: {e}"
+            res["validate_bytes"] = launch.transferred() - t
+            o = cuda.to_device(np.full(it["n"], 7.0, np.float32))
+            t = launch.transferred()
+            try:
+                gcodec.decode(d, out=o)
+                res["decode"] = "ok"
+            except gcodec.GcodecError as e:
+                res["decode"] = f"{type(e).__name__}: {e}"
+            res["decode_bytes"] = launch.transferred() - t
+            res["section_copies"] = copies[0]
+            res["decoded"] = o.copy_to_host().tobytes().hex() if res["decode"] == "ok" else ""
+            out.append(res)
+    finally:
+        memory.to_host = whole
+    return out
+
+
 #: Seconds each piece of work took, by label (printed for a slow run), and the watchdog's limit.
 SECONDS: dict[str, float] = {}
 WATCHDOG_S = 0.0
@@ -222,6 +276,7 @@ def main() -> None:
         "randomk_indices": watched("randomk_indices", run_randomk_indices, req.get("randomk_indices", [])),
         "crc": watched("crc", run_crc, req.get("crc", [])),
         "sum2": watched("sum2", run_sum2, req.get("sum2", [])),
+        "reader": watched("reader", run_reader, req.get("reader", [])),
     }
     result["seconds"] = SECONDS
     from gcodec.kernels.cuda import launch

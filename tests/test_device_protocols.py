@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gcodec.codecs.registry import codec_class
 from gcodec.transports import run_blocking
 
-from .device_protocols import APPROXIMATE, CASES, header_bound, rank_program
+from .device_protocols import APPROXIMATE, CASES, CODECS, header_bound, rank_program
 from .localcomm import run_threads
 
 pytestmark = pytest.mark.gpu
@@ -127,11 +128,18 @@ def test_host_bytes_are_small(device: dict[str, Any], cid: str) -> None:
     counted = sum(s["host_bytes"] for r in ranks for s in r["stats"])
     bound = header_bound(case) * case["p"] * case["steps"]
     assert counted - READER_ROUND_TRIP * reads <= bound, (counted, reads, bound)
-    if case["protocol"] == "lowrank" or cid.startswith("rs-values"):  # no payload is ever decoded
+    if case["protocol"] == "lowrank" or cid.startswith("rs-values") or _device_checked(case):
+        # no payload is decoded, or each is checked and decoded where it lies (Codec.device_checks)
         assert reads == 0
         for r in ranks:
             for s in r["stats"]:
                 assert s["host_bytes"] <= header_bound(case)
+
+
+def _device_checked(case: dict[str, Any]) -> bool:
+    """Whether every codec of ``case`` has its payloads checked and decoded on the device."""
+    names = [case["codec"]] if case["codec"] else [g for g in case.get("groups", []) if g]
+    return bool(names) and all(codec_class(CODECS[c]["id"]).device_checks for c in names)
 
 
 def test_gpu_check_fails_loudly_without_a_gpu() -> None:

@@ -163,6 +163,13 @@ class Codec(ABC):
     * :meth:`compresses`: whether a tensor of a shape is worth compressing at all;
     * :meth:`compression_rate`: the ratio of a shape's elements to what the codec keeps of it,
       when the codec's gain depends on the shape (a low-rank codec's m·n / ((m+n)·r)).
+
+    and what the reader may ask of it:
+
+    * ``device_checks``: :meth:`check_values` and :meth:`decode_into` work on sections in device
+      memory (they use only the backend's kernels, ``kernels.of(view)``), so a device payload is
+      checked and decoded where it lies; otherwise the reader hands them host copies of the
+      entry's sections (docs/gpu.md, "Decoding a device payload").
     """
 
     codec_id: ClassVar[str]
@@ -171,6 +178,7 @@ class Codec(ABC):
     aggregation: ClassVar[Aggregation] = Aggregation.GATHER
     low_rank: ClassVar[bool] = False
     fixed_size: ClassVar[bool] = False
+    device_checks: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         self._params = check_params(self.PARAMS, params, ConfigError, f"{self.codec_id}: ", fill_defaults=True)

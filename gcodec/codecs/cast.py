@@ -43,6 +43,7 @@ class _Cast16(Codec):
     PARAMS = {}
     aggregation = Aggregation.SUMMABLE
     fixed_size = True
+    device_checks = True  # no value rules; the decode kernel reads the section where it lies
     _encode_kernel: str  # names in each backend's ``cast`` module
     _decode_kernel: str
     # The range of the 16-bit format, as its spec's encoding table gives it: binary32 magnitudes from

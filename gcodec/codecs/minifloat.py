@@ -17,11 +17,11 @@ import numpy as np
 
 from .. import kernels
 from ..errors import PayloadValueError
-from ..layout.minifloat import ELEMENTS, SCALE_E8M0, SCALE_F32, BlockLayout, Element, values_table
+from ..layout.minifloat import ELEMENTS, SCALE_E8M0, SCALE_F32, BlockLayout, Element
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Codec, EncodeContext, EncodePlan, Param, binary32
 from .seeds import PER_WORKER_SEED, STREAM_PARAM
-from .valuecheck import first_bad, negative_or_nonfinite_f32
+from .valuecheck import first_bad, host_value, last_byte
 
 __all__ = ["ROUNDING_PARAM", "SEED_PARAM", "BlockFloat", "e8m0_limit"]
 
@@ -38,6 +38,8 @@ def e8m0_limit(el: Element) -> int:
 class BlockFloat(Codec):
     """Base of the low-precision float codecs. Subclasses define ``PARAMS``, ``rule_prefix`` and
     :meth:`_layout`."""
+
+    device_checks = True  # scales and element codes checked and decoded by the backend's kernels
 
     rule_prefix: str = "E"
 
@@ -124,40 +126,43 @@ class BlockFloat(Codec):
         p, el = cls.rule_prefix, ELEMENTS[lay.element]
         sc = views["scales"]
         if lay.scale == SCALE_F32:
-            g = first_bad(sc, negative_or_nonfinite_f32)
-            if g >= 0:
-                raise PayloadValueError(f"{p}1: scale of group {g} is {sc[g]!r}; scales must be finite and >= +0")
-            g = first_bad(sc, lambda s: _overflows(s, el.max_value))
+            g = first_bad(sc, "negative_or_nonfinite_f32")
             if g >= 0:
                 raise PayloadValueError(
-                    f"{p}1: scale of group {g} is {sc[g]!r}; float32({el.max_value:g} * scale) overflows, "
+                    f"{p}1: scale of group {g} is {host_value(sc, g)!r}; scales must be finite and >= +0"
+                )
+            g = first_bad(sc, "product_overflows_f32", el.max_value)
+            if g >= 0:
+                raise PayloadValueError(
+                    f"{p}1: scale of group {g} is {host_value(sc, g)!r}; float32({el.max_value:g} * scale) overflows, "
                     "so the largest element would decode to infinity"
                 )
             return 0.0
         if lay.scale == SCALE_E8M0:
             top = e8m0_limit(el)
-            g = first_bad(sc, lambda c: c > top)
+            g = first_bad(sc, "above", top)
             if g >= 0:
-                what = "NaN (0xFF)" if sc[g] == 0xFF else f"2^{int(sc[g]) - 127}"
+                c = int(host_value(sc, g))
+                what = "NaN (0xFF)" if c == 0xFF else f"2^{c - 127}"
                 raise PayloadValueError(
-                    f"{p}1: E8M0 scale of block {g} is code {int(sc[g])} = {what}; codes above {top} are refused "
+                    f"{p}1: E8M0 scale of block {g} is code {c} = {what}; codes above {top} are refused "
                     f"({lay.element} elements times it would overflow float32)"
                 )
             return 0.0
-        ts = views["tensor_scale"]
-        if not np.isfinite(ts[0]) or np.signbit(ts[0]):
-            raise PayloadValueError(f"{p}1: tensor_scale is {ts[0]!r}; it must be finite and >= +0")
-        s = np.float32(ts[0])
-        g = first_bad(sc, lambda c: (c & 0x80 != 0) | (c == 0x7F))
+        s = np.float32(host_value(views["tensor_scale"], 0))
+        if not np.isfinite(s) or np.signbit(s):
+            raise PayloadValueError(f"{p}1: tensor_scale is {s!r}; it must be finite and >= +0")
+        g = first_bad(sc, "e4m3_signed_or_nan")
         if g >= 0:
             raise PayloadValueError(
-                f"{p}2: E4M3 block scale {g} is code 0x{int(sc[g]):02x}; block scales are finite and carry no sign"
+                f"{p}2: E4M3 block scale {g} is code 0x{int(host_value(sc, g)):02x}; block scales are finite and "
+                "carry no sign"
             )
-        e4 = values_table(ELEMENTS["e4m3"])
-        g = first_bad(sc, lambda c: _overflows(e4[c & 0x7F] * s, 6.0))
+        g = first_bad(sc, "e4m3_times_overflows", float(s))
         if g >= 0:
             raise PayloadValueError(
-                f"{p}2: E4M3 block scale {g} (code 0x{int(sc[g]):02x}) times tensor_scale {float(s)!r} times 6 "
+                f"{p}2: E4M3 block scale {g} (code 0x{int(host_value(sc, g)):02x}) times tensor_scale {float(s)!r} "
+                "times 6 "
                 "overflows float32, so the block's largest element would decode to infinity"
             )
         return float(s)
@@ -172,7 +177,7 @@ class BlockFloat(Codec):
         bits = ELEMENTS[lay.element].bits
         used = n * bits % 8
         codes = views["elements"]
-        if used and codes[-1] >> used:
+        if used and last_byte(codes) >> used:
             raise PayloadValueError(
                 f"{cls.padding_rule}: unused high bits of the last elements byte {codes.size - 1} are not zero"
             )
@@ -220,9 +225,3 @@ class BlockFloat(Codec):
         )
         if nbad:
             raise PayloadValueError(cls._bad_elements(lay, nbad))
-
-
-def _overflows(scales: np.ndarray, top: float) -> np.ndarray:
-    """Where ``float32(top * scale)`` is infinite."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.isinf(np.asarray(scales, np.float32) * np.float32(top))

@@ -24,7 +24,7 @@ from ..layout.quant import RULE_L2, QuantLayout
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Codec, EncodeContext, EncodePlan, Param, binary32
 from .seeds import STREAM_PARAM
-from .valuecheck import first_bad, negative_or_nonfinite_f16, negative_or_nonfinite_f32
+from .valuecheck import first_bad, host_value, last_byte
 
 __all__ = ["QuantLayout", "ScaledQuantizer"]
 
@@ -32,6 +32,8 @@ __all__ = ["QuantLayout", "ScaledQuantizer"]
 class ScaledQuantizer(Codec):
     """Base of the group-scaled integer codecs. Subclasses define ``PARAMS``, ``_layout`` and the
     rule prefix used in error messages (``U``, ``Q``, ``TG``)."""
+
+    device_checks = True  # scales and codes checked and decoded by the backend's kernels
 
     rule_prefix: str = "U"
 
@@ -115,19 +117,20 @@ class ScaledQuantizer(Codec):
     @classmethod
     def _check_scales(cls, lay: QuantLayout, views: Mapping[str, np.ndarray]) -> None:
         p = cls.rule_prefix
+        sc = views["scales"]
         if lay.scale_f16:
-            g = first_bad(views["scales"].view(np.uint16), negative_or_nonfinite_f16)
+            g = first_bad(sc.view(np.uint16), "negative_or_nonfinite_f16")
         else:
-            g = first_bad(views["scales"], negative_or_nonfinite_f32)
+            g = first_bad(sc, "negative_or_nonfinite_f32")
         if g >= 0:
             raise PayloadValueError(
-                f"{p}1: scale of group {g} is {views['scales'][g]!r}; scales must be finite and >= +0"
+                f"{p}1: scale of group {g} is {host_value(sc, g)!r}; scales must be finite and >= +0"
             )
         if not lay.scale_f16:  # float16 scales times qmax <= 127 never overflow float32
-            g = first_bad(views["scales"], lambda sc: scale_overflows(sc, lay.qmax))
+            g = first_bad(sc, "product_overflows_f32", lay.qmax)
             if g >= 0:
                 raise PayloadValueError(
-                    f"{p}1: scale of group {g} is {views['scales'][g]!r}; float32({lay.qmax} * scale) overflows, "
+                    f"{p}1: scale of group {g} is {host_value(sc, g)!r}; float32({lay.qmax} * scale) overflows, "
                     "so its largest code would decode to infinity"
                 )
 
@@ -135,7 +138,7 @@ class ScaledQuantizer(Codec):
     def _check_padding(cls, lay: QuantLayout, n: int, views: Mapping[str, np.ndarray]) -> None:
         used = n * lay.width % 8
         codes = views["codes"]
-        if used and codes[-1] >> used:
+        if used and last_byte(codes) >> used:
             raise PayloadValueError(
                 f"{cls.rule_prefix}3: unused high bits of the last code byte {codes.size - 1} are not zero"
             )
@@ -180,9 +183,3 @@ class ScaledQuantizer(Codec):
         nbad = kernels.of(out).quant.scaled_decode(views["codes"], sc32, sc16, out, g, lay.width, lay.qmax, accumulate)
         if nbad:
             raise PayloadValueError(cls._bad_codes(lay, nbad))
-
-
-def scale_overflows(scales: np.ndarray, qmax: int) -> np.ndarray:
-    """Where ``float32(qmax * scale)`` is infinite: the largest code of the group decodes to ±inf."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.isinf(np.asarray(scales, np.float32) * np.float32(qmax))

@@ -23,7 +23,7 @@ from ..errors import PayloadValueError
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, Param, binary32
 from .registry import register_codec
-from .valuecheck import first_bad, negative_or_nonfinite_f32
+from .valuecheck import first_bad, host_value, last_byte
 
 __all__ = ["Sign"]
 
@@ -47,6 +47,7 @@ class Sign(Codec):
 
     codec_id = "sign"
     aggregation = Aggregation.GATHER
+    device_checks = True  # scales and the last bit byte checked on the backend
     PARAMS = {
         "group_size": Param(int, 256, "elements per scale (0: whole tensor)", min=0, max=1 << 24),
     }
@@ -111,12 +112,12 @@ class Sign(Codec):
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         sc = views["scales"]
-        g = first_bad(sc, negative_or_nonfinite_f32)
+        g = first_bad(sc, "negative_or_nonfinite_f32")
         if g >= 0:
-            raise PayloadValueError(f"S1: scale of group {g} is {sc[g]!r}; scales must be finite and >= +0")
+            raise PayloadValueError(f"S1: scale of group {g} is {host_value(sc, g)!r}; scales must be finite and >= +0")
         used = entry.numel % 8
         bits = views["bits"]
-        if used and bits[-1] >> used:
+        if used and last_byte(bits) >> used:
             raise PayloadValueError(f"S2: unused high bits of the last bit byte {bits.size - 1} are not zero")
 
     @classmethod

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import kernels
 from ..alloc import out_of_memory
-from ..arrays import backend_of, torch_view
+from ..arrays import backend_of
 from ..checksum import crc32c
 from ..errors import (
     ChecksumError,
@@ -203,7 +203,7 @@ class ParsedPayload:
     """A payload whose container has been checked; sections are views into ``buffer``."""
 
     header: Header
-    buffer: np.ndarray  # the whole payload as uint8
+    buffer: np.ndarray  # the whole payload as uint8: host bytes, or the backend's device array
     data_start: int
     minor: int
     flags: int
@@ -219,44 +219,43 @@ class ParsedPayload:
         return raw.view(SECTION_DTYPES[section.dtype])
 
     def views(self, entry: TensorEntry) -> dict[str, np.ndarray]:
+        """The entry's sections as views of the payload's memory (device views for a device payload)."""
         return {s.name: self.view(s) for s in entry.sections}
 
+    @property
+    def on_host(self) -> bool:
+        return isinstance(self.buffer, np.ndarray)
 
-def _as_bytes_array(buf: Any) -> np.ndarray:
-    if type(buf).__module__.startswith("torch"):  # a CPU uint8 tensor (what torch collectives deliver)
-        buf = torch_view(buf)
-    if isinstance(buf, np.ndarray):
-        if buf.dtype.hasobject or buf.dtype.fields is not None:
-            raise FormatError(
-                f"payload must be an array of plain bytes, not of {short(str(buf.dtype))} elements "
-                "(object and structured arrays hold no payload bytes)"
-            )
-        if not buf.flags.c_contiguous:
-            raise FormatError("payload buffer must be contiguous")
-        if buf.dtype != np.uint8 or buf.ndim != 1:
-            buf = buf.reshape(-1).view(np.uint8)
-        return buf
-    try:
-        mv = memoryview(buf)
-    except TypeError:
-        raise FormatError(f"payload must be a bytes-like object, not {type(buf).__name__}") from None
-    if not mv.c_contiguous:
-        raise FormatError("payload buffer must be contiguous")
-    return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, dtype=np.uint8)
+    def host_views(self, entry: TensorEntry) -> dict[str, np.ndarray]:
+        """The entry's sections in host memory: :meth:`views` for a host payload; for a device
+        payload one copy of the bytes from the entry's first section to its last (counted in the
+        backend's ``transferred()``), for a codec whose checks or decoding run on the host."""
+        if self.on_host or not entry.sections:
+            return self.views(entry)
+        first, last = entry.sections[0], entry.sections[-1]
+        lo = self.data_start + first.offset
+        h = kernels.of(self.buffer).memory.to_host(self.buffer[lo : self.data_start + last.offset + last.nbytes])
+        out = {}
+        for s in entry.sections:
+            o = s.offset - first.offset
+            out[s.name] = h[o : o + s.nbytes].view(SECTION_DTYPES[s.dtype])
+        return out
 
 
 def read_payload(buf: Any, *, limits: Limits | None = None, verify_checksum: bool = True) -> ParsedPayload:
     """Check the container (rules F1-F15 of specs/format.md) and parse the header."""
     lim = limits or get_limits()
-    if backend_of(buf) != "cpu":  # a device payload is checked and parsed from one host copy (docs/gpu.md)
-        buf = kernels.get(backend_of(buf)).memory.to_host(buf)
-    b = _as_bytes_array(buf)
-    n = b.shape[0]
+    # The payload is read where it lies (host bytes, or device memory: docs/gpu.md, "Decoding a
+    # device payload"); only the preamble, the header and the stored CRC are copied out of it.
+    M = kernels.get(backend_of(buf)).memory
+    b = M.payload_bytes(buf)
+    n = int(b.shape[0])
     lim.check("payload size", n, "max_payload_bytes")
     # F1-F4: preamble.
     if n < PREAMBLE_SIZE:
         raise FormatError(f"F1: payload is {n} bytes, shorter than the {PREAMBLE_SIZE}-byte preamble")
-    magic, major, minor, flags, hlen, hcrc = _PREAMBLE.unpack(b[:PREAMBLE_SIZE].tobytes())
+    pre = M.host_bytes(b, 0, PREAMBLE_SIZE)
+    magic, major, minor, flags, hlen, hcrc = _PREAMBLE.unpack(pre)
     if magic != MAGIC:
         raise FormatError(f"F2: bad magic {magic!r} @ byte 0 (expected {MAGIC!r})")
     if major != MAJOR:
@@ -269,8 +268,8 @@ def read_payload(buf: Any, *, limits: Limits | None = None, verify_checksum: boo
     lim.check("header length", hlen, "max_header_bytes", "byte 8")
     if PREAMBLE_SIZE + hlen > n:
         raise LayoutError(f"F6: header of {hlen} bytes runs past the end of a {n}-byte payload")
-    hbytes = b[PREAMBLE_SIZE : PREAMBLE_SIZE + hlen].tobytes()
-    got = crc32c(hbytes, crc32c(b[:12].tobytes()))
+    hbytes = M.host_bytes(b, PREAMBLE_SIZE, PREAMBLE_SIZE + hlen)
+    got = crc32c(hbytes, crc32c(pre[:12]))
     if got != hcrc:
         raise ChecksumError(f"F7: header CRC32C mismatch @ byte 12: stored 0x{hcrc:08x}, computed 0x{got:08x}")
     # F8-F11: header content. Its Python objects are many small allocations that the header limits
@@ -297,8 +296,8 @@ def read_payload(buf: Any, *, limits: Limits | None = None, verify_checksum: boo
         raise LayoutError(f"F13: {n - expected} unexpected trailing byte(s) after byte {expected}")
     # F14: payload checksum.
     if flags & FLAG_PAYLOAD_CRC and verify_checksum:
-        (stored,) = struct.unpack("<I", b[n - 4 :].tobytes())
-        got = crc32c(b[PREAMBLE_SIZE + hlen : n - 4])
+        (stored,) = struct.unpack("<I", M.host_bytes(b, n - 4, n))
+        got = M.crc32c(b, PREAMBLE_SIZE + hlen, n - 4)
         if got != stored:
             # name the bytes the CRC covers (a flipped byte is somewhere in them), not only its own offset
             raise ChecksumError(
@@ -320,10 +319,9 @@ def _check_padding(p: ParsedPayload) -> None:
             gaps.append((p.data_start + end, p.data_start + s.offset))
             end = s.offset + s.nbytes
     gaps.append((p.data_start + end, p.data_start + p.header.data_length))
-    for lo, hi in gaps:
-        if hi > lo and p.buffer[lo:hi].any():
-            bad = lo + int(np.flatnonzero(p.buffer[lo:hi])[0])
-            raise LayoutError(f"F15: non-zero padding byte @ byte {bad}")
+    bad = kernels.of(p.buffer).memory.first_nonzero(p.buffer, gaps)
+    if bad >= 0:
+        raise LayoutError(f"F15: non-zero padding byte @ byte {bad}")
 
 
 def _check_layout(h: Header) -> None:

@@ -11,6 +11,12 @@ The CRC32C is parallel: each thread computes the standard CRC32C of one chunk of
 bytes (table-driven, reflected polynomial 0x82F63B78), then one thread combines them left to right
 with zlib's ``crc32_combine`` arithmetic (multiplication by x^(8 len) modulo the polynomial), so the
 result equals ``gcodec.checksum.crc32c`` of the same bytes.
+
+The reader (``gcodec.format.container.read_payload``) checks a device payload where it lies: only
+the preamble and the header (:func:`host_bytes`), the stored CRC and small words (an index, a count)
+come to the host. :func:`crc32c` checks rule F14 on the device, :func:`first_nonzero` the padding
+(F15), and :func:`first_bad` a codec's value rule over a section (the names and verdicts of the host
+backend's ``VALUE_RULES``).
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .launch import SIM, _count, adopt, device, grid, host, is_device, one, stream, transferred, upload
+from ...errors import ConfigError
+from .launch import SIM, _count, adopt, device, grid, host, is_device, mul32, one, stream, transferred, upload
+from .minifloat import e4m3_value
 
 __all__ = [
     "CRC_CHUNK",
+    "VALUE_RULES",
     "DevicePayload",
     "alloc",
     "copy",
@@ -31,6 +40,10 @@ __all__ = [
     "crc32c_store",
     "empty",
     "fill",
+    "first_bad",
+    "first_nonzero",
+    "host_bytes",
+    "payload_bytes",
     "put",
     "result",
     "scale",
@@ -297,3 +310,106 @@ class DevicePayload:
 
 def result(buf: Any) -> DevicePayload:
     return DevicePayload(buf)
+
+
+# --------------------------------------------------------------------------------------------
+# the reader's operations
+
+
+def payload_bytes(buf: Any) -> Any:
+    """The flat uint8 device array of a device payload (a :class:`DevicePayload`, a Numba device
+    array, or any CUDA array adopted without a copy)."""
+    d = buf.device if isinstance(buf, DevicePayload) else buf if is_device(buf) else adopt(buf)
+    if d.dtype != np.uint8 or d.ndim != 1:
+        if not d.is_c_contiguous():
+            raise ConfigError("a device payload must be contiguous")
+        d = d.reshape(d.size).view(np.uint8)
+    return d
+
+
+def host_bytes(buf: Any, lo: int, hi: int) -> bytes:
+    """buf[lo:hi] copied to the host (the preamble, the header, a stored CRC: small words)."""
+    if hi <= lo:
+        return b""
+    return host(buf[lo:hi]).tobytes()
+
+
+_NONE = np.iinfo(np.int64).max
+
+
+@cuda.jit
+def _first_nonzero(buf, gaps, res):  # pragma: no cover - device
+    for g in range(cuda.grid(1), gaps.shape[0], cuda.gridsize(1)):
+        for i in range(gaps[g, 0], gaps[g, 1]):
+            if buf[i] != 0:
+                cuda.atomic.min(res, 0, i)
+                break
+
+
+def first_nonzero(buf: Any, gaps: list[tuple[int, int]]) -> int:
+    """The first index of a non-zero byte of device ``buf`` in the ranges ``gaps``, or -1: one
+    thread per range (padding ranges are shorter than the alignment), one word back."""
+    gaps = [(lo, hi) for lo, hi in gaps if hi > lo]
+    if not gaps:
+        return -1
+    res = upload(np.array([_NONE], np.int64))
+    _first_nonzero[grid(len(gaps))](buf, upload(np.array(gaps, np.int64)), res)
+    i = int(host(res)[0])
+    return -1 if i == _NONE else i
+
+
+#: Rule name -> the number :func:`_breaks` switches on (the host backend's ``VALUE_RULES``).
+VALUE_RULES = {
+    "negative_or_nonfinite_f32": 0,
+    "negative_or_nonfinite_f16": 1,
+    "product_overflows_f32": 2,
+    "above": 3,
+    "e4m3_signed_or_nan": 4,
+    "e4m3_times_overflows": 5,
+}
+_INF = np.uint32(0x7F800000)
+
+
+@cuda.jit(device=True)
+def _inf32(p):  # pragma: no cover - device
+    return np.uint32(np.float32(p).view(np.uint32) & np.uint32(0x7FFFFFFF)) == _INF
+
+
+@cuda.jit(device=True)
+def _breaks(v, rule, arg):  # pragma: no cover - device
+    if rule == 0:  # float32 bits: the sign bit, or the all-ones exponent (NaN, infinity)
+        b = np.uint32(v)
+        return (b >> np.uint32(31)) != 0 or (b & _INF) == _INF
+    if rule == 1:
+        b = np.uint32(v)
+        return (b & np.uint32(0x8000)) != 0 or (b & np.uint32(0x7C00)) == np.uint32(0x7C00)
+    if rule == 2:  # float32 bits v: float32(value * arg) infinite
+        return _inf32(mul32(np.uint32(v).view(np.float32), np.float32(arg)))
+    if rule == 3:
+        return np.int64(v) > np.int64(arg)
+    if rule == 4:
+        c = np.uint32(v)
+        return (c & np.uint32(0x80)) != 0 or c == np.uint32(0x7F)
+    d = mul32(e4m3_value(np.uint32(v) & np.uint32(0x7F)), np.float32(arg))
+    return _inf32(mul32(d, np.float32(6.0)))
+
+
+@cuda.jit
+def _first_bad(values, rule, arg, res):  # pragma: no cover - device
+    for i in range(cuda.grid(1), values.shape[0], cuda.gridsize(1)):
+        if _breaks(values[i], rule, arg):
+            cuda.atomic.min(res, 0, i)
+
+
+def first_bad(values: Any, rule: str, arg: float = 0.0) -> int:
+    """The index of the first element of device ``values`` that breaks the named rule, or -1 (one
+    word back). float32 sections are read as their bits."""
+    n = int(values.shape[0])
+    if n == 0:
+        return -1
+    if values.dtype == np.float32:
+        values = values.view(np.uint32)
+    res = upload(np.array([_NONE], np.int64))
+    _first_bad[grid(n)](values, VALUE_RULES[rule], np.float64(arg), res)
+    i = int(host(res)[0])
+    return -1 if i == _NONE else i

@@ -269,6 +269,18 @@ def _decode(codes, sc32, sc8, out, G, BITS, RULE, tscale, table, accumulate, nba
             out[i] = y
 
 
+_TABLES: dict[str, Any] = {}
+
+
+def _values(element: str) -> Any:
+    """The element format's value table on the device, uploaded once per process (at most 1 KiB;
+    before, every decode and every check uploaded it again)."""
+    t = _TABLES.get(element)
+    if t is None:
+        t = _TABLES[element] = upload(values_table(ELEMENTS[element]))
+    return t
+
+
 def _dev(a: Any, dtype: Any) -> Any:
     return device(a) if int(a.shape[0]) else cuda.device_array(1, dtype)
 
@@ -299,7 +311,7 @@ def decode(
         el.bits,
         int(scale_rule),
         np.float32(tscale),
-        upload(values_table(el)),
+        _values(element),
         bool(accumulate),
         nbad,
     )
@@ -320,5 +332,5 @@ def count_bad_elements(codes: Any, n: int, element: str) -> int:
         return 0
     el = ELEMENTS[element]
     nbad = upload(np.zeros(1, np.int64))
-    _count[grid(n)](device(codes), n, el.bits, upload(values_table(el)), nbad)
+    _count[grid(n)](device(codes), n, el.bits, _values(element), nbad)
     return int(host(nbad)[0])

@@ -1,0 +1,232 @@
+"""The reader on device payloads (docs/gpu.md, "Decoding a device payload"), under Numba's CUDA
+simulator: a payload in device memory is checked where it lies.
+
+Each payload below, valid or broken by hand (the payload CRC recomputed where the break is not the
+CRC itself, so that the rule under test is the one that fires), is uploaded whole and given to
+``gcodec.validate`` and ``gcodec.decode(..., out=device array)`` in the simulator child
+(``tests/gpu_sim_worker.py``). The outcome must be the host reader's, to the error class and
+message (byte offsets and group numbers included), and the decoded bits must be the host decode's.
+For codecs whose checks run on the device (``Codec.device_checks``), only the preamble, the header
+and small words may cross: at most :func:`small_bound` bytes, and no copy of a section. A codec
+without device checks (top-k's index rules) gets one host copy of its sections, and says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gcodec
+from gcodec.checksum import crc32c
+from gcodec.codecs.registry import codec_class
+from gcodec.format.container import PREAMBLE_SIZE, align_up
+
+pytestmark = pytest.mark.gpu
+
+HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
+
+
+def _layout(buf: bytes) -> tuple[int, int, list[tuple[str, int, int]]]:
+    """(header length, data start, [(section name, absolute offset, nbytes)]) of a single-tensor payload."""
+    info = gcodec.inspect_header(buf, verify_checksum=False)
+    hlen = info.header_nbytes
+    start = align_up(PREAMBLE_SIZE + hlen)
+    return hlen, start, [(s[0], start + s[2], s[3]) for s in info.tensors[0].sections]
+
+
+def _reseal(b: bytearray) -> bytes:
+    """Recompute the payload CRC32C (rule F14) over what follows the header."""
+    (hlen,) = struct.unpack_from("<I", b, 8)
+    b[-4:] = struct.pack("<I", crc32c(bytes(b[PREAMBLE_SIZE + hlen : -4])))
+    return bytes(b)
+
+
+def _section(buf: bytes, name: str) -> tuple[int, int]:
+    _, _, secs = _layout(buf)
+    return next((o, n) for s, o, n in secs if s == name)
+
+
+def _put(buf: bytes, name: str, index: int, value: np.generic) -> bytes:
+    """``buf`` with element ``index`` of section ``name`` set to ``value`` (its own dtype), resealed."""
+    o, _ = _section(buf, name)
+    b = bytearray(buf)
+    raw = np.asarray(value).tobytes()
+    b[o + index * len(raw) : o + (index + 1) * len(raw)] = raw
+    return _reseal(b)
+
+
+def _last_byte(buf: bytes, name: str, value: int) -> bytes:
+    o, n = _section(buf, name)
+    b = bytearray(buf)
+    b[o + n - 1] = value
+    return _reseal(b)
+
+
+def _pad(buf: bytes) -> bytes:
+    """A non-zero byte in the first padding gap (rule F15), resealed."""
+    hlen, start, secs = _layout(buf)
+    gaps = [(PREAMBLE_SIZE + hlen, start)] + [(o + n, align_up(o + n)) for _, o, n in secs]
+    lo = next(lo for lo, hi in gaps if hi > lo)
+    b = bytearray(buf)
+    b[lo] = 0x5A
+    return _reseal(b)
+
+
+def _flip(buf: bytes) -> bytes:
+    """A flipped data byte without a new CRC (rule F14)."""
+    _, _, secs = _layout(buf)
+    b = bytearray(buf)
+    b[secs[-1][1]] ^= 0x10
+    return bytes(b)
+
+
+def _x(n: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(n) * 0.5).astype(np.float32)
+
+
+def _enc(cfg: dict[str, Any], n: int, seed: int) -> bytes:
+    return bytes(gcodec.encode(_x(n, seed), cfg))
+
+
+U8 = {"id": "uniform", "bits": 8, "group_size": 32}
+U4 = {"id": "uniform", "bits": 4, "group_size": 16}
+U8F16 = {"id": "uniform", "bits": 8, "group_size": 32, "scale_dtype": "float16"}
+SIGN = {"id": "sign", "group_size": 32}
+MX4 = {"id": "mx", "element": "e2m1"}
+MX8 = {"id": "mx", "element": "e4m3"}
+NV = {"id": "nvfp4"}
+FP8 = {"id": "fp8", "group_size": 32}
+TOPK = {"id": "topk", "ratio": 0.1}
+
+
+def payloads() -> list[tuple[str, dict[str, Any], int, bytes]]:
+    """(id, codec config, element count, payload bytes)."""
+    u8, u4 = _enc(U8, 3000, 1), _enc(U4, 3001, 2)
+    u8f16, sign = _enc(U8F16, 3000, 3), _enc(SIGN, 8001, 4)
+    mx4, mx8, nv, fp8 = _enc(MX4, 4001, 5), _enc(MX8, 3000, 6), _enc(NV, 4001, 7), _enc(FP8, 3000, 8)
+    fp16, topk = _enc({"id": "fp16"}, 2000, 9), _enc(TOPK, 3000, 10)
+    return [
+        ("fp16", {"id": "fp16"}, 2000, fp16),
+        ("fp16-crc", {"id": "fp16"}, 2000, _flip(fp16)),
+        ("u8", U8, 3000, u8),
+        ("u8-crc", U8, 3000, _flip(u8)),
+        ("u8-padding", U8, 3000, _pad(u8)),
+        ("u8-nan-scale", U8, 3000, _put(u8, "scales", 3, np.float32(np.nan))),
+        ("u8-negative-zero-scale", U8, 3000, _put(u8, "scales", 5, np.float32(-0.0))),
+        ("u8-overflowing-scale", U8, 3000, _put(u8, "scales", 2, np.float32(3e37))),
+        ("u8-code-128", U8, 3000, _put(u8, "codes", 150, np.int8(-128))),
+        ("u4", U4, 3001, u4),
+        ("u4-unused-bits", U4, 3001, _last_byte(u4, "codes", 0xF0)),
+        ("u8-f16-scales", U8F16, 3000, u8f16),
+        ("u8-f16-inf-scale", U8F16, 3000, _put(u8f16, "scales", 1, np.uint16(0x7C00))),
+        ("u8-f16-negative-scale", U8F16, 3000, _put(u8f16, "scales", 2, np.uint16(0x8001))),
+        ("sign", SIGN, 8001, sign),
+        ("sign-inf-scale", SIGN, 8001, _put(sign, "scales", 1, np.float32(np.inf))),
+        ("sign-unused-bits", SIGN, 8001, _last_byte(sign, "bits", 0xFF)),
+        ("mxfp4", MX4, 4001, mx4),
+        ("mxfp4-nan-scale", MX4, 4001, _put(mx4, "scales", 2, np.uint8(0xFF))),
+        ("mxfp4-unused-bits", MX4, 4001, _last_byte(mx4, "elements", 0xF1)),
+        ("mxfp8", MX8, 3000, mx8),
+        ("mxfp8-nan-element", MX8, 3000, _put(mx8, "elements", 40, np.uint8(0x7F))),
+        ("nvfp4", NV, 4001, nv),
+        ("nvfp4-signed-block-scale", NV, 4001, _put(nv, "scales", 3, np.uint8(0x81))),
+        ("nvfp4-inf-tensor-scale", NV, 4001, _put(nv, "tensor_scale", 0, np.float32(np.inf))),
+        ("nvfp4-overflowing-block", NV, 4001, _put(nv, "tensor_scale", 0, np.float32(3e35))),
+        ("fp8", FP8, 3000, fp8),
+        ("fp8-overflowing-scale", FP8, 3000, _put(fp8, "scales", 1, np.float32(1e37))),
+        ("topk", TOPK, 3000, topk),
+        ("topk-crc", TOPK, 3000, _flip(topk)),
+    ]
+
+
+PAYLOADS = payloads()
+VALID = {"fp16", "u8", "u4", "u8-f16-scales", "sign", "mxfp4", "mxfp8", "nvfp4", "fp8", "topk"}
+BY_ID = {p[0]: p for p in PAYLOADS}
+
+
+def small_bound(buf: bytes) -> int:
+    """What one read of a device payload may move when no section crosses: the preamble and the
+    header, the stored CRC, and small words (a first-bad index or a count per value rule, 8 bytes
+    each, plus the 8-byte word each starts from, and a list of at most 6 padding ranges, 16 bytes
+    each). The worker uploads the one-time tables (CRC, element values) before it measures."""
+    (hlen,) = struct.unpack_from("<I", buf, 8)
+    return PREAMBLE_SIZE + hlen + 4 + 16 * 6 + 24 * 12
+
+
+@pytest.fixture(scope="module")
+def sim() -> dict[str, Any]:
+    if not HAVE_NUMBA_CUDA:
+        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
+    req = {"reader": [{"id": i, "n": n, "payload": b.hex()} for i, _, n, b in PAYLOADS], "watchdog_s": 300}
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("gpu_sim_worker.py"))],
+        input=json.dumps(req),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    out = json.loads(proc.stdout)
+    assert out["simulator"] is True
+    return {r["id"]: r for r in out["reader"]}
+
+
+def _host(buf: bytes, n: int) -> tuple[str, str, bytes]:
+    try:
+        gcodec.validate(buf)
+        v = "ok"
+    except gcodec.GcodecError as e:
+        v = f"{type(e).__name__}: {e}"
+    out = np.full(n, 7.0, np.float32)
+    try:
+        gcodec.decode(buf, out=out)
+        d = "ok"
+    except gcodec.GcodecError as e:
+        d = f"{type(e).__name__}: {e}"
+    return v, d, out.tobytes() if d == "ok" else b""
+
+
+def test_the_cases_break_what_they_say() -> None:
+    """Every broken payload is refused by the host reader and every intact one passes, so the
+    comparison below compares refusals, not two passes."""
+    for cid, _, n, buf in PAYLOADS:
+        v, _, _ = _host(buf, n)
+        assert (v == "ok") == (cid in VALID), (cid, v)
+
+
+@pytest.mark.parametrize("cid", list(BY_ID))
+def test_device_reader_agrees_with_the_host_reader(sim: dict[str, Any], cid: str) -> None:
+    _, _, n, buf = BY_ID[cid]
+    got = sim[cid]
+    v, d, out = _host(buf, n)
+    assert got["validate"] == v
+    assert got["decode"] == d
+    if d == "ok":
+        assert bytes.fromhex(got["decoded"]) == out  # bit for bit
+
+
+@pytest.mark.parametrize("cid", list(BY_ID))
+def test_device_checks_move_only_header_and_small_words(sim: dict[str, Any], cid: str) -> None:
+    _, cfg, _, buf = BY_ID[cid]
+    got = sim[cid]
+    if codec_class(cfg["id"]).device_checks:
+        assert got["section_copies"] == 0
+        assert got["validate_bytes"] <= small_bound(buf), got["validate_bytes"]
+        assert got["decode_bytes"] <= small_bound(buf), got["decode_bytes"]
+    elif got["validate"] == "ok":  # the sections come to the host once, for the host's index checks
+        assert got["section_copies"] >= 1
+        assert got["validate_bytes"] >= len(buf) - small_bound(buf)
