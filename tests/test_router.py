@@ -192,3 +192,84 @@ def test_changing_the_engine_settings_takes_effect_at_the_next_choice() -> None:
     assert r.choose("w", (4, 4), 0) is None and r.choose("v", (4, 4), 0).codec_id == "bf16"  # type: ignore[union-attr]
     with pytest.raises(ConfigError):
         r.configure(bits=3)
+
+
+class _Counting:
+    """A rank's communicator that counts the collectives its protocols start."""
+
+    def __init__(self, comm) -> None:  # type: ignore[no-untyped-def]
+        self.comm, self.calls = comm, 0
+        self.rank, self.size = comm.rank, comm.size
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        fn = getattr(self.comm, name)
+        if name in ("allreduce", "allgather", "allgatherv", "alltoallv"):
+
+            def counted(*a, **k):  # type: ignore[no-untyped-def]
+                self.calls += 1
+                return fn(*a, **k)
+
+            return counted
+        return fn
+
+
+# Three dense keys (a policy keeps the 1-D ones dense) and two compressed ones, two steps, three
+# ranks, error feedback on: all keys at once must give every key the bits of one key at a time,
+# with the dense keys in one agreement and one allreduce instead of two collectives each.
+_KEYS = [("w1", (8, 16)), ("b1", (16,)), ("w2", (16, 4)), ("b2", (4,)), ("g", (7,))]
+
+
+def _many_run(joined: bool) -> list:  # type: ignore[type-arg]
+    from gcodec.transports import run_blocking
+
+    from .localcomm import run_threads
+
+    def rank(comm):  # type: ignore[no-untyped-def]
+        c = _Counting(comm)
+        r = Router(as_policy({"w*": U8, "*": None}, min_numel=0))
+        outs, calls = [], []
+        for step in range(2):
+            xs = [
+                np.random.default_rng([comm.rank, step, i]).standard_normal(s).astype(np.float32)
+                for i, (_, s) in enumerate(_KEYS)
+            ]
+            before = c.calls
+            if joined:
+                run_blocking(r.protocol_many(c, [(k, x, x) for (k, _), x in zip(_KEYS, xs)], "mean"))
+            else:
+                for (k, _), x in zip(_KEYS, xs):
+                    run_blocking(r.protocol(c, x, x, k, "mean"))
+            outs.append([x.copy() for x in xs])
+            calls.append(c.calls - before)
+        return outs, calls, {k: r.last(k)["payload_bytes"] for k, _ in _KEYS}
+
+    return run_threads(3, rank)
+
+
+def test_protocol_many_joins_the_dense_keys_and_changes_no_bit() -> None:
+    one, many = _many_run(False), _many_run(True)
+    for a, b in zip(one, many):
+        assert not isinstance(a, BaseException) and not isinstance(b, BaseException), (a, b)
+        for xs, ys in zip(a[0], b[0]):
+            for x, y in zip(xs, ys):
+                np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32))
+        assert a[2] == b[2]  # every key's own bytes in its record
+        # a dense key alone costs 4 collectives at its first step (its fingerprint agreed in full,
+        # then the allreduce) and 2 later (a digest, the allreduce); joined, the three cost what one
+        # does, so 2 x 4 and 2 x 2 fewer
+        assert [c - m for c, m in zip(a[1], b[1])] == [8, 4]
+    assert one[0][0][1][1].tolist() == one[1][0][1][1].tolist()  # every rank holds the same average
+
+
+def test_protocol_many_refuses_ranks_whose_dense_keys_differ() -> None:
+    from gcodec.transports import run_blocking
+
+    from .localcomm import run_threads
+
+    def rank(comm):  # type: ignore[no-untyped-def]
+        r = Router(as_policy({"*": None}))
+        keys = ["a", "b"] if comm.rank == 0 else ["a", "c"]
+        run_blocking(r.protocol_many(comm, [(k, np.ones(4, np.float32), np.ones(4, np.float32)) for k in keys], "sum"))
+
+    got = run_threads(2, rank)
+    assert all(isinstance(g, gcodec.GcodecError) for g in got), got

@@ -28,10 +28,10 @@ from ..errors import ConfigError, GcodecError
 from ..lowcomm import Schedule, assign_fragments
 from ..transports import Router
 from ..transports.comm import Communicator, Protocol
-from ..transports.control import Exchange
+from ..transports.control import Exchange, failed_exchange
 from ..transports.handshake import fingerprint
-from .comm import comm_for, queue_for, synchronize
-from .convert import arrays_from_tensors
+from .comm import FutureWork, comm_for, queue_for, synchronize
+from .convert import arrays_from_tensors, as_array
 
 __all__ = ["DiLoCo"]
 
@@ -52,29 +52,29 @@ def _agree_step(comm: Communicator, fp: dict[str, Any], agreed: dict[str, str], 
 
 
 class _Pending:
-    """One fragment's exchange in flight: the works of its parameters and their average buffers."""
+    """One fragment's exchange in flight: its work and its parameters' average buffers."""
 
-    def __init__(self, sent: int, check: Any, works: list[tuple[str, torch.Tensor, Any]]) -> None:
+    def __init__(self, sent: int, check: Any, deltas: dict[str, torch.Tensor], work: Any) -> None:
         self.sent = sent
         self.check = check
-        self.works = works
+        self.deltas = deltas
+        self.work = work
         self.done = False
 
     def wait(self) -> dict[str, torch.Tensor]:
         if not self.done:
+            error: GcodecError | None = None
             try:
                 self.check.wait()
-            finally:  # the parameters' exchanges are queued behind the check: drain them too
-                errors = []
-                for _, _, w in self.works:
-                    try:
-                        w.wait()
-                    except GcodecError as e:
-                        errors.append(e)
-            self.done = True
-            if errors:
-                raise errors[0]
-        return {name: t for name, t, _ in self.works}
+            finally:  # the fragment's exchange is queued behind the check: drain it too
+                self.done = True
+                try:
+                    self.work.wait()
+                except GcodecError as e:  # raised below unless the check's own error is on its way
+                    error = e
+            if error is not None:
+                raise error
+        return self.deltas
 
 
 class DiLoCo:
@@ -199,15 +199,21 @@ class DiLoCo:
         comm = comm_for(self.group)
         queue = queue_for(self.group)
         check = queue.submit(_agree_step(comm, self._config, self._agreed, t, f))
-        works = []
+        deltas = {}
         with torch.no_grad():
             for name in self.fragments[f]:
-                p = self._params[name]
-                delta = self._global[name] - p.detach()
-                work = _all_reduce(delta, self.router, name, self.group)
-                works.append((name, delta, work))
+                delta = self._global[name] - self._params[name].detach()
+                deltas[name] = delta
                 self._raw += delta.numel() * delta.element_size()
-        self._pending[f] = _Pending(t, check, works)
+        try:
+            items = [(name, as_array(d), as_array(d)) for name, d in deltas.items()]
+        except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+            queue.run(failed_exchange(comm, e, f"DiLoCo exchange of fragment {f}"))
+            raise
+        # one protocol for the fragment: the router joins the keys that go dense into one exchange
+        device = next(iter(deltas.values())).device if deltas else None
+        fut = queue.submit(self.router.protocol_many(comm, items, "mean"), device)
+        self._pending[f] = _Pending(t, check, deltas, FutureWork(fut))
         self.log.append((t, f, "send"))
 
     def _average(self, f: int) -> dict[str, torch.Tensor]:
@@ -333,12 +339,6 @@ class DiLoCo:
         self._bytes = int(sd["counters"]["wire_bytes"])
         self._raw = int(sd["counters"]["raw_bytes"])
         self._payload = int(sd["counters"]["payload_bytes"])
-
-
-def _all_reduce(t: torch.Tensor, router: Router, key: str, group: Any) -> Any:
-    from . import all_reduce
-
-    return all_reduce(t, None, "mean", group, True, key=key, state=router)
 
 
 def _hyper(opt: torch.optim.Optimizer) -> dict[str, Any]:

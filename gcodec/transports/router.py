@@ -529,12 +529,92 @@ class Router:
             self.reports.add_call(key, [st], raw_bytes=raw, held_s=time.perf_counter() - t0)
 
         codec, step = yield from self.decide(comm, key, tuple(x.shape))
-        whole = [[Piece.whole(key, int(x.size))]]
         if codec is None:
-            carried = self.take(whole)
+            carried = self.take([[Piece.whole(key, int(x.size))]])
             st = yield from self._dense(comm, x, out, key, op, step, None if carried is None else carried[0])
             report(st)
             return out
+        return (yield from self._compressed(comm, x, out, key, op, codec, t0))
+
+    def protocol_many(self, comm: Communicator, items: Sequence[tuple[str, Any, Any]], op: str) -> Protocol:
+        """:meth:`protocol` for several keys at once (``items``: ``(key, x, out)``, the same keys in
+        the same order on every rank): each key's codec is decided as :meth:`protocol` decides it,
+        the keys that go compressed are exchanged one after the other as there, and the keys that
+        go dense this step are joined into one agreed exchange and one allreduce. A DiLoCo
+        synchronisation of a model's 28 parameters on 2 gloo ranks took 225 ms one key at a time,
+        most of it the agreement and the collectives of the many small dense keys (norms, biases)."""
+        dense: list[tuple[str, Any, Any, int, Any, float]] = []
+        for key, x, out in items:
+            t0 = time.perf_counter()
+            codec, step = yield from self.decide(comm, key, tuple(x.shape))
+            if codec is None:
+                carried = self.take([[Piece.whole(key, int(x.size))]])
+                dense.append((key, x, out, step, None if carried is None else carried[0], t0))
+                continue
+            yield from self._compressed(comm, x, out, key, op, codec, t0)
+        if len(dense) == 1:
+            key, x, out, step, carried, t0 = dense[0]
+            st = yield from self._dense(comm, x, out, key, op, step, carried)
+            self.reports.add_call(key, [st], raw_bytes=int(x.nbytes), held_s=time.perf_counter() - t0)
+        elif dense:
+            yield from self._dense_many(comm, dense, op)
+        return [out for _, _, out in items]
+
+    def _dense_many(self, comm: Communicator, dense: list[tuple[str, Any, Any, int, Any, float]], op: str) -> Protocol:
+        """The dense keys of :meth:`protocol_many` as one exchange: one fingerprint (every key, shape
+        and dtype) agreed, one allreduce of their values joined in work precision. Each key's
+        record and step report gets its own bytes and its share of the time."""
+        p = comm.size
+        names = [k for k, *_ in dense]
+        digest = hashlib.sha1("\0".join(names).encode()).hexdigest()[:8]
+        gkey = f"dense:{names[0]}..{names[-1]} ({len(names)} tensors, {digest})"
+        fp = fingerprint(
+            key=gkey,
+            codec=DENSE,
+            shape=[[k, list(x.shape), dtype_name(x.dtype)] for k, x, *_ in dense],
+            op=op,
+            size=p,
+        )
+        yield from Exchange(comm, fp, self.agreed, gkey, f"dense allreduce of {len(names)} tensors").begin()
+        like = dense[0][1]
+        wdt = np.result_type(*[work_dtype(x.dtype) for _, x, *_ in dense])
+        total = sum(int(x.size) for _, x, *_ in dense)
+        buf = xp.empty(like, total, wdt)
+        spans = []
+        o = 0
+        for _, x, _, _, carried, _ in dense:
+            n = int(x.size)
+            part = buf[o : o + n]
+            xp.copy(part, xp.flat(x))
+            if carried is not None and carried.size == n:
+                xp.add(part, carried)
+            spans.append((o, n))
+            o += n
+        st = StepStats(gkey, 0, DENSE, 0)
+        yield from timed(st, _collective(comm.allreduce(buf, "sum")))
+        if op == "mean":
+            xp.scale(buf, buf, 1.0 / p)
+        held = time.perf_counter() - dense[0][5]
+        for (key, x, out, step, _, _), (o, n) in zip(dense, spans):
+            xp.copy(xp.flat(out), buf[o : o + n])
+            share = n / max(total, 1)
+            kst = StepStats(key, step, DENSE, int(x.nbytes))
+            nb = n * np.dtype(wdt).itemsize
+            kst.add("payload_bytes", nb)
+            kst.add("wire_bytes", 2 * (p - 1) * nb // p)
+            kst.add("comm_s", st.values["comm_s"] * share)
+            kst.add("host_bytes", st.values["host_bytes"] * share)
+            self.record(key, {"step": step, "mode": DENSE, **kst.values, "codec": DENSE})
+            self.reports.add_call(key, [kst], raw_bytes=int(x.nbytes), held_s=held * share)
+
+    def _compressed(self, comm: Communicator, x: Any, out: Any, key: str, op: str, codec: Codec, t0: float) -> Protocol:
+        """``key``'s exchange under ``codec`` (:meth:`protocol` once the codec is decided)."""
+        raw = int(x.nbytes)
+
+        def report(st: StepStats) -> None:  # the call, codec choice included, is one part of the round
+            self.reports.add_call(key, [st], raw_bytes=raw, held_s=time.perf_counter() - t0)
+
+        whole = [[Piece.whole(key, int(x.size))]]
         ts = self.state_for(codec)
         mode = resolve_mode(codec, ts.mode, comm.size)
         form = {"powersgd": "lowrank", "two_phase": "split"}.get(mode, "flat")
