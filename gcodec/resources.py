@@ -101,7 +101,7 @@ def memory_bound(buf: Any, *, limits: Limits | None = None) -> int:
     with H the header's length and C its maps and arrays. A payload that a reader refuses counts only
     what it allocates before the refusal: the tensors whose record rules (C0-C3, limits) pass; the
     decoded bytes only when every record passes (decode allocates outputs after checking them all).
-    ``buf`` is bytes-like (a device payload is first copied to the host: its length more).
+    ``buf`` is bytes-like (a host payload; a device payload is read where it lies, docs/gpu.md).
     """
     lim = limits or get_limits()
     h, c = _header_bytes(buf, lim)
