@@ -142,6 +142,22 @@ def test_a_fixed_size_codec_writes_the_same_length_whatever_the_values(cid):
         assert len(sizes) == 1, (shape, sizes)
 
 
+_SHAPED = [{"id": c} for c in gcodec.list_codecs()] + [{"id": "dct", "dims": 2, "chunk": 16, "k": 3}]
+
+
+@pytest.mark.parametrize("cfg", _SHAPED, ids=lambda c: "-".join(map(str, c.values())))
+def test_reads_shape_says_whether_the_shape_changes_what_decodes(cfg):
+    """The engines join tensors of one codec into one flat group only when ``reads_shape`` is
+    False: then a tensor must decode exactly as its flattening does; a codec that says True must
+    decode some tensor differently from its flattening (or it would be kept out of groups for nothing)."""
+    codec = gcodec.get_codec(cfg)
+    x = np.random.default_rng(5).standard_normal((24, 16)).astype(np.float32)
+    shaped = gcodec.decode(codec.encode(x, step=3)).reshape(-1)
+    flat = gcodec.decode(codec.encode(x.reshape(-1), step=3))
+    same = np.array_equal(shaped.view(np.uint32), flat.view(np.uint32))
+    assert same != codec.reads_shape, (cfg, codec.reads_shape)
+
+
 @pytest.mark.parametrize("cid", [c for c in gcodec.list_codecs() if gcodec.get_codec(c).values_dtype is not None])
 def test_a_values_section_encodes_and_decodes_alone_as_in_a_payload(cid):
     from gcodec.aggregate import summable_values
@@ -157,3 +173,13 @@ def test_a_values_section_encodes_and_decodes_alone_as_in_a_payload(cid):
     np.testing.assert_array_equal(out, gcodec.decode(payload))
     codec.decode_values(vals, out, True)
     np.testing.assert_array_equal(out, 2 * gcodec.decode(payload))
+
+
+def test_auto_mode_keeps_a_codec_that_reads_shapes_out_of_two_phase():
+    from gcodec.transports.state import resolve_mode
+
+    tiles, flat = gcodec.get_codec(_SHAPED[-1]), gcodec.get_codec("dct")
+    assert resolve_mode(tiles, "auto", 8) == "gather"  # two-phase owners would see flat chunks
+    assert resolve_mode(flat, "auto", 8) == "two_phase"
+    with pytest.raises(gcodec.ConfigError, match="reads the tensor's shape"):
+        resolve_mode(tiles, "two_phase", 4)

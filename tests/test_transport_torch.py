@@ -103,6 +103,12 @@ def test_dense_tensors_ride_with_the_compressed_group_exactly(tmp_path: Path, wo
     assert len(checks_of(tmp_path, list(range(world)))) == world * 2 * 2 * 3 * 2
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_codec_that_reads_shapes_compresses_each_weight_in_its_shape(tmp_path: Path, world: int) -> None:
+    assert run_ranks("shaped", tmp_path, world=world) == [0] * world
+    assert len(checks_of(tmp_path, list(range(world)))) == world * 2 * 2
+
+
 def test_hook_state_checkpoint_resumes_bit_identically(tmp_path: Path) -> None:
     assert run_ranks("checkpoint", tmp_path) == [0, 0]
     assert len(checks_of(tmp_path, [0, 1])) == 2 * 6

@@ -161,6 +161,8 @@ class Codec(ABC):
     * :attr:`values_dtype` and :meth:`encode_values`/:meth:`decode_values`: the payload is a header
       and one section of numbers of that type, which the ranks can sum value by value;
     * :meth:`compresses`: whether a tensor of a shape is worth compressing at all;
+    * :attr:`reads_shape`: whether the encoding depends on the tensor's shape beyond its element
+      count, so that an engine never joins such a tensor with others into one flat group;
     * :meth:`compression_rate`: the ratio of a shape's elements to what the codec keeps of it,
       when the codec's gain depends on the shape (a low-rank codec's m·n / ((m+n)·r)).
 
@@ -263,6 +265,13 @@ class Codec(ABC):
         """Whether a tensor of this shape is compressed (a codec that would only pass it through
         says False, and the engines keep such a tensor dense)."""
         return True
+
+    @property
+    def reads_shape(self) -> bool:
+        """Whether the encoding depends on the tensor's shape and not only on its flattened values
+        (a low-rank codec's matrices, the 2-D DCT's tiles). The engines join tensors of one codec
+        into one flat group only when this is False; such a tensor is exchanged in its own shape."""
+        return self.low_rank
 
     def compression_rate(self, shape: tuple[int, ...]) -> float | None:
         """Elements of ``shape`` per element the codec sends, when that depends on the shape (a

@@ -93,6 +93,11 @@ class Dct(ChunkTopK):
         if params["chunk"] not in allowed:
             raise err(f"{where}chunk={params['chunk']} is not one of {list(allowed)} for dims={params['dims']}")
 
+    @property
+    def reads_shape(self) -> bool:
+        """``dims=2`` transforms tiles of the tensor's matrix view (spec §1): never a flat group."""
+        return bool(self._params["dims"] == 2)
+
     @classmethod
     def _layout_len(cls, shape: tuple[int, ...], params: dict[str, Any]) -> int:
         """The coefficients: every chunk (tile) full, short ones padded with zeros."""

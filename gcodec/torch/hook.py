@@ -357,7 +357,9 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         st = StepStats(g.key, step, mode, x.nbytes)
         out = x if whole else xp.empty(x, x.shape[0], x.dtype)
         extra = {} if riders is None else {"dense": riders}  # only a summable group carries riders
-        proto = _FLAT[mode](ex, ts, x.reshape(-1), out.reshape(-1), g.key, "mean", step, st, **extra)
+        # a codec that reads shapes has a group of one tensor, sent in that tensor's shape
+        shape = tuple(grads[idx[0]].shape) if ts.codec.reads_shape else (-1,)
+        proto = _FLAT[mode](ex, ts, x.reshape(shape), out.reshape(shape), g.key, "mean", step, st, **extra)
         yield from timed(st, proto)
         ts.record(st)
         g.stats = st
@@ -438,6 +440,8 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
             plan.dense.append(i)
         else:
             k = json.dumps(c.get_config(), sort_keys=True)
+            if c.reads_shape and not c.low_rank:  # its own group, exchanged in its shape
+                k += f"\0{i}"
             by_codec.setdefault(k, []).append(i)
             codecs[k] = c
     for k, idx in by_codec.items():
@@ -456,7 +460,8 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
             total = sum(grads[i].numel() for i in idx)
             split = mode == "two_phase"
             like = as_array(grads[idx[0]])
-            flush = router.place(ts, key, "split" if split else "flat", vectors, [(p,) if split else (total,)], like)
+            shape = tuple(grads[idx[0]].shape) if codec.reads_shape else (total,)
+            flush = router.place(ts, key, "split" if split else "flat", vectors, [(p,) if split else shape], like)
         plan.groups.append(_Group(key, ts, mode, idx, flush))
     if plan.dense:
         taken = router.take(

@@ -43,13 +43,19 @@ def resolve_mode(codec: Codec, mode: str, size: int) -> str:
             return "powersgd"
         if codec.aggregation is Aggregation.SUMMABLE:
             return "summable"
-        return "gather" if size <= GATHER_MAX_RANKS else "two_phase"
+        # two-phase owners work on flat chunks: a codec that reads shapes keeps them under gather
+        return "gather" if size <= GATHER_MAX_RANKS or codec.reads_shape else "two_phase"
     if mode == "summable" and codec.aggregation is not Aggregation.SUMMABLE:
         raise ConfigError(f"codec {codec.codec_id!r} is not summable; use mode 'gather' or 'two_phase'")
     if mode == "powersgd" and not lowrank:
         raise ConfigError(f"mode 'powersgd' needs a low-rank codec (powersgd), not {codec.codec_id!r}")
     if mode == "two_phase" and lowrank:
         raise ConfigError("powersgd cannot run two-phase (its chunks are not matrices); use 'powersgd' or 'gather'")
+    if mode == "two_phase" and codec.reads_shape:
+        raise ConfigError(
+            f"codec {codec.get_config()} reads the tensor's shape and cannot run two-phase (its chunks are flat); "
+            "use 'gather'"
+        )
     return mode
 
 

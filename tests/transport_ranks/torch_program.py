@@ -303,6 +303,40 @@ def scenario_riders(outdir: Path) -> None:
                 check(f"riders {name} {where} step {it}: compressed tensors as the codec's arithmetic", comp_ok, detail)
 
 
+def scenario_shaped(outdir: Path) -> None:
+    """A codec that reads shapes (the 2-D DCT, 4 x 4 tiles) compresses each weight of a bucket in
+    that weight's shape: the hook's mean is the mean of every rank's decode of its gradient in its
+    shape (float32 sums: within a few roundings), and far from what the flattened gradients would
+    decode to. At 3 ranks auto mode keeps gather (two-phase chunks are flat)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.Tanh(), torch.nn.Linear(48, 16))
+    g = torch.Generator().manual_seed(100 + RANK)
+    x, y = torch.randn(64, 32, generator=g), torch.randn(64, 16, generator=g)
+    every = _local_grads(pickle.loads(pickle.dumps(model)), x, y)
+    cfg = {"id": "dct", "dims": 2, "chunk": 16, "k": 3}
+    codec = gcodec.get_codec(cfg)
+    m = pickle.loads(pickle.dumps(model))
+    ddp = DDP(m, bucket_cap_mb=25)
+    st = gcodec.torch.HookState(codec=cfg, start_iter=0, min_numel=200, error_feedback=False, module=m)
+    ddp.register_comm_hook(st, gcodec.torch.comm_hook)
+    for it in range(2):  # the first step and one after DDP's bucket rebuild
+        ddp.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        pos = 0
+        for q in m.parameters():
+            n, shape = q.numel(), tuple(q.shape)
+            if n >= 200:
+                parts = [e[pos : pos + n] for e in every]
+                shaped = sum(gcodec.decode(codec.encode(v.reshape(shape))).reshape(-1) for v in parts) / WORLD
+                flat = sum(gcodec.decode(codec.encode(v)) for v in parts) / WORLD
+                got = q.grad.reshape(-1).numpy()
+                scale = float(np.abs(shaped).max())
+                near = float(np.abs(got - shaped).max()) <= 8 * np.finfo(np.float32).eps * scale
+                far = float(np.abs(got - flat).max()) > 0.01 * scale
+                check(f"shaped dct step {it} {shape}: the mean of decodes in the tensor's shape", near and far)
+            pos += n
+
+
 def scenario_mismatch(outdir: Path) -> None:
     model, x, y = model_and_data()
     ddp = DDP(model)
