@@ -24,9 +24,10 @@ exchange overlapping 2 inner steps, mix 0.5) with 4-bit values and error feedbac
    (relative), and its bytes per rank per inner step (the encoded contribution of one rank, as
    gcodec's statistics and the payload sizes count it);
 2. at every shaped rate (a network namespace whose loopback is shaped by a token bucket, as
-   bench/link.py builds it; both ranks' traffic shares it) every contender runs ``H + 3`` inner
-   steps and its mean step time over the last ``H`` (one whole synchronisation period, the
-   exchange included) is taken;
+   bench/link.py builds it; both ranks' traffic shares it) every contender runs ``k H + 3`` inner
+   steps (``--periods k``, default 3), its mean step time over each of the last ``k`` windows of
+   ``H`` steps (a whole synchronisation period, the exchange included) is taken, and the median
+   of those ``k`` means is kept (one window moved the ratios by about 20 % between runs);
 3. time to target at a rate = steps to target x that mean step time.
 """
 
@@ -36,6 +37,7 @@ import argparse
 import importlib.util
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -103,6 +105,16 @@ def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
     return None
 
 
+def period_median(times_ms: list[float], h: int, k: int) -> float:
+    """The median over the last ``k`` windows of ``h`` steps of each window's mean step time: a
+    window holds one synchronisation, so every window costs what a period costs, and the median
+    keeps one slow window (the machine's, not the method's) out of the figure."""
+    if len(times_ms) < k * h:
+        raise ValueError(f"{len(times_ms)} step times, fewer than {k} windows of {h}")
+    tail = times_ms[len(times_ms) - k * h :]
+    return float(statistics.median(statistics.fmean(tail[i * h : (i + 1) * h]) for i in range(k)))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     h = args.sync_every
     curves = json.loads(Path(args.curves_from).read_text())["curves"] if args.curves_from else None
@@ -127,16 +139,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         base = runs[cons[0]["label"]]
         target = float(base["val_loss"]) if base.get("ok") else math.nan
         timed: dict[str, dict[str, float]] = {}
-        timing = LMSettings(**{**s.to_dict(), "max_steps": h + 3})
+        k = args.periods
+        timing = LMSettings(**{**s.to_dict(), "max_steps": k * h + 3})
         for rate in [] if args.curves_only else args.rates:
-            print(f"[{world} workers] timing at {rate}: {h + 3} steps per contender", file=sys.stderr, flush=True)
+            print(f"[{world} workers] timing at {rate}: {k * h + 3} steps per contender", file=sys.stderr, flush=True)
             with namespace(rate) as prefix:
                 tr = run_job(
                     cons, timing, world, prefix=prefix, env=env, module="gcodec.demo.lm_worker", timeout_s=3600
                 )
             for r in tr["runs"]:
                 if r.get("ok"):
-                    timed.setdefault(r["label"], {})[rate] = r["mean_step_ms"] / 1e3
+                    timed.setdefault(r["label"], {})[rate] = period_median(r["step_times_ms"], h, k) / 1e3
         rows = []
         for c in cons:
             r = runs[c["label"]]
@@ -265,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-every", type=int, default=25, help="DiLoCo's H")
     ap.add_argument(
         "--diloco-steps", type=int, default=0, help="inner steps of the DiLoCo runs (default 1.5 x --steps)"
+    )
+    ap.add_argument(
+        "--periods", type=int, default=3, help="timing windows of H steps per contender and rate (median kept)"
     )
     ap.add_argument("--quick", action="store_true", help="the quick model and 4 contenders")
     ap.add_argument("--curves-only", action="store_true", help="train the curves, time nothing (then --curves-from)")

@@ -240,6 +240,7 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
         "bytes_per_inner_step": per_step,
         "step_ms": 1e3 * float(np.median(warm)),
         "mean_step_ms": 1e3 * float(np.mean(warm)),
+        "step_times_ms": [round(1e3 * t, 4) for t in times],
         "train_s": train_s,
         "val_loss": curve[-1]["val_loss"] if curve else None,
         "curve": curve,
