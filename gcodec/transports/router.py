@@ -597,7 +597,7 @@ class Router:
                 dense.append((key, x, out, step, None if carried is None else carried[0], t0))
                 continue
             member = _Member(key, x, out, step, t0, codec)
-            if codec.reads_shape or resolve_mode(codec, self.state_for(codec).mode, comm.size) == "powersgd":
+            if codec.reads_shape:  # PowerSGD's matrices (low_rank reads shapes) and the 2-D DCT go alone
                 order.append([member])
                 continue
             gk = (codec_key(codec), dtype_name(x.dtype), xp.backend(x))
