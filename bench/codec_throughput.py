@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=1 << 24, help="float32 elements (default 16 Mi)")
     ap.add_argument("--repeat", type=int, default=5, help="rounds; each figure is the best round")
-    ap.add_argument("--only", default="", help="run only settings whose name contains this")
+    ap.add_argument("--only", default="", help="run only settings whose name contains this (several: comma-separated)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     n = args.n
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---" * (head.count("|") - 1) + "|")
     rows = []
     for st in settings(n):
-        if args.only and args.only not in st["name"]:
+        if args.only and not any(w in st["name"] for w in args.only.split(",")):
             continue
         codec = gcodec.get_codec(st["codec"], **st["params"])
         if st["feedback"]:

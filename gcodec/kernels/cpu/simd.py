@@ -14,6 +14,8 @@ from numba.extending import intrinsic
 
 __all__ = [
     "add_signs8",
+    "block_amax16",
+    "div_groups16",
     "load_u64",
     "max_bits",
     "max_sums",
@@ -266,3 +268,126 @@ def pack6_x64(typingctx, cb, i, codes, o):  # type: ignore[no-untyped-def]
         return context.get_dummy_value()
 
     return types.void(cb, i, codes, o), codegen
+
+
+_V16U32 = ir.VectorType(_I32, 16)
+_BLOCK_AMAX: dict[int, object] = {}
+
+
+def block_amax16(group: int):  # type: ignore[no-untyped-def]
+    """An intrinsic ``f(xb, i, mbuf, j)``: mbuf[j + b] = max(xb[i + group*b + t] & 0x7FFFFFFF for t
+    < group), for the 16 groups b < 16 of ``group`` (a multiple of 16) uint32 words from word ``i``.
+
+    A group's largest magnitude as bits, 16 groups at a time: each group is reduced to one
+    16-lane vector (``group / 16`` loads and lane-wise unsigned maxes), then the 16 vectors are
+    reduced by a transposing tree: at each of four levels two vectors, read as 32 lanes in runs
+    of ``w`` lanes per group, give the first and the second halves of every run, and their
+    lane-wise max holds each group in ``w / 2`` lanes. After the last level lane ``b`` is group
+    ``b``'s maximum, stored with one vector store. 15 vector maxes and 30 shuffles replace 16
+    horizontal reductions (four shuffles and maxes each, on one group's lanes)."""
+    if group % 16 or group <= 0:
+        raise ValueError("the group must be a positive multiple of 16")
+    fn = _BLOCK_AMAX.get(group)
+    if fn is not None:
+        return fn
+    per = group // 16
+
+    @intrinsic
+    def amax16(typingctx, xb, i, mbuf, j):  # type: ignore[no-untyped-def]
+        for a in (xb, mbuf):
+            if not (isinstance(a, types.Array) and a.dtype == types.uint32 and a.ndim == 1):
+                return None
+        if not (isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            first = _elem_ptr(builder, signature.args[0], args[0], args[1], context)
+            src = builder.bitcast(first, _V16U32.as_pointer())
+            mask = ir.Constant(_V16U32, [0x7FFFFFFF] * 16)
+
+            def umax(a, b):  # type: ignore[no-untyped-def]
+                return builder.select(builder.icmp_unsigned(">", a, b), a, b)
+
+            regs = []
+            for b in range(16):
+                acc = None
+                for k in range(per):
+                    v = builder.and_(builder.load(builder.gep(src, [ir.Constant(_I64, b * per + k)]), align=4), mask)
+                    acc = v if acc is None else umax(acc, v)
+                regs.append(acc)
+            w = 16
+            while w > 1:
+                lo = [r * w + t for r in range(32 // w) for t in range(w // 2)]
+                lo_m = ir.Constant(_V16U32, lo)
+                hi_m = ir.Constant(_V16U32, [x + w // 2 for x in lo])
+                regs = [
+                    umax(builder.shuffle_vector(a, b, lo_m), builder.shuffle_vector(a, b, hi_m))
+                    for a, b in zip(regs[0::2], regs[1::2])
+                ]
+                w //= 2
+            dst = _elem_ptr(builder, signature.args[2], args[2], args[3], context)
+            builder.store(regs[0], builder.bitcast(dst, _V16U32.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(xb, i, mbuf, j), codegen
+
+    _BLOCK_AMAX[group] = amax16
+    return amax16
+
+
+_V16F32 = ir.VectorType(ir.FloatType(), 16)
+_DIV_GROUPS: dict[int, object] = {}
+
+
+def div_groups16(group: int):  # type: ignore[no-untyped-def]
+    """An intrinsic ``f(x, i, s, g, t, j)``: t[j + group*b + k] = x[i + group*b + k] / s[g + b] for
+    the 16 groups b < 16 of ``group`` (a multiple of 16) float32 elements from element ``i``, and
+    for a group whose scale is zero the element's sign alone (``+-0.0``).
+
+    The one binary32 division per element of a divided scale (fp8.md §4.1, nvfp4.md §3 step 4),
+    as IEEE ``fdiv`` on 16 lanes with no fast-math flags, so exactly the scalar quotient; a zero
+    scale's quotient (infinite or NaN) is replaced by a select, and the element encoders turn
+    ``+-0.0`` into the sign bit alone, as the spec's zero-scale rule says. Straight-line code for
+    16 groups: a loop per group of 16 spent as long on its set-up as on its elements."""
+    if group % 16 or group <= 0:
+        raise ValueError("the group must be a positive multiple of 16")
+    fn = _DIV_GROUPS.get(group)
+    if fn is not None:
+        return fn
+    per = group // 16
+
+    @intrinsic
+    def div16(typingctx, x, i, s, g, t, j):  # type: ignore[no-untyped-def]
+        for a in (x, s, t):
+            if not (isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1):
+                return None
+        if not all(isinstance(v, types.Integer) for v in (i, g, j)):
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            xa, iv, sa, gv, ta, jv = args
+            src = builder.bitcast(_elem_ptr(builder, signature.args[0], xa, iv, context), _V16F32.as_pointer())
+            dst = builder.bitcast(_elem_ptr(builder, signature.args[4], ta, jv, context), _V16F32.as_pointer())
+            sp = _elem_ptr(builder, signature.args[2], sa, gv, context)
+            sign = ir.Constant(_V16U32, [0x80000000] * 16)
+            zero16 = ir.Constant(ir.VectorType(_I32, 16), [0] * 16)
+            for b in range(16):
+                sv = builder.load(builder.gep(sp, [ir.Constant(_I64, b)]))
+                splat = builder.shuffle_vector(
+                    builder.insert_element(ir.Constant(_V16F32, ir.Undefined), sv, ir.Constant(_I32, 0)),
+                    ir.Constant(_V16F32, ir.Undefined),
+                    zero16,
+                )
+                is0 = builder.fcmp_ordered("==", sv, ir.Constant(ir.FloatType(), 0.0))
+                for k in range(per):
+                    off = ir.Constant(_I64, b * per + k)
+                    v = builder.load(builder.gep(src, [off]), align=4)
+                    q = builder.fdiv(v, splat)
+                    z = builder.bitcast(builder.and_(builder.bitcast(v, _V16U32), sign), _V16F32)
+                    builder.store(builder.select(is0, z, q), builder.gep(dst, [off]), align=4)
+            return context.get_dummy_value()
+
+        return types.void(x, i, s, g, t, j), codegen
+
+    _DIV_GROUPS[group] = div16
+    return div16
