@@ -72,7 +72,12 @@ LOWRANK: list[tuple[str, dict[str, Any], tuple[int, int]]] = [
     ("powersgd-r4", {"id": "powersgd", "rank": 4, "iterations": 2}, (1024, 512)),
     ("powersgd-r2-fp16", {"id": "powersgd", "rank": 2, "factors": {"id": "fp16"}}, (512, 512)),
 ]
-EF_CODECS = [("ef-topk", {"id": "topk", "ratio": 0.01}), ("ef-uniform4", {"id": "uniform", "bits": 4})]
+EF_CODECS = [
+    ("ef-topk", {"id": "topk", "ratio": 0.01}),
+    ("ef-uniform4", {"id": "uniform", "bits": 4}),
+    ("ef-sign (fused kernel)", {"id": "sign"}),
+    ("ef-sign g0 (fused kernel)", {"id": "sign", "group_size": 0}),
+]
 
 results: list[tuple[str, str, str]] = []  # (check, status, detail)
 
@@ -414,6 +419,20 @@ def bench(torch: Any, gcodec: Any, gib: float, deadline: float) -> list[tuple[st
             out = torch.empty_like(x)
             td = timed(torch, lambda p=p, out=out: gcodec.decode(p, out=out), reps=3)
             rows.append((f"{name} decode", td, (4 * n + nbytes) / td, ""))
+        except Exception as e:
+            rows.append((name, float("nan"), float("nan"), f"{type(e).__name__}: {e}"[:120]))
+    # error feedback: the fused sign kernel (x + e, scales, bits and the new residual in three
+    # passes) against the generic path of uniform 4-bit (copy, add, encode, decode, subtract)
+    ef_rows = (("sign + EF (fused)", {"id": "sign"}), ("uniform 4 + EF (generic)", {"id": "uniform", "bits": 4}))
+    for name, cfg in ef_rows:
+        if time.monotonic() > deadline:
+            rows.append((name, float("nan"), float("nan"), "skipped: time budget"))
+            continue
+        try:
+            ef = gcodec.ErrorFeedback(cfg)
+            ef.encode(x, "w")
+            te = timed(torch, lambda ef=ef: ef.encode(x, "w"), reps=3)
+            rows.append((name, te, 3 * 4 * n / te, "bandwidth counts x, e read and e written once"))
         except Exception as e:
             rows.append((name, float("nan"), float("nan"), f"{type(e).__name__}: {e}"[:120]))
     m = 1 << 28

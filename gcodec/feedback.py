@@ -228,6 +228,11 @@ class ErrorFeedback:
             return encode(
                 dev, self.codec, key=key, step=step, state=self.codec_state, checksum=checksum, meta=meta, out=out
             )
+        fused = getattr(self.codec, "plan_feedback", None)
+        if fused is not None:
+            buf = self._encode_device_fused(K, dev, key, fused, step=step, checksum=checksum, meta=meta, out=out)
+            if buf is not None:
+                return buf
         K, corrected, shape, scratch = self._device_corrected(K, dev, key)
         buf = encode(
             corrected.reshape(shape),
@@ -242,6 +247,60 @@ class ErrorFeedback:
         decode(buf, out=scratch)
         bad = K.feedback.residual_inplace(corrected, scratch)
         self._keep_residual(key, corrected.reshape(shape), bad)
+        return buf
+
+    def _encode_device_fused(
+        self,
+        K: Any,
+        dev: Any,
+        key: str,
+        fused: Any,
+        *,
+        step: int | None,
+        checksum: bool,
+        meta: Mapping[str, str] | None,
+        out: Any,
+    ) -> Any:
+        """The codec's fused kernel on the device (``plan_feedback``: it reads ``x`` and ``e`` and
+        writes the new residual into the key's scratch while it encodes); None when the codec has
+        none for this array, and the caller takes the generic path. A decay other than 1 is applied
+        first (``x + fl(decay * e)``), and the fused kernel then runs without a residual, as on the
+        host. The old residual's buffer becomes the next scratch (it is the new residual's size)."""
+        wd = self._work_dtype(dev)
+        if np.dtype(dev.dtype) != wd:
+            return None  # the generic path raises the dtype error
+        shape = tuple(int(d) for d in dev.shape)
+        n = int(dev.size)
+        e = self._residuals.get(key)
+        if e is not None and tuple(e.shape) != shape:
+            return None  # the generic path raises the shape error
+        src, free = dev, None
+        if e is not None:
+            if backend_of(e) == "cpu":  # a host residual (load_state_dict): copied once
+                e = K.launch.upload(np.ascontiguousarray(e).reshape(n))
+            e = e.reshape(n)
+            if self.decay != 1.0:
+                c = K.memory.empty(n, wd)
+                K.memory.copy(c, dev.reshape(n))
+                K.feedback.add_decayed(c, e, self.decay)
+                src, free, e = c.reshape(shape), e, None
+        scratch = self._scratch.get(key)
+        if scratch is None or backend_of(scratch) == "cpu" or tuple(scratch.shape) != (n,):
+            scratch = K.memory.empty(n, wd)
+        plan = fused(src, e, scratch, EncodeContext(key, step, self.codec_state))
+        if plan is None:
+            return None
+        lim = get_limits()
+        lim.check_ndim(len(shape))
+        lim.check("element count", n, "max_elements")
+        pend = pending_from_plan(self.codec, src, plan)
+        buf = write_pending([pend], meta=meta, checksum=checksum, limits=lim, out=out)
+        self._residuals[key] = scratch.reshape(shape)
+        old = e if e is not None else free
+        if old is not None:
+            self._scratch[key] = old
+        else:
+            self._scratch.pop(key, None)
         return buf
 
     def _device_corrected(self, K: Any, dev: Any, key: str) -> tuple[Any, Any, tuple[int, ...], Any]:

@@ -93,9 +93,13 @@ def run_case(case: dict) -> dict:
     return res
 
 
-def ef_inputs(n: int, data_seed: int, steps: int) -> list:
-    """The gradients of an error-feedback run (the parent makes the same ones for the CPU)."""
-    return [make_array(n, data_seed + s, "normal") for s in range(steps)]
+def ef_inputs(n: int, data_seed: int, steps: int, nan_at: int | None = None) -> list:
+    """The gradients of an error-feedback run (the parent makes the same ones for the CPU); step
+    ``nan_at`` holds a NaN (the encoder refuses it and must keep the residual)."""
+    xs = [make_array(n, data_seed + s, "normal") for s in range(steps)]
+    if nan_at is not None:
+        xs[nan_at][n // 3] = np.nan
+    return xs
 
 
 def run_ef(case: dict) -> dict:
@@ -104,13 +108,26 @@ def run_ef(case: dict) -> dict:
     from numba import cuda
 
     import gcodec
+    from gcodec.kernels.cuda import sign
 
     res: dict = {"id": case["id"], "payloads": []}
     shape = case.get("shape") or (case["n"],)
+    fused = sign.encode_feedback
+    calls = [0]
+
+    def counted(*args: Any) -> int:  # how often the fused sign + feedback kernel ran
+        calls[0] += 1
+        return fused(*args)
+
+    sign.encode_feedback = counted
     try:
         ef = gcodec.ErrorFeedback(case["codec"], decay=case.get("decay", 1.0))
-        for s, x in enumerate(ef_inputs(case["n"], case["data_seed"], case["steps"])):
-            p = ef.encode(cuda.to_device(x.reshape(shape)), "w", step=s)
+        for s, x in enumerate(ef_inputs(case["n"], case["data_seed"], case["steps"], case.get("nan_at"))):
+            try:
+                p = ef.encode(cuda.to_device(x.reshape(shape)), "w", step=s)
+            except gcodec.PayloadValueError as e:
+                res["payloads"].append(f"refused: {type(e).__name__}")
+                continue
             res["payloads"].append(bytes(p).hex())
         e = ef.residual("w")
         res["residual_type"] = type(e).__name__
@@ -120,6 +137,9 @@ def run_ef(case: dict) -> dict:
         res["checkpoint_types"] = sorted({type(v).__name__ for v in [*st["residuals"].values(), *kept]})
     except Exception as e:
         res["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        sign.encode_feedback = fused
+    res["fused_calls"] = calls[0]
     return res
 
 

@@ -181,10 +181,19 @@ EF_CASES: list[tuple[str, dict[str, Any], int, int, int]] = [
     ("ef-rk-fp16", {"id": "randomk", "ratio": 0.2, "seed": 9, "values": {"id": "fp16"}}, 90, 52, 2),
     ("ef-psgd", {"id": "powersgd", "rank": 2}, 192, 53, 3),  # warm-start Q kept on the device
     ("ef-nvfp4", {"id": "nvfp4"}, 100, 54, 2),
+    # sign runs the fused device kernel (kernels/cuda/sign.encode_feedback): groups that end inside a
+    # byte, one group for the whole tensor (the CPU cannot fuse that one: bits equal all the same),
+    # a decay, and a refused step whose residual must survive
+    ("ef-sign", {"id": "sign", "group_size": 12}, 100, 57, 3),
+    ("ef-sign-g0", {"id": "sign", "group_size": 0}, 100, 58, 2),
+    ("ef-sign-decay", {"id": "sign"}, 300, 59, 3),
+    ("ef-sign-nan", {"id": "sign", "group_size": 32}, 100, 60, 3),
 ]
+#: The step of an ErrorFeedback case whose input holds a NaN.
+EF_NAN_AT = {"ef-sign-nan": 1}
 EF_SHAPES = {"ef-psgd": (16, 12)}
 #: Decay of the ErrorFeedback cases (default 1.0): x + fl(decay * e) on the device, as on the host.
-EF_DECAY = {"ef-ck-decay": 0.95, "ef-u8-decay": 0.5}
+EF_DECAY = {"ef-ck-decay": 0.95, "ef-u8-decay": 0.5, "ef-sign-decay": 0.9}
 #: Cases run a second time with gcodec's work on a Numba stream (launch.use_stream).
 STREAMED = ["u4-sto-s9", "topk-ties", "rk-k90-s7", "psgd-r2"]
 #: Cases encoded as a matrix (default: the flat array).
@@ -258,6 +267,7 @@ def worker_request() -> dict[str, Any]:
             "steps": st,
             "shape": EF_SHAPES.get(c),
             "decay": EF_DECAY.get(c, 1.0),
+            "nan_at": EF_NAN_AT.get(c),
         }
         for c, cfg, n, s, st in EF_CASES
     ]
@@ -396,12 +406,20 @@ def test_error_feedback_on_device(sim: dict[str, Any], case: tuple) -> None:
     assert "error" not in got, got.get("error")
     ef = gcodec.ErrorFeedback(cfg, decay=EF_DECAY.get(cid, 1.0))
     shape = EF_SHAPES.get(cid, (n,))
-    want = [bytes(ef.encode(x.reshape(shape), "w", step=s)) for s, x in enumerate(ef_inputs(n, seed, steps))]
+    want = []
+    for s, x in enumerate(ef_inputs(n, seed, steps, EF_NAN_AT.get(cid))):
+        try:
+            want.append(bytes(ef.encode(x.reshape(shape), "w", step=s)))
+        except gcodec.PayloadValueError as e:
+            want.append(f"refused: {type(e).__name__}".encode())
+    # the device's fused sign kernel ran for every sign step (refused ones included), for no other codec
+    assert got["fused_calls"] == (steps if cfg["id"] == "sign" else 0)
     assert got["residual_type"] != "ndarray"  # the residual stayed in device memory
     assert got["checkpoint_types"] == ["ndarray"]  # state_dict() holds host copies only
     e = ef.residual("w")
     assert e is not None
-    mine = [bytes.fromhex(h) for h in got["payloads"]]
+    mine = [h.encode() if h.startswith("refused") else bytes.fromhex(h) for h in got["payloads"]]
+    assert (EF_NAN_AT.get(cid) is None) == all(not m.startswith(b"refused") for m in mine)
     if cfg["id"] != "powersgd":
         assert mine == want
         assert bytes.fromhex(got["residual"]) == e.tobytes()
