@@ -263,30 +263,18 @@ class ErrorFeedback:
     ) -> Any:
         """The codec's fused kernel on the device (``plan_feedback``: it reads ``x`` and ``e`` and
         writes the new residual into the key's scratch while it encodes); None when the codec has
-        none for this array, and the caller takes the generic path. A decay other than 1 is applied
-        first (``x + fl(decay * e)``), and the fused kernel then runs without a residual, as on the
-        host. The old residual's buffer becomes the next scratch (it is the new residual's size)."""
-        wd = self._work_dtype(dev)
-        if np.dtype(dev.dtype) != wd:
-            return None  # the generic path raises the dtype error
-        shape = tuple(int(d) for d in dev.shape)
+        none for this array (after the checks of :meth:`_device_state`), and the caller takes the
+        generic path. A decay other than 1 is applied first (``x + fl(decay * e)``), and the fused
+        kernel then runs without a residual, as on the host. The old residual's buffer becomes the
+        next scratch (it is the new residual's size)."""
+        wd, shape, e, scratch = self._device_state(K, dev, key)
         n = int(dev.size)
-        e = self._residuals.get(key)
-        if e is not None and tuple(e.shape) != shape:
-            return None  # the generic path raises the shape error
         src, free = dev, None
-        if e is not None:
-            if backend_of(e) == "cpu":  # a host residual (load_state_dict): copied once
-                e = K.launch.upload(np.ascontiguousarray(e).reshape(n))
-            e = e.reshape(n)
-            if self.decay != 1.0:
-                c = K.memory.empty(n, wd)
-                K.memory.copy(c, dev.reshape(n))
-                K.feedback.add_decayed(c, e, self.decay)
-                src, free, e = c.reshape(shape), e, None
-        scratch = self._scratch.get(key)
-        if scratch is None or backend_of(scratch) == "cpu" or tuple(scratch.shape) != (n,):
-            scratch = K.memory.empty(n, wd)
+        if e is not None and self.decay != 1.0:
+            c = K.memory.empty(n, wd)
+            K.memory.copy(c, dev.reshape(n))
+            K.feedback.add_decayed(c, e, self.decay)
+            src, free, e = c.reshape(shape), e, None
         plan = fused(src, e, scratch, EncodeContext(key, step, self.codec_state))
         if plan is None:
             return None
@@ -303,9 +291,11 @@ class ErrorFeedback:
             self._scratch.pop(key, None)
         return buf
 
-    def _device_corrected(self, K: Any, dev: Any, key: str) -> tuple[Any, Any, tuple[int, ...], Any]:
-        """(kernels, ``x + e`` as a new flat device array, x's shape, the key's device scratch of
-        that size): the first half of every device encode with feedback."""
+    def _device_state(self, K: Any, dev: Any, key: str) -> tuple[np.dtype, tuple[int, ...], Any, Any]:
+        """(work dtype, x's shape, the key's residual as a flat device array or None, a device
+        scratch of x's size) for a device encode with feedback; a host residual (from
+        ``load_state_dict``) is copied to the device here, once. Raises ConfigError for an input
+        whose dtype or shape the residual cannot take."""
         wd = self._work_dtype(dev)
         if np.dtype(dev.dtype) != wd:
             raise ConfigError(
@@ -314,19 +304,30 @@ class ErrorFeedback:
         shape = tuple(int(d) for d in dev.shape)
         n = int(dev.size)
         e = self._residuals.get(key)
-        if e is not None and tuple(e.shape) != shape:
-            raise ConfigError(f"error feedback key {key!r}: shape {shape} differs from its residual's {tuple(e.shape)}")
-        corrected = K.memory.empty(n, wd)
-        K.memory.copy(corrected, dev.reshape(n))
-        if e is not None and self.decay != 1.0:
-            if backend_of(e) == "cpu":  # a host residual (load_state_dict): copied once
+        if e is not None:
+            if tuple(e.shape) != shape:
+                raise ConfigError(
+                    f"error feedback key {key!r}: shape {shape} differs from its residual's {tuple(e.shape)}"
+                )
+            if backend_of(e) == "cpu":
                 e = K.launch.upload(np.ascontiguousarray(e).reshape(n))
-            K.feedback.add_decayed(corrected, e.reshape(n), self.decay)  # x + fl(decay * e), as on the host
-        elif e is not None:
-            K.memory.copy(corrected, e.reshape(n), True)  # x + e: one IEEE addition, as np.add
+            e = e.reshape(n)
         scratch = self._scratch.get(key)
         if scratch is None or backend_of(scratch) == "cpu" or tuple(scratch.shape) != (n,):
             scratch = K.memory.empty(n, wd)
+        return wd, shape, e, scratch
+
+    def _device_corrected(self, K: Any, dev: Any, key: str) -> tuple[Any, Any, tuple[int, ...], Any]:
+        """(kernels, ``x + e`` as a new flat device array, x's shape, the key's device scratch of
+        that size): the first half of every device encode with feedback."""
+        wd, shape, e, scratch = self._device_state(K, dev, key)
+        n = int(dev.size)
+        corrected = K.memory.empty(n, wd)
+        K.memory.copy(corrected, dev.reshape(n))
+        if e is not None and self.decay != 1.0:
+            K.feedback.add_decayed(corrected, e, self.decay)  # x + fl(decay * e), as on the host
+        elif e is not None:
+            K.memory.copy(corrected, e, True)  # x + e: one IEEE addition, as np.add
         self._scratch[key] = scratch
         return K, corrected, shape, scratch
 
