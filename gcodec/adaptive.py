@@ -12,13 +12,15 @@ then every ``interval`` steps) the controller
 1. updates, per rung, what it measured through the transport statistics (encode, decode seconds,
    payload bytes; seconds as the median of the last 5 samples, bytes as a moving average) and
    falls back to a one-off calibration on this machine (:func:`gcodec.advise.measure_speed`) for
-   rungs it has not run yet;
+   rungs it has not run yet, scaled by how much slower than their calibration the rungs it has
+   run were in the job (:meth:`AdaptiveController.load_factor`);
 2. takes the link bandwidth as given, or measures it as received bytes over communication seconds;
 3. marks a rung *out of bounds* when its sampled telemetry broke the bound: a moving average of the
    norm ratio under ``min_norm_ratio`` (the article's 0.9), or, with error feedback, a residual norm
    above ``max_residual_ratio`` times the gradient's norm (a backlog that keeps growing). Stronger
    rungs than one out of bounds are out too;
-4. allreduces these figures (element-wise maximum: the slowest rank and the worst quality count),
+4. allreduces these figures (element-wise maximum: the slowest rank and the worst quality count;
+   for the link, the rank that waited least for its peers),
    so every rank holds the same numbers and takes the same decision at the same step, then picks
    the rung with the least predicted step time (:func:`gcodec.advise.predict`), switching only for
    a gain of more than ``hysteresis``.
@@ -32,12 +34,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .advise import CodecSpeed, Link, measure_speed, parse_bandwidth, predict
+from .advise import CodecSpeed, Link, LinkFit, fit_link, measure_speed, parse_bandwidth, predict
 from .codecs import get_codec
 from .errors import ConfigError
 from .transports import DENSE, Communicator, PolicyState, Protocol
@@ -54,6 +57,11 @@ DEFAULT_LADDER: tuple[dict[str, Any] | None, ...] = (
     {"id": "uniform", "bits": 4},
     {"id": "topk", "ratio": 0.01},
 )
+
+#: elements of the dense allreduces the controller's link probe times (16 KB to 4 MB per rank)
+PROBE_SIZES = (1 << 12, 1 << 16, 1 << 20)
+#: the probe takes no larger size once one size's median took longer than this (seconds)
+PROBE_MAX_S = 0.05
 
 _EMA = 0.3  # weight of the newest measurement (payload bytes, telemetry)
 _WINDOW = 5  # seconds are the median of this many latest samples
@@ -82,6 +90,14 @@ class AdaptiveController:
         hysteresis: switch only when the predicted step time falls by more than this fraction.
         speeds: calibrated :class:`gcodec.advise.CodecSpeed` per codec config (JSON, sorted keys),
             to skip the calibration (and for tests).
+        probe: without ``bandwidth``, measure the link once, at the first decision, with dense
+            float32 allreduces of :data:`PROBE_SIZES` elements (the slowest rank's median of three
+            per size, alpha and beta fitted as ``gcodec advise --probe`` does), instead of
+            trusting the exchanges' own communication seconds alone: on a fast link those are
+            mostly a rank waiting for its peers (measured on the 2-core loopback: fp16's
+            all-gather priced the link 2-3x slower than a dense allreduce runs). Sizes stop
+            growing once one takes over :data:`PROBE_MAX_S`, so a slow link pays about a second.
+            False, or a probe whose times do not grow with the size: the exchanges' seconds.
     """
 
     def __init__(
@@ -97,6 +113,7 @@ class AdaptiveController:
         max_residual_ratio: float = 20.0,
         hysteresis: float = 0.1,
         speeds: Mapping[str, CodecSpeed] | None = None,
+        probe: bool = True,
     ) -> None:
         if not ladder:
             raise ConfigError("the ladder needs at least one rung")
@@ -117,6 +134,10 @@ class AdaptiveController:
         self._seen: dict[str, tuple[Any, int]] = {}
         self._spb: float | None = None  # measured seconds per received byte
         self._spb_last: list[float] = []
+        self.probe = bool(probe)
+        #: the link the probe measured (:class:`gcodec.advise.LinkFit`), None before or without one
+        self.probed: Any = None
+        self._probe_done = False
         #: every decision: key, step, from and to rung, predicted seconds per rung (inf: out of bounds)
         self.decisions: list[dict[str, Any]] = []
 
@@ -128,6 +149,7 @@ class AdaptiveController:
             "level": dict(self.level),
             "measured": {k: [dict(m) for m in v] for k, v in self.measured.items()},
             "spb": self._spb,
+            "probed": None if self.probed is None else [self.probed.link.bandwidth_bps, self.probed.link.latency_s],
             "speeds": {k: list(dataclasses.astuple(v)) for k, v in self._speeds.items()},
         }
 
@@ -139,6 +161,11 @@ class AdaptiveController:
         self.measured = {str(k): [dict(m) for m in v] for k, v in sd.get("measured", {}).items()}
         self._spb = sd.get("spb")
         self._spb_last = [] if self._spb is None else [float(self._spb)]
+        probed = sd.get("probed")
+        if probed is not None:
+            self.probed = LinkFit(Link(float(probed[0]), float(probed[1])), 0, (), 0.0, "restored")
+            self.latency_s = self.probed.link.latency_s
+        self._probe_done = probed is not None
         self._speeds.update({str(k): CodecSpeed(*v) for k, v in sd.get("speeds", {}).items()})
         self._seen.clear()
 
@@ -164,6 +191,8 @@ class AdaptiveController:
             if "payload_bytes" not in m
             else (1 - _EMA) * m["payload_bytes"] + _EMA * record["payload_bytes"]
         )
+        # The link: seconds per received byte. A rank's comm seconds include waiting for peers that
+        # reached the collective later; the decision takes the least any rank measured (figures).
         if record["wire_bytes"] > 0 and record["comm_s"] > 0:
             spb = record["comm_s"] / record["wire_bytes"]
             self._spb_last = [*self._spb_last, spb][-_WINDOW:]
@@ -183,26 +212,49 @@ class AdaptiveController:
         k = self._keys[rung]
         s = self._speeds.get(k)
         if s is None:
-            s = self._speeds[k] = measure_speed(self.ladder[rung], sizes=(1 << 12, 1 << 18), repeats=2)
+            # sizes past the caches, where a gradient's codec work runs from memory
+            s = self._speeds[k] = measure_speed(self.ladder[rung], sizes=(1 << 16, 1 << 20), repeats=2)
         return s
+
+    def load_factor(self, key: str, numel: int) -> float:
+        """How much slower than its calibration the codec work of ``key`` runs in the job: the
+        median over the rungs ``key`` has run of measured (encode + decode) seconds over the
+        calibrated ones at ``numel`` elements; 1 before any was measured. The calibration times
+        one codec on an otherwise idle rank; in the job the kernels share the cores with the
+        backward pass and the peers (measured on 2 cores: fp16's encode 3-5x its calibration), and
+        a rung priced on the bare calibration looks cheaper than the one that is running."""
+        ratios = []
+        for r, m in enumerate(self.measured.get(key, [])):
+            if self.ladder[r] is None or "encode_s" not in m:
+                continue
+            sp = self._speed(r)
+            cal = sp.encode_seconds(numel) + sp.decode_seconds(numel)
+            if cal > 0:
+                ratios.append((m["encode_s"] + m["decode_s"]) / cal)
+        return float(np.median(ratios)) if ratios else 1.0
 
     def figures(self, key: str, numel: int) -> np.ndarray:
         """This rank's figures for ``key``: per rung encode s, decode s, payload bytes, out-of-bounds
-        flag, then seconds per byte of the link (the vector the ranks allreduce with max)."""
+        flag, then the negated seconds per byte of the link (the vector the ranks allreduce with
+        max: the slowest rank's codec seconds, the worst quality, and the *least* seconds per byte
+        any rank measured, see :meth:`observe`)."""
         n = len(self.ladder)
         v = np.zeros(4 * n + 1)
         meas = self.measured.get(key, [{} for _ in self.ladder])
+        load = self.load_factor(key, numel)
         for r in range(n):
             m = meas[r]
             sp = self._speed(r)
-            v[r] = m.get("encode_s", sp.encode_seconds(numel))
-            v[n + r] = m.get("decode_s", sp.decode_seconds(numel))
+            v[r] = m.get("encode_s", load * sp.encode_seconds(numel))
+            v[n + r] = m.get("decode_s", load * sp.decode_seconds(numel))
             v[2 * n + r] = m.get("payload_bytes", sp.payload_bytes(numel))
             v[3 * n + r] = m.get("bad", 0.0)
         if self.bandwidth_bps is not None:
-            v[4 * n] = 8.0 / self.bandwidth_bps
+            v[4 * n] = -8.0 / self.bandwidth_bps
+        elif self.probed is not None:
+            v[4 * n] = -8.0 / self.probed.link.bandwidth_bps
         else:
-            v[4 * n] = self._spb if self._spb is not None else 8.0 / 1e9
+            v[4 * n] = -(self._spb if self._spb is not None else 8.0 / 1e9)
         return v
 
     # ---- the decision -------------------------------------------------------------------------
@@ -210,7 +262,7 @@ class AdaptiveController:
         """The rung for a tensor of ``shape`` on ``workers`` ranks from (agreed) ``figures``, and the
         predicted step seconds of every rung (inf when out of bounds). Pure: same figures, same answer."""
         n = len(self.ladder)
-        link = Link(8.0 / figures[4 * n], self.latency_s)
+        link = Link(8.0 / -figures[4 * n], self.latency_s)
         times: list[float] = []
         out = False
         for r in range(n):
@@ -227,6 +279,31 @@ class AdaptiveController:
             best = current
         return best, times
 
+    def _probe_link(self, comm: Communicator) -> Protocol:
+        """Time dense float32 allreduces through ``comm`` (every rank runs the same collectives:
+        each size's median is agreed with a max before the next size is chosen) and fit the link;
+        sets :attr:`probed` and the latency, or leaves them when the fit fails."""
+        self._probe_done = True
+        samples = []
+        for n in PROBE_SIZES:
+            buf = np.ones(n, np.float32)
+            yield comm.allreduce(buf, "sum")  # untimed: connections, buffers, and the ranks in step
+            ts = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                yield comm.allreduce(buf, "sum")
+                ts.append(time.perf_counter() - t0)
+            med = np.array([float(np.median(ts))])
+            yield comm.allreduce(med, "max")
+            samples.append((buf.nbytes, float(med[0])))
+            if med[0] > PROBE_MAX_S and len(samples) >= 2:
+                break
+        try:
+            self.probed = fit_link(samples, comm.size, "controller")
+        except ConfigError:  # too fast or too noisy to fit: the exchanges' seconds stay the measure
+            return
+        self.latency_s = self.probed.link.latency_s
+
     def select(self, comm: Communicator, state: PolicyState, key: str, shape: tuple[int, ...], step: int) -> Protocol:
         """The chooser protocol :class:`~gcodec.transports.PolicyState` runs before each exchange."""
         cur = self.level.setdefault(key, self.start)
@@ -236,14 +313,21 @@ class AdaptiveController:
         if step < self.warmup_steps or (step - self.warmup_steps) % self.interval != 0:
             return self.ladder[cur]
         numel = int(np.prod(shape)) if shape else 1
-        figs = self.figures(key, numel)
         if comm.size > 1:
             # The figures' size follows from the ladder: agree on the ladder (and that every rank
-            # decides at this step) before they travel, as any exchange does.
-            fp = fingerprint(key=key, controller=self.ladder, interval=self.interval, warmup_steps=self.warmup_steps)
+            # decides at this step, and whether it probes) before they travel, as any exchange does.
+            probe = self.probe and self.bandwidth_bps is None and not self._probe_done
+            fp = fingerprint(
+                key=key, controller=self.ladder, interval=self.interval, warmup_steps=self.warmup_steps, probe=probe
+            )
             ex = Exchange(comm, fp, state.agreed, f"{key}#controller", f"adaptive controller's figures for {key!r}")
             yield from ex.begin()
+            if probe:
+                yield from self._probe_link(comm)
+            figs = self.figures(key, numel)
             yield comm.allreduce(figs, "max")  # same figures on every rank: same decision, same step
+        else:
+            figs = self.figures(key, numel)
         new, times = self.choose(figs, shape, comm.size, cur)
         self.decisions.append({"key": key, "step": step, "from": cur, "to": new, "predicted_s": times})
         self.level[key] = new

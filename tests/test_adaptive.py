@@ -5,6 +5,7 @@ while the loss keeps falling."""
 from __future__ import annotations
 
 import itertools
+import time
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,12 +15,15 @@ import pytest
 
 from gcodec.adaptive import DEFAULT_LADDER, AdaptiveController
 from gcodec.advise import CodecSpeed
+from gcodec.codecs import get_codec
 from gcodec.errors import ConfigError
 from gcodec.transports import Communicator, DoneWork, PolicyState, Work, run_blocking
 
 # Synthetic speeds per rung (seconds per element; bytes per element): fp16 cheap, top-k dearest.
+# Keyed as the controller keys its ladder (each codec's full config), so that no rung falls back
+# to a calibration on this machine, whose timings would make the decisions vary between runs.
 SPEEDS = {
-    json.dumps(c, sort_keys=True): CodecSpeed(0.0, enc, 0.0, dec, 0.0, b)
+    json.dumps(None if c is None else get_codec(c).get_config(), sort_keys=True): CodecSpeed(0.0, enc, 0.0, dec, 0.0, b)
     for c, enc, dec, b in zip(
         DEFAULT_LADDER,
         [0.0, 0.2e-9, 0.5e-9, 0.6e-9, 4e-9],
@@ -56,6 +60,11 @@ class FakeComm(Communicator):
 
 def _ctl(bandwidth: str, **kw) -> AdaptiveController:
     return AdaptiveController(bandwidth=bandwidth, speeds=SPEEDS, interval=10, warmup_steps=0, **kw)
+
+
+def test_the_synthetic_speeds_cover_every_rung() -> None:
+    ctl = _ctl("1Gbit")
+    assert all(k in SPEEDS for k in ctl._keys)  # else a rung would be timed on this machine
 
 
 def _rung(ctl: AdaptiveController, workers: int = 4, current: int = 0) -> int:
@@ -201,3 +210,50 @@ def test_one_slow_step_does_not_move_a_key_off_its_rung() -> None:
     again = _ctl("100Mbit")
     again.load_state_dict(json.loads(json.dumps(sd)))  # the windows are plain lists: JSON-safe
     assert again.measured["w"][4]["encode_s_last"] == sd["measured"]["w"][4]["encode_s_last"]
+
+
+class TimedComm(FakeComm):
+    """FakeComm whose allreduces of more than a handful of elements take ``alpha`` plus
+    ``s_per_byte`` seconds per byte: a link of known alpha and beta for the probe to measure."""
+
+    def __init__(self, size: int, alpha: float, s_per_byte: float) -> None:
+        super().__init__(size)
+        self.alpha, self.s_per_byte = alpha, s_per_byte
+
+    def allreduce(self, arr: np.ndarray, op: str = "sum") -> Work:
+        if arr.size > 64:
+            time.sleep(self.alpha + arr.nbytes * self.s_per_byte)
+        return super().allreduce(arr, op)
+
+
+def test_the_probe_measures_the_link_once_and_prices_the_decision_with_it() -> None:
+    # t = 2 alpha + bytes * s at p = 2 (fit_link's ring model): beta = 1 / s bytes per second
+    ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
+    comm = TimedComm(2, 1e-3, 2e-9)
+    ps = PolicyState(ctl)
+    run_blocking(ctl.select(comm, ps, "w", SHAPE, 0))
+    assert ctl.probed is not None
+    bw = ctl.probed.link.bandwidth_bps
+    assert 0.7 * 8 / 2e-9 < bw < 1.3 * 8 / 2e-9  # sleep overshoots by well under 30 % at >= 1 ms
+    assert 0.3e-3 < ctl.latency_s < 1e-3
+    assert ctl.figures("w", 1000)[-1] == -8.0 / bw  # the decision's link is the probe's
+    n = comm.reductions
+    run_blocking(ctl.select(comm, ps, "w", SHAPE, 10))
+    assert comm.reductions == n + 1  # later decisions: the figures' allreduce only
+    back = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
+    back.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
+    assert back.probed.link.bandwidth_bps == bw and back._probe_done  # a resumed job does not probe again
+
+
+def test_a_slow_link_stops_the_probe_after_two_sizes() -> None:
+    ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
+    comm = TimedComm(2, 0.0, 1e-6)  # 16 KB take 16 ms, 256 KB 0.26 s: over PROBE_MAX_S
+    run_blocking(ctl.select(comm, PolicyState(ctl), "w", SHAPE, 0))
+    assert ctl.probed is not None and len(ctl.probed.samples) == 2
+    assert 0.7 * 8e6 < ctl.probed.link.bandwidth_bps < 1.3 * 8e6
+
+
+def test_a_probe_that_cannot_fit_leaves_the_exchanges_measure() -> None:
+    ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
+    run_blocking(ctl.select(FakeComm(2), PolicyState(ctl), "w", SHAPE, 0))  # instant: no slope
+    assert ctl.probed is None and ctl.figures("w", 1000)[-1] == -8.0 / 1e9

@@ -80,6 +80,8 @@ def _wire_bytes_dense(run: dict[str, Any], params: Sequence[torch.Tensor], s: Se
         return total
     if run.get("policy") is not None:  # a pattern policy (all dense in the link benchmark's use)
         return sum(4 * p.numel() for p in params)
+    if run.get("adaptive") is not None:  # the hook's step reports count what it sent dense
+        return 0
     codec = get_codec(run["codec"])
     return sum(4 * p.numel() for p in params if _dense(codec, p, s.min_numel))
 
@@ -185,12 +187,17 @@ def _wrap(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm)
     ddp = DDP(model, bucket_cap_mb=cap)
     hook_state: Any = None
     if hook == "gcodec":
+        policy = run.get("policy")
+        if run.get("adaptive") is not None:  # the controller's arguments: it picks each bucket's codec
+            from gcodec.adaptive import AdaptiveController
+
+            policy = AdaptiveController(**run["adaptive"])
         hook_state = gcodec.torch.HookState(
             codec=run["codec"],
             start_iter=s.start_iter,
             min_numel=s.min_numel,
             error_feedback=run["error_feedback"],
-            policy=run.get("policy"),
+            policy=policy,
             module=model,
             warmup_codec=run.get("warmup_codec"),
         )
@@ -295,6 +302,14 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
     compressed = max(1, step - s.start_iter) if state is not None else max(1, step)
     nparams = sum(q.numel() for q in params)
     bytes_per_step = tot["payload_bytes"] / compressed + _wire_bytes_dense(run, params, s)
+    decisions = None
+    if run.get("adaptive") is not None and state is not None:
+        # its codecs change during the run: every step's bytes as the hook reported them, warm-up
+        # included, and the rungs it took
+        rep = state.step_report()
+        bytes_per_step = (rep["total"]["payload_bytes"] + rep["total"]["dense_bytes"]) / max(1, rep["steps"])
+        moves = [d for d in state.policy.decisions if d["from"] != d["to"]]
+        decisions = [{"step": d["step"], "from": d["from"], "to": d["to"], "p": d["predicted_s"]} for d in moves]
     ag_bytes = None
     if run["hook"] == "fsdp-gcodec" and state is not None:  # the last step's: its totals hold the warm-up's
         st = state.stats()
@@ -329,6 +344,7 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
         "test_loss": curve[-1]["test_loss"] if curve else None,
         "train_loss": curve[-1]["train_loss"] if curve else float(np.mean(losses)),
         "curve": curve,
+        "decisions": decisions,  # an adaptive run's rung changes (step, from, to)
     }
 
 
