@@ -5,8 +5,8 @@ while the loss keeps falling."""
 from __future__ import annotations
 
 import itertools
-import time
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 

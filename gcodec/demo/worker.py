@@ -309,7 +309,10 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
         rep = state.step_report()
         bytes_per_step = (rep["total"]["payload_bytes"] + rep["total"]["dense_bytes"]) / max(1, rep["steps"])
         moves = [d for d in state.policy.decisions if d["from"] != d["to"]]
-        decisions = [{"step": d["step"], "from": d["from"], "to": d["to"], "p": d["predicted_s"]} for d in moves]
+        decisions = [
+            {"step": d["step"], "from": d["from"], "to": d["to"], "predicted_s": [float(t) for t in d["predicted_s"]]}
+            for d in moves
+        ]
     ag_bytes = None
     if run["hook"] == "fsdp-gcodec" and state is not None:  # the last step's: its totals hold the warm-up's
         st = state.stats()
