@@ -255,5 +255,6 @@ def test_a_slow_link_stops_the_probe_after_two_sizes() -> None:
 
 def test_a_probe_that_cannot_fit_leaves_the_exchanges_measure() -> None:
     ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
-    run_blocking(ctl.select(FakeComm(2), PolicyState(ctl), "w", SHAPE, 0))  # instant: no slope
+    comm = TimedComm(2, 3e-3, -4e-10)  # larger allreduces take less time (3 ms down to 1.3 ms): no beta
+    run_blocking(ctl.select(comm, PolicyState(ctl), "w", SHAPE, 0))
     assert ctl.probed is None and ctl.figures("w", 1000)[-1] == -8.0 / 1e9
