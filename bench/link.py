@@ -65,6 +65,8 @@ RATE_BITS = {"100mbit": 100e6, "1gbit": 1e9, "10gbit": 10e9, "unlimited": math.i
 
 #: The contender that stands for "no codec" in gcodec's choice.
 ALL_DENSE = "gcodec hook, every tensor dense"
+#: The adaptive controller's contender: its codecs, and so its trajectory, follow the link.
+ADAPTIVE = "gcodec adaptive controller + EF, fp16 warm-up"
 #: The bandwidth ``gcodec advise`` is given for the unlimited loopback (``--unlimited-bps``).
 UNLIMITED_BPS = 40e9
 
@@ -91,10 +93,30 @@ CONTENDERS: list[dict[str, Any]] = [
         "warmup_codec": {"id": "fp16"},
         "warmup_like": "gcodec fp16",
     },
+    # the adaptive controller in the DDP hook: warm-up through fp16, then fp16 for 2 steps, then
+    # every 10 steps the rung of none / fp16 / uniform 8 / uniform 4 / top-k 1 % (error feedback on)
+    # with the least predicted step time on the link it probed and what the bucket's exchanges
+    # measured. Its trajectory depends on the link, so it trains the whole schedule at every rate
+    # and its time to target is the wall time of its training steps up to the target.
+    {
+        **run_spec(ADAPTIVE, {"id": "fp16"}, True),
+        "warmup_codec": {"id": "fp16"},
+        "adaptive": {"start": 1, "interval": 10, "warmup_steps": 2},
+    },
 ]
 #: indices into CONTENDERS for --quick: plain DDP, torch fp16, gcodec fp16, top-k with and without
 #: a compressed warm-up, and the all-dense hook (what "none" in gcodec's choice runs)
-QUICK = [0, 1, 3, 7, 10, 11]
+QUICK = [0, 1, 3, 7, 10, 11, 12]
+
+
+def follows_link(c: dict[str, Any]) -> bool:
+    """Whether a contender's trajectory depends on the link (it decides from what it measures)."""
+    return c.get("adaptive") is not None
+
+
+def _priced(c: dict[str, Any]) -> bool:
+    """A gcodec contender with one codec, which advise can price."""
+    return c["hook"] == "gcodec" and c["codec"] is not None and not c.get("policy") and not follows_link(c)
 
 
 class NoNamespace(RuntimeError):
@@ -266,7 +288,7 @@ def advise_choices(
     unlimited loopback at ``unlimited_bps``).
     """
     adv = _advise_module()
-    cands = [c for c in contenders if c["hook"] == "gcodec" and c["codec"] is not None and not c.get("policy")]
+    cands = [c for c in contenders if _priced(c)]
     if adv is None or not cands:
         return {}
     from gcodec import get_codec
@@ -329,6 +351,7 @@ def run(
     ``args``: rates, epochs, warmup, timed_steps, target, workers, quick, accuracy_from."""
     if contenders is None:
         contenders = [CONTENDERS[i] for i in QUICK] if args.quick else CONTENDERS
+    fixed = [c for c in contenders if not follows_link(c)]
     if hidden is None:
         hidden = [256, 256] if args.quick else [2048, 2048]
     env = {"GLOO_SOCKET_IFNAME": "lo"}
@@ -345,9 +368,9 @@ def run(
     else:
         # The accuracy runs go through the last rate's link (by default "unlimited"): their
         # trajectory does not depend on it. With --quick their step times are that rate's timings.
-        print(f"accuracy runs at {last}: {len(contenders)} contenders, {args.epochs} epochs", file=sys.stderr)
+        print(f"accuracy runs at {last}: {len(fixed)} contenders, {args.epochs} epochs", file=sys.stderr)
         with namespace(last) as prefix:
-            acc = run_job(contenders, base, args.workers, prefix=prefix, env=env)["runs"]
+            acc = run_job(fixed, base, args.workers, prefix=prefix, env=env)["runs"]
         ok = {r["label"]: r for r in acc if r.get("ok")}
         base_run = ok.get(contenders[0]["label"])
         target = args.target if args.target else (base_run["accuracy"] if base_run else 0.9)
@@ -364,14 +387,23 @@ def run(
         print(f"timing at {rate}: {args.timed_steps} steps per contender", file=sys.stderr, flush=True)
         s = Settings(hidden=hidden, epochs=1, evals_per_epoch=0, start_iter=2, max_steps=2 + 2 + args.timed_steps)
         with namespace(rate) as prefix:
-            timed[rate] = {r["label"]: r for r in run_job(contenders, s, args.workers, prefix=prefix, env=env)["runs"]}
+            timed[rate] = {r["label"]: r for r in run_job(fixed, s, args.workers, prefix=prefix, env=env)["runs"]}
+    # Contenders that decide from what they measure train the whole schedule at every rate.
+    whole: dict[str, dict[str, Any]] = {}
+    if len(fixed) < len(contenders):
+        for rate in args.rates:
+            print(f"whole runs at {rate}: {len(contenders) - len(fixed)} contender(s)", file=sys.stderr, flush=True)
+            with namespace(rate) as prefix:
+                runs = run_job([c for c in contenders if follows_link(c)], base, args.workers, prefix=prefix, env=env)
+            whole[rate] = {r["label"]: r for r in runs["runs"]}
     # What the ranks see at each rate, for advise: measured as a user would, with --probe
-    gcodecs = [
-        c["codec"] for c in contenders if c["hook"] == "gcodec" and c["codec"] is not None and not c.get("policy")
-    ]
+    gcodecs = [c["codec"] for c in contenders if _priced(c)]
     links = {rate: probe_rate(rate, args.workers, _shapes(hidden), gcodecs) for rate in args.rates}
     rows = []
     for c in contenders:
+        if follows_link(c):
+            rows.append(_whole_row(c, whole, args.rates, target))
+            continue
         a = info.get(c["label"])
         n = a["steps_to_target"] if a else None
         row: dict[str, Any] = {
@@ -384,7 +416,7 @@ def run(
             "all_gather_bytes_per_step": a.get("all_gather_bytes_per_step") if a else None,
             "bits_per_element": a["bits_per_element"] if a else None,
             "advise_break_even_bps": None
-            if c.get("policy")
+            if not _priced(c)
             else advise_break_even(c["codec"], hidden, args.workers, c["error_feedback"]),
             "rates": {},
         }
@@ -415,6 +447,39 @@ def run(
         "links": links,
         "unlimited_bps": getattr(args, "unlimited_bps", UNLIMITED_BPS),
     }
+
+
+def _whole_row(c: dict[str, Any], whole: dict[str, dict[str, Any]], rates: list[str], target: float) -> dict[str, Any]:
+    """The row of a contender that trained the whole schedule at every rate: per rate its steps to
+    the target, the wall time of its training steps up to there (first-call costs, its probe and
+    its calibration included), its median step and its rung changes; the row's accuracy, steps
+    and bytes are the last rate's."""
+    row: dict[str, Any] = {"label": c["label"], "codec": c["codec"], "hook": c["hook"], "rates": {}}
+    for rate in rates:
+        a = whole.get(rate, {}).get(c["label"], {})
+        n, tta = None, None
+        if a.get("ok"):
+            n = steps_to(a["curve"], target)
+            tta = next((p["train_s"] for p in a["curve"] if p["step"] == n), None)
+        row["rates"][rate] = {
+            "step_ms": a.get("step_ms") if a.get("ok") else None,
+            "time_to_target_s": tta,
+            "steps_to_target": n,
+            "bytes_per_step": a.get("bytes_per_step"),
+            "decisions": a.get("decisions"),
+            "error": a.get("error"),
+        }
+    a = whole.get(rates[-1], {}).get(c["label"], {})
+    ok = bool(a.get("ok"))
+    row.update(
+        accuracy=a.get("accuracy") if ok else None,
+        steps_to_target=row["rates"][rates[-1]]["steps_to_target"],
+        bytes_per_step=a.get("bytes_per_step") if ok else None,
+        all_gather_bytes_per_step=None,
+        bits_per_element=a.get("bits_per_element") if ok else None,
+        advise_break_even_bps=None,
+    )
+    return row
 
 
 def _fmt_s(v: float | None) -> str:
@@ -519,6 +584,27 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     if not any(r["advise_break_even_bps"] is not None for r in res["rows"]):
         cross.append("- gcodec advise: not available here (the hook is `advise_break_even` in bench/link.py)")
+    rungs = ["none", "fp16", "uniform 8", "uniform 4", "top-k 1%"]  # gcodec.adaptive.DEFAULT_LADDER
+    for r in res["rows"]:
+        per = {q: v for q, v in r["rates"].items() if "decisions" in v}
+        if not per:
+            continue
+        parts = []
+        for q, v in per.items():
+            moves = ", ".join(
+                f"step {d['step']} {rungs[d['from']]} -> {rungs[d['to']]}" for d in v.get("decisions") or []
+            )
+            b = v.get("bytes_per_step")
+            parts.append(
+                f"{q}: {moves or 'no change'}"
+                + ("" if b is None else f", {b / 1e6:.2f} MB a step")
+                + ("" if v.get("steps_to_target") is None else f", target at step {v['steps_to_target']}")
+            )
+        cross.append(
+            f"- {r['label']}: trained the whole schedule at every rate (its codecs follow the link; its time "
+            "to target is the wall time of its steps up to the target, probe and calibration included); "
+            + "; ".join(parts)
+        )
     note = "\n".join(cross + choice_lines(res))
     return (
         f"{res['model']} ({res['params']:,} parameters), {res['workers']} gloo workers, target accuracy "

@@ -114,3 +114,36 @@ def test_advise_picks_the_largest_measured_saving_where_the_probe_timed_the_exch
     }
     got = link.advise_choices(cands, [256], 2, ["1gbit", "10gbit"], link.UNLIMITED_BPS, links)
     assert got == {"1gbit": "gcodec uniform 4", "10gbit": None}
+
+
+def test_a_contender_that_follows_the_link_reads_its_own_run_at_each_rate():
+    """The adaptive contender's row: per rate, the steps to the target from that rate's own curve and
+    the wall time of its steps up to there (not the fixed contenders' steps x step time)."""
+
+    c = next(c for c in link.CONTENDERS if link.follows_link(c))
+    assert not link._priced(c)  # advise does not price a controller as one codec
+
+    def run(curve, decisions):
+        return {
+            "ok": True,
+            "curve": curve,
+            "step_ms": 50.0,
+            "bytes_per_step": 1e5,
+            "decisions": decisions,
+            "accuracy": curve[-1]["accuracy"],
+            "bits_per_element": 0.2,
+        }
+
+    slow = run(
+        [{"step": 11, "train_s": 9.0, "accuracy": 0.5}, {"step": 22, "train_s": 12.5, "accuracy": 0.98}],
+        [{"step": 2, "from": 1, "to": 4}],
+    )
+    fast = run([{"step": 11, "train_s": 0.6, "accuracy": 0.97}, {"step": 22, "train_s": 1.1, "accuracy": 0.99}], [])
+    row = link._whole_row(
+        c, {"100mbit": {c["label"]: slow}, "unlimited": {c["label"]: fast}}, ["100mbit", "unlimited"], 0.975
+    )
+    assert row["rates"]["100mbit"]["time_to_target_s"] == 12.5 and row["rates"]["100mbit"]["steps_to_target"] == 22
+    assert row["rates"]["unlimited"]["time_to_target_s"] == 1.1 and row["steps_to_target"] == 22
+    assert row["accuracy"] == 0.99 and row["rates"]["100mbit"]["decisions"] == [{"step": 2, "from": 1, "to": 4}]
+    failed = link._whole_row(c, {"100mbit": {c["label"]: {"ok": False, "error": "boom"}}}, ["100mbit"], 0.975)
+    assert failed["rates"]["100mbit"]["time_to_target_s"] is None and failed["accuracy"] is None
