@@ -156,3 +156,22 @@ def test_the_progress_bar_keeps_compiling_and_start_up_out_of_its_estimate() -> 
     assert d["elapsed"] == pytest.approx(14 * 0.1)
     left = (d["total"] - d["n"]) * d["elapsed"] / d["n"]  # tqdm's estimate without smoothing
     assert left < 2.0
+
+
+def test_a_run_may_set_its_own_warm_up_length() -> None:
+    """A run spec's ``start_iter`` replaces the settings' for that run alone (bench/link.py gives
+    torch's PowerSGD its shortest warm-up, 2 dense steps, this way): over 6 steps a run with the
+    settings' 1 warm-up step compresses 5, the run that asks for 4 compresses 2."""
+    from gcodec.demo.launch import run_job
+    from gcodec.demo.runs import Settings, run_spec
+
+    s = Settings(hidden=[32], epochs=1, evals_per_epoch=0, start_iter=1, max_steps=6, min_numel=64)
+    runs = [
+        run_spec("fp16", {"id": "fp16"}, False),
+        {**run_spec("fp16, 4 warm-up", {"id": "fp16"}, False), "start_iter": 4},
+    ]
+    got = {r["label"]: r for r in run_job(runs, s, 2)["runs"]}
+    assert all(r.get("ok") for r in got.values()), got
+    assert got["fp16"]["steps"] == got["fp16, 4 warm-up"]["steps"] == 6
+    assert got["fp16"]["compressed_steps"] == 5
+    assert got["fp16, 4 warm-up"]["compressed_steps"] == 2

@@ -62,7 +62,8 @@ def run_spec(label: str, codec: dict[str, Any] | None, error_feedback: bool, hoo
     DDP: ``fsdp`` (FSDP2's own reduce-scatter; add ``"reduce_dtype": "bf16"`` to the spec) or
     ``fsdp-gcodec`` (:func:`gcodec.torch.compress_fsdp` with ``codec``). A gcodec run may add a
     ``"policy"`` (HookState's pattern dict, e.g. ``{"*": None}``: every tensor dense) and a
-    ``"warmup_codec"`` (HookState's: the first ``start_iter`` steps through that codec)."""
+    ``"warmup_codec"`` (HookState's: the first ``start_iter`` steps through that codec). Any run may
+    set its own ``"start_iter"`` (its warm-up length, in place of the settings')."""
     if codec is None and hook == "gcodec":
         hook = "none"
     return {"label": label, "codec": codec, "error_feedback": error_feedback, "hook": hook}

@@ -16,6 +16,7 @@ rules as the hook (the first ``start_iter`` steps and tensors under ``min_numel`
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -230,6 +231,8 @@ def _totals(state: Any) -> dict[str, float]:
 
 def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index: int) -> dict[str, Any]:
     """Train one run from the seed's initial weights; the result as rank 0 reports it."""
+    if run.get("start_iter") is not None:  # the run's own warm-up length (e.g. torch's PowerSGD: 2)
+        s = dataclasses.replace(s, start_iter=int(run["start_iter"]))
     xtr, ytr, xte, yte = data
     torch.manual_seed(s.seed)
     model = MLP(s.hidden)
