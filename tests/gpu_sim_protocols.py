@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
 from tests.device_protocols import CASES, rank_program  # noqa: E402
-from tests.gpu_sim_worker import strict_simulator  # noqa: E402
+from tests.gpu_sim_worker import quick_gil_handoff, strict_simulator  # noqa: E402
 from tests.localcomm import run_lockstep  # noqa: E402
 
 #: Bytes the simulator saw cross between host and device (both ways), by gcodec or anyone.
@@ -127,12 +127,7 @@ def run_case(case: dict) -> dict:
 
 
 def main() -> None:
-    # Numba's simulator runs every CUDA thread as a Python thread that takes two locks per
-    # device-function call, while the launching thread polls them without sleeping. At Python's
-    # default 5 ms switch interval that convoy sometimes stretches a launch of 8 k elements from a
-    # third of a second to minutes (seen here: 0.3 s and over 100 s for the same launch, which tripped
-    # the 300 s case watchdog once). At 0.1 ms the GIL changes hands fast enough: 0.7 to 8 s each time.
-    sys.setswitchinterval(1e-4)
+    quick_gil_handoff()  # see there
     want = set(json.load(sys.stdin)["cases"])
     from gcodec.kernels.cuda import launch  # before the watch: it recognises the simulator by its functions
 

@@ -271,14 +271,18 @@ def watched(label: str, fn: Callable[..., Any], *args: Any) -> Any:
         SECONDS[label] = round(time.perf_counter() - t, 3)
 
 
+def quick_gil_handoff() -> None:
+    """Numba's simulator runs every CUDA thread as a Python thread that takes two locks per
+    device-function call, while the launching thread polls them without sleeping. At Python's
+    default 5 ms switch interval that convoy sometimes stretches a launch of 8 k elements from a
+    third of a second to minutes (seen here: 0.3 s and over 100 s for the same launch, which tripped
+    the 300 s case watchdog once). At 0.1 ms the GIL changes hands fast enough: 0.7 to 8 s each time."""
+    sys.setswitchinterval(1e-4)
+
+
 def main() -> None:
     global WATCHDOG_S
-    # Numba's simulator runs every CUDA thread as a Python thread that takes two locks per
-    # device-function call, while the launching thread polls them without sleeping. At Python's
-    # default 5 ms switch interval that convoy sometimes stretches a launch of 8 k elements from a
-    # third of a second to minutes (seen here: 0.3 s and over 100 s for the same launch, which tripped
-    # the 300 s case watchdog once). At 0.1 ms the GIL changes hands fast enough: 0.7 to 8 s each time.
-    sys.setswitchinterval(1e-4)
+    quick_gil_handoff()
     import gcodec
 
     req = json.load(sys.stdin)
