@@ -6,13 +6,17 @@ minimises the predicted step time, while the quality telemetry stays within boun
 >>> mean = gcodec.mpi.allreduce(comm, grad, None, key="layer1", state=state)  # doctest: +SKIP
 
 The ladder runs from light to strong: none (fp32 allreduce) → fp16 → uniform 8 → uniform 4 →
-top-k 1 % (with the state's error feedback). At each decision step of a key (after ``warmup_steps``,
+top-k 1 % → PowerSGD rank 2 (with the state's error feedback). PowerSGD compresses matrices only: it
+is priced on the key's tensor shapes when the engine gives them (the DDP hook gives a bucket's), its
+vectors travelling dense beside it, and never picked for a key that has no matrix to compress.
+At each decision step of a key (after ``warmup_steps``,
 then every ``interval`` steps) the controller
 
 1. updates, per rung, what it measured through the transport statistics (encode, decode seconds,
    payload bytes; seconds as the median of the last 5 samples, bytes as a moving average) and
-   falls back to a one-off calibration on this machine (:func:`gcodec.advise.measure_speed`) for
-   rungs it has not run yet, scaled by how much slower than their calibration the rungs it has
+   falls back to a one-off calibration on this machine (:func:`gcodec.advise.measure_speed`, made
+   when a router takes the controller: :meth:`AdaptiveController.calibrate`) for rungs it has not
+   run yet, scaled by how much slower than their calibration the rungs it has
    run were in the job (:meth:`AdaptiveController.load_factor`);
 2. takes the link bandwidth as given, or measures it as received bytes over communication seconds;
 3. marks a rung *out of bounds* when its sampled telemetry broke the bound: a moving average of the
@@ -49,13 +53,16 @@ from .transports.handshake import fingerprint
 
 __all__ = ["DEFAULT_LADDER", "AdaptiveController"]
 
-#: none → fp16 → uniform 8 → uniform 4 → top-k 1 % (error feedback from the state).
+#: none → fp16 → uniform 8 → uniform 4 → top-k 1 % → PowerSGD rank 2 (error feedback from the state).
+#: PowerSGD is the strongest: its two rank-2 factors of an m x n matrix are 8 (m + n) bytes, less
+#: than top-k 1 %'s 0.08 m n once m n / (m + n) > 100 (any matrix of more than about 200 x 200).
 DEFAULT_LADDER: tuple[dict[str, Any] | None, ...] = (
     None,
     {"id": "fp16"},
     {"id": "uniform", "bits": 8},
     {"id": "uniform", "bits": 4},
     {"id": "topk", "ratio": 0.01},
+    {"id": "powersgd", "rank": 2},
 )
 
 #: elements of the dense allreduces the controller's link probe times (16 KB to 4 MB per rank)
@@ -119,7 +126,8 @@ class AdaptiveController:
             raise ConfigError("the ladder needs at least one rung")
         self.ladder = [None if c is None else get_codec(c).get_config() for c in ladder]  # type: ignore[arg-type]
         self._keys = [json.dumps(c, sort_keys=True) for c in self.ladder]
-        self._low_rank = [c is not None and get_codec(c).low_rank for c in self.ladder]
+        self._codecs = [None if c is None else get_codec(c) for c in self.ladder]
+        self._low_rank = [c is not None and c.low_rank for c in self._codecs]
         if not 0 <= start < len(self.ladder):
             raise ConfigError(f"start={start} is not a rung of a {len(self.ladder)}-rung ladder")
         if interval < 1 or warmup_steps < 0:
@@ -216,6 +224,15 @@ class AdaptiveController:
             s = self._speeds[k] = measure_speed(self.ladder[rung], sizes=(1 << 16, 1 << 20), repeats=2)
         return s
 
+    def calibrate(self) -> None:
+        """Time every rung's codec on this machine now (those not given as ``speeds`` and not timed
+        yet), instead of at the first decision. The router calls it when the controller is
+        installed, so an engine's setup pays it (about 0.1 s a rung on the 2-core machine, plus the
+        first load of the kernels: 0.3-0.5 s in all), as a job pays its kernels' compilation or
+        autotuning, before the first step rather than inside one. Local: no collectives."""
+        for r in range(len(self.ladder)):
+            self._speed(r)
+
     def load_factor(self, key: str, numel: int) -> float:
         """How much slower than its calibration the codec work of ``key`` runs in the job: the
         median over the rungs ``key`` has run of measured (encode + decode) seconds over the
@@ -258,11 +275,23 @@ class AdaptiveController:
         return v
 
     # ---- the decision -------------------------------------------------------------------------
-    def choose(self, figures: np.ndarray, shape: Sequence[int], workers: int, current: int) -> tuple[int, list[float]]:
-        """The rung for a tensor of ``shape`` on ``workers`` ranks from (agreed) ``figures``, and the
-        predicted step seconds of every rung (inf when out of bounds). Pure: same figures, same answer."""
+    def choose(
+        self,
+        figures: np.ndarray,
+        shape: Sequence[int],
+        workers: int,
+        current: int,
+        shapes: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[int, list[float]]:
+        """The rung for a key of ``shape`` (its elements as one tensor) on ``workers`` ranks from
+        (agreed) ``figures``, and the predicted step seconds of every rung (inf when out of
+        bounds, or for a low-rank rung that would compress none of the key's tensors). ``shapes``:
+        the key's tensors, when the engine knows them; a low-rank rung is priced on them (the
+        tensors it passes through as dense), every other rung on the measured figures of the key as
+        a whole. Pure: same figures, same answer."""
         n = len(self.ladder)
         link = Link(8.0 / -figures[4 * n], self.latency_s)
+        tensors = [tuple(int(d) for d in s) for s in shapes] if shapes else [tuple(shape)]
         times: list[float] = []
         out = False
         for r in range(n):
@@ -270,10 +299,23 @@ class AdaptiveController:
             if out:
                 times.append(math.inf)
                 continue
-            sp = CodecSpeed(figures[r], 0.0, figures[n + r], 0.0, figures[2 * n + r], 0.0)
-            if self._low_rank[r]:  # its factors' sizes follow the shape: the calibration's model
-                sp = self._speed(r)
-            times.append(predict(self.ladder[r], sp, [tuple(shape)], workers, link)["step_seconds"])
+            if self._low_rank[r]:
+                # Its factors' sizes follow the shapes (predict sizes them), its seconds the agreed
+                # figures of the key as a whole, spread per element: every rank prices alike.
+                codec = self._codecs[r]
+                assert codec is not None
+                mats = [s for s in tensors if codec.compresses(s)]
+                if not mats:
+                    times.append(math.inf)
+                    continue
+                rest = [s for s in tensors if not codec.compresses(s)]
+                k = max(1, int(np.prod(shape)))
+                sp = CodecSpeed(0.0, figures[r] / k, 0.0, figures[n + r] / k, 0.0, 0.0)
+                row = predict(self.ladder[r], sp, mats, workers, link, dense_tensors=rest)
+            else:
+                sp = CodecSpeed(figures[r], 0.0, figures[n + r], 0.0, figures[2 * n + r], 0.0)
+                row = predict(self.ladder[r], sp, [tuple(shape)], workers, link)
+            times.append(row["step_seconds"])
         best = min(range(n), key=lambda r: (times[r], r))
         if math.isfinite(times[current]) and times[best] >= (1 - self.hysteresis) * times[current]:
             best = current
@@ -304,8 +346,17 @@ class AdaptiveController:
             return
         self.latency_s = self.probed.link.latency_s
 
-    def select(self, comm: Communicator, state: PolicyState, key: str, shape: tuple[int, ...], step: int) -> Protocol:
-        """The chooser protocol :class:`~gcodec.transports.PolicyState` runs before each exchange."""
+    def select(
+        self,
+        comm: Communicator,
+        state: PolicyState,
+        key: str,
+        shape: tuple[int, ...],
+        step: int,
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> Protocol:
+        """The chooser protocol :class:`~gcodec.transports.PolicyState` runs before each exchange
+        (``shapes``: the key's tensors, when the engine knows them; see :meth:`choose`)."""
         cur = self.level.setdefault(key, self.start)
         rec = state.last(key)
         if rec is not None:
@@ -328,7 +379,7 @@ class AdaptiveController:
             yield comm.allreduce(figs, "max")  # same figures on every rank: same decision, same step
         else:
             figs = self.figures(key, numel)
-        new, times = self.choose(figs, shape, comm.size, cur)
+        new, times = self.choose(figs, shape, comm.size, cur, shapes)
         self.decisions.append({"key": key, "step": step, "from": cur, "to": new, "predicted_s": times})
         self.level[key] = new
         return self.ladder[new]

@@ -26,12 +26,12 @@ SPEEDS = {
     json.dumps(None if c is None else get_codec(c).get_config(), sort_keys=True): CodecSpeed(0.0, enc, 0.0, dec, 0.0, b)
     for c, enc, dec, b in zip(
         DEFAULT_LADDER,
-        [0.0, 0.2e-9, 0.5e-9, 0.6e-9, 4e-9],
-        [0.0, 0.2e-9, 0.4e-9, 0.5e-9, 1e-9],
-        [4.0, 2.0, 1.07, 0.57, 0.08],
+        [0.0, 0.2e-9, 0.5e-9, 0.6e-9, 4e-9, 3e-9],
+        [0.0, 0.2e-9, 0.4e-9, 0.5e-9, 1e-9, 1e-9],
+        [4.0, 2.0, 1.07, 0.57, 0.08, 0.0],  # PowerSGD's payload follows the shapes (predict's model)
     )
 }
-SHAPE = (25_000_000,)
+SHAPE = (25_000_000,)  # one vector: PowerSGD, the last rung, has no matrix to compress
 
 
 class FakeComm(Communicator):
@@ -69,6 +69,45 @@ def test_the_synthetic_speeds_cover_every_rung() -> None:
 
 def _rung(ctl: AdaptiveController, workers: int = 4, current: int = 0) -> int:
     return ctl.choose(ctl.figures("w", int(np.prod(SHAPE))), SHAPE, workers, current)[0]
+
+
+def test_powersgd_is_never_priced_for_a_key_without_a_matrix() -> None:
+    ctl = _ctl("100Mbit")
+    _, times = ctl.choose(ctl.figures("w", int(np.prod(SHAPE))), SHAPE, 4, 0)
+    assert ctl.ladder[5]["id"] == "powersgd" and times[5] == float("inf") and np.isfinite(times[4])
+
+
+# A DDP bucket of a 5000 x 5000 weight and its bias: 25 M elements as in SHAPE.
+BUCKET = [(5000, 5000), (5000,)]
+
+
+def test_a_bucket_of_matrices_on_a_slow_link_takes_powersgd() -> None:
+    """At 100 Mbit/s on 4 ranks, PowerSGD rank 2's factors are 4 (5000 + 5000) 2 = 80 kB, summed
+    (1.5 x that on the wire: 10 ms) with the 20 kB bias dense beside them, against top-k 1 %'s 2 MB
+    in two phases (1.5 x that: 0.24 s); their codec seconds are alike (SPEEDS), so PowerSGD's step
+    is predicted at well under half of top-k's."""
+    ctl = _ctl("100Mbit")
+    figs = ctl.figures("w", 25_005_000)
+    rung, times = ctl.choose(figs, (25_005_000,), 4, 0, BUCKET)
+    assert rung == 5 and times[5] < times[4] / 2, times
+    assert _rung(_ctl("10Tbit"), current=5) == 0  # and a fast link still goes back to dense
+
+
+def test_every_rank_prices_the_low_rank_rung_from_the_agreed_figures() -> None:
+    """Two ranks whose own calibrations of PowerSGD differ 100x, handed the same (allreduced)
+    figures, predict the same seconds for every rung, so they take the same rung: a rank-local
+    calibration in the price would let them disagree and fail the exchange."""
+    key = json.dumps(get_codec({"id": "powersgd", "rank": 2}).get_config(), sort_keys=True)
+    slow = dict(SPEEDS)
+    slow[key] = CodecSpeed(0.0, 3e-7, 0.0, 1e-7, 0.0, 0.0)
+    a = AdaptiveController(bandwidth="1Gbit", speeds=SPEEDS, interval=10, warmup_steps=0)
+    b = AdaptiveController(bandwidth="1Gbit", speeds=slow, interval=10, warmup_steps=0)
+    agreed = np.maximum(a.figures("w", 25_005_000), b.figures("w", 25_005_000))
+    ta = a.choose(agreed, (25_005_000,), 2, 0, BUCKET)
+    tb = b.choose(agreed, (25_005_000,), 2, 0, BUCKET)
+    assert ta == tb
+    # the agreed figures carry the slower rank's PowerSGD seconds: 100x its encode prices it out
+    assert ta[0] != 5 and a.choose(a.figures("w", 25_005_000), (25_005_000,), 2, 0, BUCKET)[0] == 5
 
 
 def test_slow_link_moves_to_a_strong_codec() -> None:
@@ -260,3 +299,23 @@ def test_a_probe_that_cannot_fit_leaves_the_exchanges_measure() -> None:
     comm = TimedComm(2, 3e-3, -4e-10)  # larger allreduces take less time (3 ms down to 1.3 ms): no beta
     run_blocking(ctl.select(comm, PolicyState(ctl), "w", SHAPE, 0))
     assert ctl.probed is None and ctl.figures("w", 1000)[-1] == -8.0 / 1e9
+
+
+def test_the_router_calibrates_a_controller_when_it_is_installed(monkeypatch) -> None:
+    """The codecs are timed once, when an engine's router takes the controller (its setup), not at
+    the first decision inside a training step; installing it again times nothing more."""
+    import gcodec.adaptive as adaptive
+
+    timed: list = []
+
+    def fake(codec, **kw):
+        timed.append(codec)
+        return CodecSpeed(0.0, 1e-9, 0.0, 1e-9, 0.0, 1.0)
+
+    monkeypatch.setattr(adaptive, "measure_speed", fake)
+    ctl = AdaptiveController(ladder=[None, "fp16", {"id": "uniform", "bits": 8}])
+    assert timed == []
+    PolicyState(ctl)
+    assert timed == ctl.ladder  # every rung once, in ladder order
+    PolicyState(ctl)
+    assert len(timed) == 3

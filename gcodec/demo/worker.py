@@ -237,7 +237,10 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
     torch.manual_seed(s.seed)
     model = MLP(s.hidden)
     params = list(model.parameters())
+    t_setup = time.perf_counter()
     module, state, reduce = _wrap(model, run, s, comm)
+    # the engine's setup (an adaptive controller calibrates its codecs here), not in train_s
+    setup_s = time.perf_counter() - t_setup
     opt = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=s.momentum)
     p, r = comm.size, comm.rank
     gbatch = s.batch * p
@@ -345,6 +348,7 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
         # the dense warm-up steps (before start_iter), first step left out (DDP's bucket rebuild)
         "warmup_step_ms": 1e3 * float(np.median(step_times[1 : s.start_iter] or step_times)),
         "train_s": train_s,
+        "setup_s": setup_s,
         "modes": modes,
         "accuracy": curve[-1]["accuracy"] if curve else None,
         "test_loss": curve[-1]["test_loss"] if curve else None,

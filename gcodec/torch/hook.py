@@ -33,6 +33,7 @@ rank; the size rules (``min_numel``, a codec that would pass a shape through) ke
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -280,8 +281,9 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         # its own, so every rank takes the same rung at the same step.
         names = [state._name(q) for q in bucket.parameters()]
         ckey = f"bucket:{names[0]}..{names[-1]}"
-        numel = sum(g.numel() for g in bucket.gradients() if g.numel() >= state.min_numel)
-        rung, _ = yield from router.decide(comm, ckey, (max(numel, 1),))
+        shapes = [tuple(g.shape) for g in bucket.gradients() if g.numel() >= state.min_numel]
+        numel = sum(math.prod(s) for s in shapes)
+        rung, _ = yield from router.decide(comm, ckey, (max(numel, 1),), shapes)
     # The bucket's plan (which tensors go dense, which codec and mode each group takes) is decided
     # locally, then agreed in the bucket's exchange: its fingerprint travels in full the first time
     # and as a digest in the first message of every later step (see gcodec.transports.control).

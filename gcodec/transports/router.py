@@ -196,6 +196,9 @@ class Router:
     def policy(self, value: Any) -> None:
         self._policy = value
         self.chooser = as_policy(value, **self._shorthand)
+        calibrate = getattr(self.chooser, "calibrate", None)
+        if callable(calibrate):  # a controller times its codecs at setup, not inside a training step
+            calibrate()
 
     def configure(self, **shorthand: Any) -> None:
         """Change the shorthand's ``codec``, ``min_numel`` or ``dense_1d`` (see :class:`Router`)."""
@@ -242,22 +245,32 @@ class Router:
             return self.codec(self.chooser.codec_for(name, tuple(shape), step, tensor))
         return self.codec(self.chooser.codec_for(name, tuple(shape), step))
 
-    def select(self, comm: Communicator, key: str, shape: tuple[int, ...], step: int) -> Protocol:
+    def select(
+        self,
+        comm: Communicator,
+        key: str,
+        shape: tuple[int, ...],
+        step: int,
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> Protocol:
         """The codec of ``key`` at ``step``, as a protocol: a controller may run collectives first
-        (the same on every rank); a policy answers at once."""
+        (the same on every rank); a policy answers at once. ``shapes``: the tensors of a key that
+        stands for several (a DDP bucket), which a controller prices a low-rank rung on."""
         select = getattr(self.chooser, "select", None)
         if select is not None:
-            choice = yield from select(comm, self, key, shape, step)
+            choice = yield from select(comm, self, key, shape, step, shapes)
         else:
             choice = self.chooser.codec_for(key, shape, step)
         return self.codec(choice)
 
-    def decide(self, comm: Communicator, key: str, shape: tuple[int, ...]) -> Protocol:
+    def decide(
+        self, comm: Communicator, key: str, shape: tuple[int, ...], shapes: Sequence[tuple[int, ...]] | None = None
+    ) -> Protocol:
         """``key``'s next step and its codec for it, as a protocol returning ``(codec, step)``: the
         key's step counter advances, the chooser selects (:meth:`select`), a change is logged."""
         step = self.steps.get(key, 0)
         self.steps[key] = step + 1
-        codec = yield from self.select(comm, key, shape, step)
+        codec = yield from self.select(comm, key, shape, step, shapes)
         self.note_choice(key, step, codec)
         return codec, step
 
