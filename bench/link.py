@@ -96,7 +96,7 @@ CONTENDERS: list[dict[str, Any]] = [
         "warmup_like": "gcodec fp16",
     },
     # the adaptive controller in the DDP hook: 2 warm-up steps through fp16, then fp16 for 2 steps, then
-    # every 10 steps the rung of none / fp16 / uniform 8 / uniform 4 / top-k 1 % (error feedback on)
+    # every 10 steps the rung of none / fp16 / uniform 8 / uniform 4 / top-k 1 % / PowerSGD r2 (EF on)
     # with the least predicted step time on the link it probed and what the bucket's exchanges
     # measured. Its trajectory depends on the link, so it trains the whole schedule at every rate
     # and its time to target is the wall time of its training steps up to the target.
@@ -346,6 +346,13 @@ def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
     return None
 
 
+def wall_to(curve: list[dict[str, Any]], target: float) -> float | None:
+    """The wall time of a run's training steps up to the target (first-call costs and every slow
+    step included), or None when it never reaches it."""
+    n = steps_to(curve, target)
+    return next((float(p["train_s"]) for p in curve if p["step"] == n), None)
+
+
 def run(
     args: argparse.Namespace, contenders: list[dict[str, Any]] | None = None, hidden: list[int] | None = None
 ) -> dict[str, Any]:
@@ -379,7 +386,11 @@ def run(
         target = args.target if args.target else (base_run["accuracy"] if base_run else 0.9)
         params = next((r["params"] for r in acc if r.get("ok")), None)
         for label, a in ok.items():
-            info[label] = {**a, "steps_to_target": steps_to(a["curve"], target)}
+            info[label] = {
+                **a,
+                "steps_to_target": steps_to(a["curve"], target),
+                "wall_to_target_s": wall_to(a["curve"], target),
+            }
         if args.quick:
             timed[last] = {r["label"]: r for r in acc}
     # Timing runs: a few steps per contender at every rate, all in one short job per rate, so that
@@ -434,6 +445,10 @@ def run(
                 w = min(n, c.get("start_iter", base.start_iter))  # the contender's own warm-up
                 tta = (w * dense + (n - w) * step_ms) / 1e3
             row["rates"][rate] = {"step_ms": step_ms, "time_to_target_s": tta, "error": t.get("error")}
+        if a and a.get("wall_to_target_s") is not None:
+            # the accuracy run went through the last rate's link: its wall time there, to compare
+            # like with like with a contender whose time is a whole run's wall time
+            row["rates"][last]["wall_to_target_s"] = a["wall_to_target_s"]
         rows.append(row)
     return {
         "model": f"MLP 64-{'-'.join(map(str, hidden))}-10",
@@ -462,14 +477,14 @@ def _whole_row(c: dict[str, Any], whole: dict[str, dict[str, Any]], rates: list[
         a = whole.get(rate, {}).get(c["label"], {})
         n, tta = None, None
         if a.get("ok"):
-            n = steps_to(a["curve"], target)
-            tta = next((p["train_s"] for p in a["curve"] if p["step"] == n), None)
+            n, tta = steps_to(a["curve"], target), wall_to(a["curve"], target)
         row["rates"][rate] = {
             "step_ms": a.get("step_ms") if a.get("ok") else None,
             "time_to_target_s": tta,
             "steps_to_target": n,
             "bytes_per_step": a.get("bytes_per_step"),
             "decisions": a.get("decisions"),
+            "setup_s": a.get("setup_s"),
             "error": a.get("error"),
         }
     a = whole.get(rates[-1], {}).get(c["label"], {})
@@ -544,6 +559,35 @@ def choice_lines(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def adaptive_lines(res: dict[str, Any]) -> list[str]:
+    """The adaptive controller's time to target against torch's best hook at every rate, and at
+    the accuracy runs' rate also against the uncompressed run's wall time: the controller's times
+    are wall times of whole runs (its probe, its calibration and every first-call cost included),
+    the others' steps x median step, which leaves those out; the accuracy runs give the
+    uncompressed run's wall time through the same link."""
+    rows = [r for r in res["rows"] if r["label"] == ADAPTIVE]
+    if not rows:
+        return []
+    ad, base, out = rows[0], res["rows"][0], []
+    for q in res["rates"]:
+        t = ad["rates"][q]["time_to_target_s"]
+        torch = [r["rates"][q]["time_to_target_s"] for r in res["rows"] if r["hook"].startswith("torch-")]
+        best = min((v for v in torch if v is not None), default=None)
+        if t is None or best is None:
+            continue
+        line = f"- {q}: the adaptive controller {t:.1f} s, {t / best:.2f}x torch's best hook"
+        wall = base["rates"][q].get("wall_to_target_s")
+        if wall:
+            line += f", {t / wall:.2f}x the uncompressed run's wall time ({wall:.1f} s)"
+        setup = ad["rates"][q].get("setup_s")
+        if setup is not None:  # its codecs' calibration, before the first step (as no one's setup, not in t)
+            line += f"; its setup (calibration) {setup:.2f} s"
+            if wall:
+                line += f", {(t + setup) / wall:.2f}x with it"
+        out.append(line)
+    return out
+
+
 def markdown(res: dict[str, Any]) -> str:
     rates = res["rates"]
     head = ["contender", "bits/el", "final acc", "steps to target"]
@@ -574,6 +618,7 @@ def markdown(res: dict[str, Any]) -> str:
                 f"- {q}: best gcodec {g['label']} {tta(g):.1f} s, best torch hook {t['label']} {tta(t):.1f} s "
                 f"({tta(g) / tta(t):.2f}x)"
             )
+    best += adaptive_lines(res)
     base = res["rows"][0]
     cross = [
         f"- {r['label']}: measured, stops paying {measured_crossover(r, base, rates)}"
@@ -587,7 +632,7 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     if not any(r["advise_break_even_bps"] is not None for r in res["rows"]):
         cross.append("- gcodec advise: not available here (the hook is `advise_break_even` in bench/link.py)")
-    rungs = ["none", "fp16", "uniform 8", "uniform 4", "top-k 1%"]  # gcodec.adaptive.DEFAULT_LADDER
+    rungs = ["none", "fp16", "uniform 8", "uniform 4", "top-k 1%", "PowerSGD r2"]  # gcodec.adaptive.DEFAULT_LADDER
     for r in res["rows"]:
         per = {q: v for q, v in r["rates"].items() if "decisions" in v}
         if not per:

@@ -147,3 +147,35 @@ def test_a_contender_that_follows_the_link_reads_its_own_run_at_each_rate():
     assert row["accuracy"] == 0.99 and row["rates"]["100mbit"]["decisions"] == [{"step": 2, "from": 1, "to": 4}]
     failed = link._whole_row(c, {"100mbit": {c["label"]: {"ok": False, "error": "boom"}}}, ["100mbit"], 0.975)
     assert failed["rates"]["100mbit"]["time_to_target_s"] is None and failed["accuracy"] is None
+
+
+def test_the_adaptive_contender_is_compared_with_wall_times_where_both_sides_have_one():
+    """At the accuracy runs' rate the uncompressed run's wall time is known, and the controller's
+    (a wall time) is set against it as well as against torch's best hook (steps x median step); a
+    rate without the reference's wall time gets the hook comparison only."""
+
+    def rates(tta, wall=None):
+        return {"step_ms": 1.0, "time_to_target_s": tta, **({} if wall is None else {"wall_to_target_s": wall})}
+
+    res = {
+        "rates": ["1gbit", "unlimited"],
+        "rows": [
+            {"label": "uncompressed", "hook": "none", "rates": {"1gbit": rates(40.0), "unlimited": rates(5.0, 6.0)}},
+            {"label": "torch fp16", "hook": "torch-fp16", "rates": {"1gbit": rates(20.0), "unlimited": rates(5.5)}},
+            {
+                "label": "torch psgd",
+                "hook": "torch-powersgd",
+                "rates": {"1gbit": rates(None), "unlimited": rates(None)},
+            },
+            {"label": link.ADAPTIVE, "hook": "gcodec", "rates": {"1gbit": rates(8.0), "unlimited": rates(6.3)}},
+        ],
+    }
+    lines = link.adaptive_lines(res)
+    assert lines[0] == "- 1gbit: the adaptive controller 8.0 s, 0.40x torch's best hook"
+    assert lines[1] == (
+        "- unlimited: the adaptive controller 6.3 s, 1.15x torch's best hook, "
+        "1.05x the uncompressed run's wall time (6.0 s)"
+    )
+    res["rows"][3]["rates"]["unlimited"]["setup_s"] = 0.6  # its calibration, before the first step
+    assert link.adaptive_lines(res)[1].endswith("; its setup (calibration) 0.60 s, 1.15x with it")
+    assert link.adaptive_lines({"rates": res["rates"], "rows": res["rows"][:3]}) == []
