@@ -580,8 +580,8 @@ def adaptive_lines(res: dict[str, Any]) -> list[str]:
         if wall:
             line += f", {t / wall:.2f}x the uncompressed run's wall time ({wall:.1f} s)"
         setup = ad["rates"][q].get("setup_s")
-        if setup is not None:  # its codecs' calibration, before the first step (as no one's setup, not in t)
-            line += f"; its setup (calibration) {setup:.2f} s"
+        if setup is not None:  # DDP and the codecs' calibration, before the first step (no setup is in t)
+            line += f"; its setup (DDP and the calibration) {setup:.2f} s"
             if wall:
                 line += f", {(t + setup) / wall:.2f}x with it"
         out.append(line)

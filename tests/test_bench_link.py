@@ -177,5 +177,5 @@ def test_the_adaptive_contender_is_compared_with_wall_times_where_both_sides_hav
         "1.05x the uncompressed run's wall time (6.0 s)"
     )
     res["rows"][3]["rates"]["unlimited"]["setup_s"] = 0.6  # its calibration, before the first step
-    assert link.adaptive_lines(res)[1].endswith("; its setup (calibration) 0.60 s, 1.15x with it")
+    assert link.adaptive_lines(res)[1].endswith("; its setup (DDP and the calibration) 0.60 s, 1.15x with it")
     assert link.adaptive_lines({"rates": res["rates"], "rows": res["rows"][:3]}) == []
