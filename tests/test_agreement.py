@@ -81,6 +81,67 @@ def test_an_agreed_exchange_carries_only_its_digest(codec: str, collectives: dic
             assert r["then"] == {"allgather": 2, "allgatherv": 1}
 
 
+class _Waited:
+    """A work that notes in ``log`` when the protocol waits for it."""
+
+    def __init__(self, work: Any, log: list[str], name: str) -> None:
+        self.work, self.log, self.name = work, log, name
+
+    def test(self) -> bool:
+        return bool(self.work.test())
+
+    def wait(self) -> Any:
+        self.log.append(f"{self.name} waited")
+        return self.work.wait()
+
+    def result(self) -> Any:
+        return self.work.result()
+
+
+def test_the_summable_begin_travels_while_the_values_are_encoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summable protocol starts its BEGIN before the encode and waits for it after (its round
+    trip overlaps the encode), and starts the values' collective only once every rank's BEGIN has
+    arrived: a changed configuration is still caught before any value travels."""
+    import threading
+
+    import gcodec.transports.summable as summable
+
+    local = threading.local()
+    real = summable.encode_into
+
+    def encode_into(*a: Any, **k: Any) -> Any:
+        local.log.append("encode")
+        return real(*a, **k)
+
+    monkeypatch.setattr(summable, "encode_into", encode_into)
+
+    class Logged(ThreadComm):
+        def __init__(self, base: ThreadComm) -> None:
+            super().__init__(base.hub, base.rank)
+
+        def allgather(self, arr: np.ndarray) -> Any:
+            local.log.append("control started")
+            return _Waited(super().allgather(arr), local.log, "control")
+
+        def allgatherv(self, buf: np.ndarray, counts: Any) -> Any:
+            local.log.append("bytes started")
+            return super().allgatherv(buf, counts)
+
+    def rank(base: ThreadComm) -> list[str]:
+        local.log = []
+        comm = Logged(base)
+        st = TransportState("fp16", error_feedback=False)
+        x = np.full(4096, base.rank + 1.0, np.float32)
+        _allreduce(comm, st, x)  # the first exchange also agrees in full
+        local.log = []
+        _allreduce(comm, st, x)
+        return list(local.log)
+
+    for r in run_threads(2, rank):
+        assert not isinstance(r, BaseException), r
+        assert r == ["control started", "encode", "control waited", "bytes started"], r
+
+
 def test_a_change_after_agreement_raises_a_config_error_on_every_rank_and_the_next_exchange_works() -> None:
     def rank(comm: ThreadComm) -> list[str]:
         x = np.ones(4096, np.float32)

@@ -118,6 +118,7 @@ class Exchange:
         self.what = what
         self.on_agree = on_agree
         self.begun = False
+        self._started: Work | None = None  # a BEGIN all-gather started early (start())
         #: This rank's fingerprint is the one the ranks last agreed on for ``key``.
         self.current = agreed is not None and agreed.get(key) == self.text
 
@@ -209,11 +210,30 @@ class Exchange:
             self.on_agree(agreement)
 
     # ---- what protocols call -----------------------------------------------------------------
+    def start(self) -> None:
+        """Start the BEGIN's all-gather now, so that its round trip overlaps local work (an encode)
+        that the BEGIN does not depend on; :meth:`begin` then waits for it and acts on it. Nothing
+        else may travel on the communicator in between, and the exchange's data still waits for
+        :meth:`begin`: the agreement is exactly as strong, only earlier on the wire. A no-op once
+        begun or started."""
+        if not self.begun and self._started is None:
+            self._started = self.comm.allgather(self._words(BEGIN, [], None))
+
     def begin(self, local: BaseException | None = None) -> Protocol:
         """The exchange's BEGIN on its own, unless a control message already began it (for protocols
-        whose first collective carries data of a size the configuration fixes)."""
-        if not self.begun:
+        whose first collective carries data of a size the configuration fixes); waits for the
+        all-gather :meth:`start` began, if it did."""
+        if self.begun:
+            return
+        w, self._started = self._started, None
+        if w is None:
             yield from self._control(BEGIN, [], local)
+            return
+        if local is not None:  # its words went out without this error: the peers would not raise
+            raise GcodecError(f"{self.what}: a local error after the BEGIN was started: {local!r}")
+        yield w
+        table = np.asarray(w.result()).reshape(self.comm.size, HEAD + self.comm.size)
+        yield from self._settle(table, BEGIN, None)
 
     def sizes(self, sizes: Sequence[int], local: BaseException | None = None) -> Protocol:
         """A size exchange (the BEGIN when it is the exchange's first message): every rank's

@@ -86,8 +86,10 @@ def lowrank_protocol(
     only the non-finite counts of the summed factors come to the host."""
     comm = ex.comm
     p = comm.size
-    # The factors' sizes follow from the configuration: agree on it before they travel.
-    yield from ex.begin()
+    # The factors' sizes follow from the configuration: agree on it before they travel. The BEGIN
+    # starts now and is waited for before the first collective, so its round trip overlaps round
+    # 1's products (summable_protocol does the same with its encode).
+    ex.start()
     codec = state.codec
     scale = 1.0 / p
     what = "powersgd allreduce of " + ", ".join(repr(i.key) for i in items[:3]) + ("..." if len(items) > 3 else "")
@@ -107,9 +109,11 @@ def lowrank_protocol(
         if dd == np.float32 and comp:
             head.append(own)
         else:
+            yield from ex.begin()
             yield comm.allreduce(own, "sum")
             _finish_dense(dense, own, op, scale, what)
     if not comp:
+        yield from ex.begin()
         if riders is not None and riders.size:
             yield comm.allreduce(riders, "sum")
         return
@@ -131,6 +135,7 @@ def lowrank_protocol(
         pbuf = _flat_concat([*head, *(r.p for r in rounds)], np.dtype(np.float32), like)
     nhead = sum(h.size for h in head)
     st.add("payload_bytes", pbuf.nbytes - 4 * nhead)
+    yield from ex.begin()
     yield comm.allreduce(pbuf, "sum")
     st.add("wire_bytes", 2 * (p - 1) * (pbuf.nbytes - 4 * nhead) // p)
     pos = 0

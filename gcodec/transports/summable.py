@@ -76,8 +76,10 @@ def summable_protocol(
     the caller scales), summed in rank order like the values."""
     comm = ex.comm
     p = comm.size
-    # The values' size follows from the configuration: agree on it before they travel.
-    yield from ex.begin()
+    # The values' size follows from the configuration: agree on it before they travel. The BEGIN
+    # starts now and is waited for after the encode, which it does not depend on: its round trip
+    # (a gloo all-gather of 7 words, 0.3-1.5 ms on a loaded 2-core machine) overlaps the encode.
+    ex.start()
     codec = state.codec
     wd = work_dtype(x.dtype)
     what = f"summable allreduce of {key!r}"
@@ -105,6 +107,7 @@ def summable_protocol(
             vals, vdt = summable_section(payload, verify_checksum=False)
             xp.fill(vals, np.nan, vdt)
     st.add("payload_bytes", len(payload))
+    yield from ex.begin()
     # Every rank has the same number of values (the handshake agreed on codec and shape) and of
     # riders (the caller's layout is the same on every rank), so the chunk sizes are known
     # everywhere and the collectives need no size exchange.
