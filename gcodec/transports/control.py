@@ -24,7 +24,9 @@ exchange anyway (gather, two-phase, the reduce-scatter of payloads, the compress
 of a size the configuration fixes (summable values, PowerSGD's factors, dense sums), the ``BEGIN``
 is one small all-gather of its own before the data: a digest sent *beside* such data could not
 catch a length change, because the data collective itself would then have a different size on
-each rank, which MPI leaves undefined and gloo may hang on.
+each rank, which MPI leaves undefined and gloo may hang on. Summable and PowerSGD start that
+all-gather before their encode and wait for it after (:meth:`Exchange.start`), so its round trip
+overlaps the encode; their data still waits for it.
 
 Because every rank receives every rank's control words, every rank takes the same decision:
 
