@@ -227,9 +227,10 @@ class AdaptiveController:
     def calibrate(self) -> None:
         """Time every rung's codec on this machine now (those not given as ``speeds`` and not timed
         yet), instead of at the first decision. The router calls it when the controller is
-        installed, so an engine's setup pays it (about 0.1 s a rung on the 2-core machine, plus the
-        first load of the kernels: 0.3-0.5 s in all), as a job pays its kernels' compilation or
-        autotuning, before the first step rather than inside one. Local: no collectives."""
+        installed, so an engine's setup pays it (0.45-0.75 s for the default ladder on the 2-core
+        machine with two ranks calibrating at once, most of it the kernels' first load), as a job
+        pays its kernels' compilation or autotuning, before the first step rather than inside one.
+        Local: no collectives."""
         for r in range(len(self.ladder)):
             self._speed(r)
 

@@ -161,8 +161,12 @@ class Exchange:
 
     def _control(self, kind: int, sizes: Sequence[int], local: BaseException | None) -> Protocol:
         """All-gather one control message; check order and codes; return the (p, p) sizes table."""
-        p = self.comm.size
         w = self.comm.allgather(self._words(kind, sizes, local))
+        return (yield from self._finish(w, kind, local))
+
+    def _finish(self, w: Work, kind: int, local: BaseException | None) -> Protocol:
+        """Wait for a control message's all-gather ``w`` and act on it (:meth:`_settle`)."""
+        p = self.comm.size
         yield w
         table = np.asarray(w.result()).reshape(p, HEAD + p)
         yield from self._settle(table, kind, local)
@@ -233,9 +237,7 @@ class Exchange:
             return
         if local is not None:  # its words went out without this error: the peers would not raise
             raise GcodecError(f"{self.what}: a local error after the BEGIN was started: {local!r}")
-        yield w
-        table = np.asarray(w.result()).reshape(self.comm.size, HEAD + self.comm.size)
-        yield from self._settle(table, BEGIN, None)
+        yield from self._finish(w, BEGIN, None)
 
     def sizes(self, sizes: Sequence[int], local: BaseException | None = None) -> Protocol:
         """A size exchange (the BEGIN when it is the exchange's first message): every rank's
