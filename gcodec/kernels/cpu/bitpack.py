@@ -20,6 +20,13 @@ from .simd import load_u64, store_u64
 @njit(cache=True)
 def _pack_bytes(cb, m, w, codes, o0):  # pragma: no cover - jitted
     """4- or 2-bit codes, ``w`` a literal: 8/w codes per byte, the first in the low bits."""
+    if w == 4:  # two codes per 16-bit lane (little-endian: the first is the low byte)
+        nb = (m + 1) // 2
+        c16 = cb[: 2 * nb].view(np.uint16)
+        for j in range(nb):
+            v = c16[np.uint64(j)]
+            codes[o0 + np.uint64(j)] = np.uint8((v & np.uint16(0x0F)) | ((v >> np.uint16(4)) & np.uint16(0xF0)))
+        return
     per = 8 // w
     mask = np.uint8((1 << w) - 1)
     for j in range((m * w + 7) // 8):

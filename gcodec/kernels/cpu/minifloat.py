@@ -7,11 +7,14 @@ element format and packed.
 
 Groups of 16 and 32 elements go 16 groups at a time where they can, in straight-line
 vector code from :mod:`.simd`: the largest magnitudes by :func:`~.simd.block_amax16` (16 lane-wise
-reductions and one transposing tree instead of 16 horizontal ones), and, for the divided scales
-(binary32 scales, NVFP4), the quotients ``v / s`` by :func:`~.simd.div_groups16` into a sub-block
-buffer that one flat loop then rounds. A loop per group of 16 elements spent as long on its
-set-up as on its elements; both replacements compute the same bits as the per-group loops that
-remain for the last groups of a sub-block and for other group sizes.
+reductions and one transposing tree instead of 16 horizontal ones); with nearest rounding the
+scaling and rounding of the 16 groups by :func:`~.simd.round_groups16`, one code per byte (4- and
+6-bit codes are packed after); with stochastic rounding, for the divided scales (binary32 scales,
+NVFP4), the quotients ``v / s`` by :func:`~.simd.div_groups16` into a sub-block buffer that one flat
+loop then rounds with its draws. A loop per group of 16 or 32 elements spent as long on its set-up
+as on its elements; the replacements compute the same bits as the per-group loops that remain for
+the last groups of a sub-block, for other group sizes and for E8M0 scales whose power of two is
+not a normal binary32 number.
 
 The element loops run on 32-bit lanes (eight elements per AVX2 instruction) without branches:
 
@@ -56,7 +59,7 @@ from ...rng import split64
 from .bitpack import _pack_bytes, _pack_octets
 from .philox import fill_blocks, key_schedule
 from .quant import _closure
-from .simd import block_amax16, div_groups16, pack6_x64
+from .simd import block_amax16, div_groups16, pack6_x64, round_groups16
 from .threads import run_chunks
 
 __all__ = ["SCALE_E4M3", "SCALE_E8M0", "SCALE_F32", "count_bad_elements", "decode", "encode", "tensor_amax"]
@@ -185,6 +188,21 @@ def _sto32(tb, r, MB, EMIN, MAXC, INT, BITS):  # pragma: no cover - jitted
 
 
 @njit(cache=True, inline="always")
+def _e8m0_power(e, INTNEAR):  # pragma: no cover - jitted
+    """(whether the fast path applies, the binary32 multiplier) of the E8M0 scale ``e``.
+
+    t = v / 2^(e - 127) exactly (mx.md §5 step 4) is one binary32 multiplication by 2^(127 - e)
+    wherever it matters: exact when |t| >= 2^-126, and a smaller |t| (the product rounded, still
+    below 2^-126) lies far below every format's quantum, so it rounds to 0 in both rules. MXINT8's
+    nearest rounding multiplies by 2^(133 - e) instead (its quantum 2^-6 folded in). Both powers
+    must be normal binary32 numbers; the rare scales for which they are not take the exact
+    integer path (:func:`_code`)."""
+    if INTNEAR:
+        return e >= np.int32(6), np.uint32(np.uint32(np.int32(260) - e) << np.uint32(23)).view(np.float32)
+    return e <= np.int32(253), np.uint32(np.uint32(np.int32(254) - e) << np.uint32(23)).view(np.float32)
+
+
+@njit(cache=True, inline="always")
 def _e4m3_value(c):  # pragma: no cover - jitted
     """The binary32 value of the E4M3 magnitude code ``c`` (mx.md §3), branch-free on 32-bit lanes."""
     c = np.uint32(c)
@@ -267,6 +285,7 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL
         r16 = rb.view(np.uint16)
         cb = np.zeros(L + 8, np.uint8)
         tb = np.empty(L if DIV16 is not None and fused else 0, np.float32)  # noqa: F821
+        pwb = np.empty(16, np.float32)
         if STOCH:
             ks = key_schedule(seeds[0], seeds[1])
         for b0 in range(c0, c1, L):
@@ -283,7 +302,25 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL
             if STOCH:
                 fill_blocks(rb, b0 // 8, (b1 - b0 + 7) // 8, seeds[2], seeds[3], ks)
             gs = g0
-            if DIV16 is not None and fused and SCALE != 1:  # noqa: F821 - 16 whole groups of GL at a time
+            if RND16 is not None and fused:  # noqa: F821 - nearest: 16 whole groups scaled and rounded at a time
+                while gs + 16 <= g1 and (gs + 16) * GL <= b1:
+                    if SCALE == 1:  # the 16 groups' powers of two; a slow one sends the rest per group
+                        nslow = 0
+                        for q in range(16):
+                            fq, pq = _e8m0_power(np.int32(sc8[gs + q]), INT)
+                            nslow += not fq
+                            pwb[q] = pq
+                        if nslow:
+                            break
+                        sv, sg = pwb, np.uint64(0)
+                    else:
+                        sv, sg = sc32, np.uint64(gs)
+                    if BITS == 8:
+                        RND16(x, np.uint64(gs * GL), sv, sg, codes, np.uint64(gs * GL))  # noqa: F821
+                    else:
+                        RND16(x, np.uint64(gs * GL), sv, sg, cb, np.uint64(gs * GL - b0))  # noqa: F821
+                    gs += 16
+            elif DIV16 is not None and fused:  # noqa: F821 - stochastic: the quotients, then one loop with the draws
                 while gs + 16 <= g1 and (gs + 16) * GL <= b1:
                     DIV16(x, np.uint64(gs * GL), sc32, np.uint64(gs), tb, np.uint64(gs * GL - b0))  # noqa: F821
                     gs += 16
@@ -305,18 +342,7 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL
                 cnt = hi - lo
                 if SCALE == 1:
                     e = np.int32(sc8[gi])
-                    # t = v / 2^(e - 127) exactly (mx.md §5 step 4) is one binary32 multiplication by
-                    # 2^(127 - e) wherever it matters: exact when |t| >= 2^-126, and a smaller |t|
-                    # (the product rounded, still below 2^-126) lies far below every format's
-                    # quantum, so it rounds to 0 in both rules. MXINT8 multiplies by 2^(133 - e)
-                    # instead (its quantum 2^-6 folded in). Both powers must be normal binary32
-                    # numbers; the rare scales for which they are not take the exact integer path.
-                    if INT and not STOCH:
-                        fast = e >= np.int32(6)
-                        pw = np.uint32(np.uint32(np.int32(260) - e) << np.uint32(23)).view(np.float32)
-                    else:
-                        fast = e <= np.int32(253)
-                        pw = np.uint32(np.uint32(np.int32(254) - e) << np.uint32(23)).view(np.float32)
+                    fast, pw = _e8m0_power(e, INT and not STOCH)
                     if fast and GL > 0 and cnt == GL:  # the same loop with a constant trip count
                         for m in range(GL):
                             i = base + np.uint64(m)
@@ -391,8 +417,10 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL
 
     sc = njit(inline="always")(_closure(_scales, AMAX16=block_amax16(GL) if GL in _BATCHED_GROUPS else None))
     ec = njit(inline="always")(_ecode)
-    d16 = div_groups16(GL) if GL in _BATCHED_GROUPS and SCALE != 1 else None
-    return njit(cache=True, nogil=True)(_closure(_encode_range, SCALES=sc, ECODE=ec, DIV16=d16))
+    batched = GL in _BATCHED_GROUPS
+    d16 = div_groups16(GL) if batched and SCALE != 1 and STOCH else None
+    r16 = round_groups16(GL, SCALE != 1, MB, EMIN, MAXB, BITS, INT) if batched and not STOCH else None
+    return njit(cache=True, nogil=True)(_closure(_encode_range, SCALES=sc, ECODE=ec, DIV16=d16, RND16=r16))
 
 
 _KERNELS: dict[tuple, Any] = {}

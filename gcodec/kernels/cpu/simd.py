@@ -21,6 +21,7 @@ __all__ = [
     "max_sums",
     "pack6_x64",
     "put_signs8",
+    "round_groups16",
     "sign_bits64",
     "store_u64",
     "sum_abs",
@@ -391,3 +392,101 @@ def div_groups16(group: int):  # type: ignore[no-untyped-def]
 
     _DIV_GROUPS[group] = div16
     return div16
+
+
+_V16I8 = ir.VectorType(ir.IntType(8), 16)
+_ROUND_GROUPS: dict[tuple, object] = {}
+
+
+def round_groups16(group: int, divide: bool, mbits: int, emin: int, maxbits: int, bits: int, integer: bool):  # type: ignore[no-untyped-def]
+    """An intrinsic ``f(x, i, s, g, out, j)``: out[j + group*b + k] = the nearest-even element code
+    of t = x[i + group*b + k] scaled by s[g + b], for the 16 groups b < 16 of ``group`` (a multiple
+    of 16) float32 elements from element ``i``, one code per byte (the caller packs narrower ones).
+
+    ``divide``: t = v / s (IEEE ``fdiv``; a zero scale gives t = +-0.0, the element's sign alone, as
+    :func:`div_groups16`); otherwise t = v * s (an E8M0 scale's power of two, passed as a binary32
+    number). The rounding is ``minifloat._near32`` written out on 16 lanes (the clamp to the largest
+    finite bits ``maxbits``, one binary32 addition that rounds at the format's quantum, the code read
+    from the bits of the sum; ``mbits``, ``emin``, ``bits`` the format's), or for ``integer`` MXINT8's
+    ``rint`` of ``t`` clamped to +-127. No fast-math flags, so every lane is the scalar kernel's bits.
+
+    The scaling and the rounding of 16 groups in straight-line code with no buffer between them:
+    with a loop per group of 32 elements, its set-up cost a fifth of the group's time."""
+    if group % 16 or group <= 0:
+        raise ValueError("the group must be a positive multiple of 16")
+    key = (group, bool(divide), mbits, emin, maxbits, bits, bool(integer))
+    fn = _ROUND_GROUPS.get(key)
+    if fn is not None:
+        return fn
+    per = group // 16
+
+    def splat(c: int) -> ir.Constant:
+        return ir.Constant(_V16U32, [c & 0xFFFFFFFF] * 16)
+
+    @intrinsic
+    def round16(typingctx, x, i, s, g, out, j):  # type: ignore[no-untyped-def]
+        for a in (x, s):
+            if not (isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1):
+                return None
+        if not (isinstance(out, types.Array) and out.dtype == types.uint8 and out.ndim == 1):
+            return None
+        if not all(isinstance(v, types.Integer) for v in (i, g, j)):
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            xa, iv, sa, gv, oa, jv = args
+            src = builder.bitcast(_elem_ptr(builder, signature.args[0], xa, iv, context), _V16F32.as_pointer())
+            dst = builder.bitcast(_elem_ptr(builder, signature.args[4], oa, jv, context), _V16I8.as_pointer())
+            sp = _elem_ptr(builder, signature.args[2], sa, gv, context)
+            zero16 = ir.Constant(_V16U32, [0] * 16)
+            sign = splat(0x80000000)
+            rint = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_V16F32, [_V16F32]), "llvm.rint.v16f32"
+            )
+
+            def umin(a, b):  # type: ignore[no-untyped-def]
+                return builder.select(builder.icmp_unsigned("<", a, b), a, b)
+
+            def umax(a, b):  # type: ignore[no-untyped-def]
+                return builder.select(builder.icmp_unsigned(">", a, b), a, b)
+
+            def code(t):  # type: ignore[no-untyped-def]
+                if integer:  # mx.md §6.2: R = rint(t), saturated at 127 (t holds a * 64)
+                    lo = ir.Constant(_V16F32, [-127.0] * 16)
+                    hi = ir.Constant(_V16F32, [127.0] * 16)
+                    tc = builder.select(builder.fcmp_ordered("<", t, lo), lo, t)
+                    tc = builder.select(builder.fcmp_ordered(">", tc, hi), hi, tc)
+                    return builder.and_(builder.fptosi(builder.call(rint, [tc]), _V16U32), splat(0xFF))
+                tb = builder.bitcast(t, _V16U32)
+                ac = umin(builder.and_(tb, splat(0x7FFFFFFF)), splat(maxbits))
+                eb = umax(builder.and_(ac, splat(0x7F800000)), splat((emin + 127) << 23))
+                mb = builder.add(eb, splat((23 - mbits) << 23))
+                sm = builder.fadd(builder.bitcast(ac, _V16F32), builder.bitcast(mb, _V16F32))
+                ecode = builder.sub(builder.lshr(mb, splat(23 - mbits)), splat((150 - mbits + emin) << mbits))
+                c = builder.add(builder.sub(builder.bitcast(sm, _V16U32), mb), ecode)
+                return builder.or_(c, builder.shl(builder.lshr(tb, splat(31)), splat(bits - 1)))
+
+            for b in range(16):
+                sv = builder.load(builder.gep(sp, [ir.Constant(_I64, b)]))
+                splat_s = builder.shuffle_vector(
+                    builder.insert_element(ir.Constant(_V16F32, ir.Undefined), sv, ir.Constant(_I32, 0)),
+                    ir.Constant(_V16F32, ir.Undefined),
+                    zero16,
+                )
+                is0 = builder.fcmp_ordered("==", sv, ir.Constant(ir.FloatType(), 0.0)) if divide else None
+                for k in range(per):
+                    off = ir.Constant(_I64, b * per + k)
+                    v = builder.load(builder.gep(src, [off]), align=4)
+                    if divide:
+                        q = builder.fdiv(v, splat_s)
+                        z = builder.bitcast(builder.and_(builder.bitcast(v, _V16U32), sign), _V16F32)
+                        t = builder.select(is0, z, q)
+                    else:
+                        t = builder.fmul(v, splat_s)
+                    builder.store(builder.trunc(code(t), _V16I8), builder.gep(dst, [off]), align=1)
+            return context.get_dummy_value()
+
+        return types.void(x, i, s, g, out, j), codegen
+
+    _ROUND_GROUPS[key] = round16
+    return round16
