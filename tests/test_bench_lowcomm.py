@@ -1,4 +1,4 @@
-"""bench/lowcomm.py's timing: the median of per-period means."""
+"""bench/lowcomm.py's timing (the median of per-period means) and its DiLoCo schedule lengths."""
 
 from __future__ import annotations
 
@@ -16,3 +16,13 @@ def test_period_median_takes_the_median_of_the_last_windows_means() -> None:
     assert lowcomm.period_median(times, 2, 4) == 31.0  # windows 50, 50, 12, 12: the middle two averaged
     with pytest.raises(ValueError, match="fewer than"):
         lowcomm.period_median(times[:10], 4, 3)
+
+
+def test_diloco_steps_default_per_world_and_overrides() -> None:
+    assert lowcomm.diloco_steps("", 600, 2) == 900  # 1.5 x DDP's steps at 2 workers
+    assert lowcomm.diloco_steps("", 600, 4) == 1500  # 2.5 x at more: the replicas drift further
+    assert lowcomm.diloco_steps("700", 600, 4) == 700
+    assert lowcomm.diloco_steps("2=800,4=1600", 600, 4) == 1600
+    assert lowcomm.diloco_steps("2=800,4=1600", 600, 2) == 800
+    with pytest.raises(SystemExit, match="no value for 8 workers"):
+        lowcomm.diloco_steps("2=800,4=1600", 600, 8)
