@@ -20,7 +20,7 @@ def test_period_median_takes_the_median_of_the_last_windows_means() -> None:
 
 def test_diloco_steps_default_per_world_and_overrides() -> None:
     assert lowcomm.diloco_steps("", 600, 2) == 900  # 1.5 x DDP's steps at 2 workers
-    assert lowcomm.diloco_steps("", 600, 4) == 1500  # 2.5 x at more: the replicas drift further
+    assert lowcomm.diloco_steps("", 600, 4) == 2400  # 4 x at more: the replicas drift further
     assert lowcomm.diloco_steps("700", 600, 4) == 700
     assert lowcomm.diloco_steps("2=800,4=1600", 600, 4) == 1600
     assert lowcomm.diloco_steps("2=800,4=1600", 600, 2) == 800
