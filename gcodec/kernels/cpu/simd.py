@@ -340,6 +340,30 @@ _V16F32 = ir.VectorType(ir.FloatType(), 16)
 _DIV_GROUPS: dict[int, object] = {}
 
 
+def _scaled_groups(builder, src, sp, per: int, divide: bool):  # type: ignore[no-untyped-def]
+    """(vector offset, t) for the ``16 * per`` vectors of 16 float32 elements from ``src``, 16 groups
+    of ``per`` vectors whose scales are ``sp[0..16)``: t = v / s (IEEE ``fdiv``; for a zero scale
+    the element's sign alone, +-0.0) where ``divide``, else t = v * s. No fast-math flags."""
+    sign = ir.Constant(_V16U32, [0x80000000] * 16)
+    zero16 = ir.Constant(_V16U32, [0] * 16)
+    for b in range(16):
+        sv = builder.load(builder.gep(sp, [ir.Constant(_I64, b)]))
+        splat = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(_V16F32, ir.Undefined), sv, ir.Constant(_I32, 0)),
+            ir.Constant(_V16F32, ir.Undefined),
+            zero16,
+        )
+        is0 = builder.fcmp_ordered("==", sv, ir.Constant(ir.FloatType(), 0.0)) if divide else None
+        for k in range(per):
+            off = ir.Constant(_I64, b * per + k)
+            v = builder.load(builder.gep(src, [off]), align=4)
+            if divide:
+                z = builder.bitcast(builder.and_(builder.bitcast(v, _V16U32), sign), _V16F32)
+                yield off, builder.select(is0, z, builder.fdiv(v, splat))
+            else:
+                yield off, builder.fmul(v, splat)
+
+
 def div_groups16(group: int):  # type: ignore[no-untyped-def]
     """An intrinsic ``f(x, i, s, g, t, j)``: t[j + group*b + k] = x[i + group*b + k] / s[g + b] for
     the 16 groups b < 16 of ``group`` (a multiple of 16) float32 elements from element ``i``, and
@@ -370,22 +394,8 @@ def div_groups16(group: int):  # type: ignore[no-untyped-def]
             src = builder.bitcast(_elem_ptr(builder, signature.args[0], xa, iv, context), _V16F32.as_pointer())
             dst = builder.bitcast(_elem_ptr(builder, signature.args[4], ta, jv, context), _V16F32.as_pointer())
             sp = _elem_ptr(builder, signature.args[2], sa, gv, context)
-            sign = ir.Constant(_V16U32, [0x80000000] * 16)
-            zero16 = ir.Constant(ir.VectorType(_I32, 16), [0] * 16)
-            for b in range(16):
-                sv = builder.load(builder.gep(sp, [ir.Constant(_I64, b)]))
-                splat = builder.shuffle_vector(
-                    builder.insert_element(ir.Constant(_V16F32, ir.Undefined), sv, ir.Constant(_I32, 0)),
-                    ir.Constant(_V16F32, ir.Undefined),
-                    zero16,
-                )
-                is0 = builder.fcmp_ordered("==", sv, ir.Constant(ir.FloatType(), 0.0))
-                for k in range(per):
-                    off = ir.Constant(_I64, b * per + k)
-                    v = builder.load(builder.gep(src, [off]), align=4)
-                    q = builder.fdiv(v, splat)
-                    z = builder.bitcast(builder.and_(builder.bitcast(v, _V16U32), sign), _V16F32)
-                    builder.store(builder.select(is0, z, q), builder.gep(dst, [off]), align=4)
+            for off, t in _scaled_groups(builder, src, sp, per, True):
+                builder.store(t, builder.gep(dst, [off]), align=4)
             return context.get_dummy_value()
 
         return types.void(x, i, s, g, t, j), codegen
@@ -438,8 +448,6 @@ def round_groups16(group: int, divide: bool, mbits: int, emin: int, maxbits: int
             src = builder.bitcast(_elem_ptr(builder, signature.args[0], xa, iv, context), _V16F32.as_pointer())
             dst = builder.bitcast(_elem_ptr(builder, signature.args[4], oa, jv, context), _V16I8.as_pointer())
             sp = _elem_ptr(builder, signature.args[2], sa, gv, context)
-            zero16 = ir.Constant(_V16U32, [0] * 16)
-            sign = splat(0x80000000)
             rint = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_V16F32, [_V16F32]), "llvm.rint.v16f32"
             )
@@ -466,24 +474,8 @@ def round_groups16(group: int, divide: bool, mbits: int, emin: int, maxbits: int
                 c = builder.add(builder.sub(builder.bitcast(sm, _V16U32), mb), ecode)
                 return builder.or_(c, builder.shl(builder.lshr(tb, splat(31)), splat(bits - 1)))
 
-            for b in range(16):
-                sv = builder.load(builder.gep(sp, [ir.Constant(_I64, b)]))
-                splat_s = builder.shuffle_vector(
-                    builder.insert_element(ir.Constant(_V16F32, ir.Undefined), sv, ir.Constant(_I32, 0)),
-                    ir.Constant(_V16F32, ir.Undefined),
-                    zero16,
-                )
-                is0 = builder.fcmp_ordered("==", sv, ir.Constant(ir.FloatType(), 0.0)) if divide else None
-                for k in range(per):
-                    off = ir.Constant(_I64, b * per + k)
-                    v = builder.load(builder.gep(src, [off]), align=4)
-                    if divide:
-                        q = builder.fdiv(v, splat_s)
-                        z = builder.bitcast(builder.and_(builder.bitcast(v, _V16U32), sign), _V16F32)
-                        t = builder.select(is0, z, q)
-                    else:
-                        t = builder.fmul(v, splat_s)
-                    builder.store(builder.trunc(code(t), _V16I8), builder.gep(dst, [off]), align=1)
+            for off, t in _scaled_groups(builder, src, sp, per, divide):
+                builder.store(builder.trunc(code(t), _V16I8), builder.gep(dst, [off]), align=1)
             return context.get_dummy_value()
 
         return types.void(x, i, s, g, out, j), codegen
