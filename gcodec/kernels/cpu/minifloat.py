@@ -327,7 +327,7 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL
                 ge = (gs * GL - b0) if gs > g0 else 0
                 for j in range(ge):
                     jj = np.uint64(j)
-                    c = ECODE(np.float32(tb[jj]), r16[jj] if STOCH else np.uint16(0))  # noqa: F821
+                    c = ECODE(np.float32(tb[jj]), r16[jj])  # noqa: F821 - DIV16 is built for stochastic rounding only
                     if BITS == 8:
                         codes[np.uint64(b0) + jj] = np.uint8(c)
                     else:
