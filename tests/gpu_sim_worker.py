@@ -183,7 +183,8 @@ def run_crc(blobs: list) -> list:
 
 
 def run_sum2(pairs: list) -> list:
-    """The device's fused pair sums (bits in, bits out) of the summable transport, as hex."""
+    """The device's fused pair sums of the summable transport: (the bits, their float32 widening, the
+    widening kernel's count of non-finite sums), bits as hex."""
     from numba import cuda
 
     from gcodec.kernels.cuda import cast
@@ -193,7 +194,9 @@ def run_sum2(pairs: list) -> list:
         a, b = (np.frombuffer(bytes.fromhex(h), np.uint16) for h in (ha, hb))
         d = cuda.device_array(a.size, np.uint16)
         getattr(cast, f"sum2_{kind}")(cuda.to_device(a), b, d)  # one operand in host memory
-        out.append(d.copy_to_host().tobytes().hex())
+        w = cuda.device_array(a.size, np.float32)
+        bad = getattr(cast, f"sum2_widen_{kind}")(cuda.to_device(a), cuda.to_device(b), w)
+        out.append([d.copy_to_host().tobytes().hex(), w.copy_to_host().tobytes().hex(), int(bad)])
     return out
 
 

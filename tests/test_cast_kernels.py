@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gcodec.kernels.cpu import cast as cast_cpu
+from gcodec.kernels.cpu import simd
 
 U32 = np.uint32
 
@@ -85,10 +86,20 @@ def patterns() -> np.ndarray:
     return _patterns()
 
 
+@pytest.fixture(params=["scalar", "vector"])
+def f16_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test through the scalar binary16 kernels and through the 16-lane ones that use the
+    CPU's conversion instructions (kernels/cpu/simd.py); the same bits are required of both."""
+    if request.param == "vector" and not simd.HAS_F16:
+        pytest.skip("this CPU has no binary16 conversion instructions (x86 F16C, AArch64)")
+    monkeypatch.setattr(simd, "HAS_F16", request.param == "vector")
+    return str(request.param)
+
+
 @pytest.mark.parametrize(
     "kernel, ref", [(cast_cpu.encode_f16, ref_f16), (cast_cpu.encode_bf16, ref_bf16)], ids=["fp16", "bf16"]
 )
-def test_encode_matches_spec(patterns: np.ndarray, kernel, ref) -> None:
+def test_encode_matches_spec(patterns: np.ndarray, kernel, ref, f16_path: str) -> None:
     out = np.empty(patterns.size, np.uint16)
     kernel(patterns.view(np.float32), out)
     want = ref(patterns)
@@ -112,7 +123,7 @@ def test_encode_f16_matches_numpy(patterns: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_decode_every_pattern(accumulate: bool) -> None:
+def test_decode_every_pattern(accumulate: bool, f16_path: str) -> None:
     h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     start = np.random.default_rng(3).standard_normal(h.size).astype(np.float32)
     for kernel, ref in (
@@ -150,7 +161,7 @@ def test_roundtrip_identity() -> None:
 @pytest.mark.parametrize(
     "n", [0, 1, 7, 8, 9, cast_cpu.CHUNK - 1, cast_cpu.CHUNK, cast_cpu.CHUNK + 9, 3 * cast_cpu.CHUNK + 5]
 )
-def test_lengths(n: int) -> None:
+def test_lengths(n: int, f16_path: str) -> None:
     rng = np.random.default_rng(n)
     u = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     for enc, dec, ref in (
@@ -163,3 +174,61 @@ def test_lengths(n: int) -> None:
         y = np.full(n + 1, 1.5, np.float32)
         dec(out[:n], y[:n], True)
         assert y[n] == 1.5
+
+
+def _ref_sum(a: np.ndarray, b: np.ndarray, kind: str) -> np.ndarray:
+    """The pair sum's bits from the spec tables: each operand widened, added in float32 from +0,
+    rounded once (aggregate.sum_pair)."""
+    if kind == "f16":
+        fa, fb = ref_f16_decode(a), ref_f16_decode(b)
+    else:
+        fa, fb = ((x.astype(U32) << 16).view(np.float32) for x in (a, b))
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = (np.float32(0) + fa) + fb
+    return (ref_f16 if kind == "f16" else ref_bf16)(s.view(U32))
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+@pytest.mark.parametrize("n", [1 << 16, 15, 16, 17, 1000, cast_cpu.CHUNK + 33])
+def test_pair_sums_and_their_widening(kind: str, n: int, f16_path: str) -> None:
+    """sum2 (bits) and sum2_widen (their float32, one pass) against the spec tables' sum, every
+    16-bit pattern against a permutation of them, lengths with a tail off the 16-lane blocks, in
+    place into the first operand too; both count the sums that are infinite or NaN."""
+    rng = np.random.default_rng(n)
+    a = (np.arange(n, dtype=np.uint32) * 40503).astype(np.uint16)  # every pattern when n = 2**16
+    b = rng.permutation(a)
+    want = _ref_sum(a, b, kind)
+    exp = 0x7C00 if kind == "f16" else 0x7F80
+    nan = (want & 0x7FFF) > exp
+    want_bad = int(((want & exp) == exp).sum())
+    assert want_bad > 0 or n < 1000  # the inputs reach infinity and NaN
+    got = np.empty_like(a)
+    assert getattr(cast_cpu, f"sum2_{kind}")(a, b, got) == want_bad
+    # NaN sums may carry either operand's sign and payload (the transports refuse them)
+    assert (((got & 0x7FFF) > exp) == nan).all()
+    assert got[~nan].tolist() == want[~nan].tolist()
+    wide = np.full(n + 1, 1.5, np.float32)
+    assert getattr(cast_cpu, f"sum2_widen_{kind}")(a, b, wide[:n]) == want_bad
+    want_wide = ref_f16_decode(want) if kind == "f16" else (want.astype(U32) << 16).view(np.float32)
+    assert np.isnan(wide[:n][nan]).all() and wide[n] == 1.5
+    assert wide[:n].view(U32)[~nan].tolist() == want_wide.view(U32)[~nan].tolist()
+    inplace = a.copy()
+    getattr(cast_cpu, f"sum2_{kind}")(inplace, b, inplace)
+    assert inplace[~nan].tolist() == want[~nan].tolist()
+    # -0 + -0 is +0, as an accumulator that starts at +0 sums (17: a 16-lane block and a tail)
+    neg0 = np.full(17, 0x8000, np.uint16)
+    getattr(cast_cpu, f"sum2_{kind}")(neg0, neg0.copy(), got[:17])
+    getattr(cast_cpu, f"sum2_widen_{kind}")(neg0, neg0, wide[:17])
+    assert not got[:17].any() and not wide[:17].view(U32).any()
+
+
+def test_strided_arrays_take_the_scalar_kernels() -> None:
+    """A strided view is not what the 16-lane kernels are typed for: it goes through the scalar
+    kernels (same bits), never a copy and never a typing error."""
+    x = np.linspace(-70000, 70000, 2001, dtype=np.float32)[::2]
+    out = np.empty(x.size, np.uint16)
+    cast_cpu.encode_f16(x, out)
+    assert out.tolist() == ref_f16(x.view(U32)).tolist()
+    y = np.zeros(2 * x.size, np.float32)[::2]
+    cast_cpu.decode_f16(out, y, False)
+    assert y.view(U32).tolist() == ref_f16_decode(out).view(U32).tolist()

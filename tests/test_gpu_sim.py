@@ -469,14 +469,20 @@ def test_device_pair_sums_equal_cpu(sim: dict[str, Any]) -> None:
     from gcodec.kernels.cpu import cast
 
     assert len(sim["sum2"]) == len(SUM2_PAIRS)
-    for (kind, a, b), got in zip(SUM2_PAIRS, sim["sum2"], strict=True):
+    for (kind, a, b), (got, widened, bad) in zip(SUM2_PAIRS, sim["sum2"], strict=True):
         want = np.empty_like(a)
-        getattr(cast, f"sum2_{kind}")(a, b, want)
+        want_bad = getattr(cast, f"sum2_{kind}")(a, b, want)
         dev = np.frombuffer(bytes.fromhex(got), np.uint16)
         # NaN sums (the transport refuses them) may carry either operand's sign: compare the rest
         nan = (want & 0x7FFF) > (0x7C00 if kind == "f16" else 0x7F80)
         assert (((dev & 0x7FFF) > (0x7C00 if kind == "f16" else 0x7F80)) == nan).all(), kind
         assert dev[~nan].tolist() == want[~nan].tolist(), kind
+        # the one-pass sum and decode: the float32 of the CPU's sums, and the same count
+        wide = np.empty(a.size, np.float32)
+        getattr(cast, f"decode_{kind}")(want, wide, False)
+        dw = np.frombuffer(bytes.fromhex(widened), np.float32)
+        assert np.isnan(dw[nan]).all() and dw.view(np.uint32)[~nan].tolist() == wide.view(np.uint32)[~nan].tolist()
+        assert bad == want_bad, kind
 
 
 #: Codecs of the real-GPU round trips below (in this process, not the simulator's child).

@@ -8,6 +8,12 @@ vectorises every loop with 32-bit lanes (eight elements per AVX2 instruction):
 * kernels index with unsigned offsets (``base + np.uint64(j)``): with a signed run-time index
   Numba emits a negative-index wraparound select that hides the access pattern from the
   vectoriser.
+
+Where the CPU has binary16 conversion instructions (:data:`.simd.HAS_F16`: x86 F16C, AArch64),
+the binary16 kernels on float32 arrays convert 16 elements at a time with them
+(:mod:`.simd`'s ``f16_*`` intrinsics, the spec's NaN bits put back by a select), and only the
+last ``n % 16`` elements take the scalar conversions: the same bits, at 2.5-3x the speed of the
+integer formulation for the pair sum (measured on the 2-core Zen 4 VM, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from .. import scalar
+from . import simd
 from .threads import run_chunks
 
 CHUNK = 1 << 16
@@ -109,9 +116,90 @@ def _sum2_bf16_range(a, b, out, lo, hi):  # pragma: no cover - jitted
     return bad
 
 
+@njit(cache=True, nogil=True)
+def _sum2w_f16_range(a, b, out, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    bad = np.uint32(0)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        s = np.float32(np.float32(0) + f16_bits_to_f32(a[i]))
+        h = f32_to_f16_bits(np.float32(s + f16_bits_to_f32(b[i])))
+        out[i] = f16_bits_to_f32(h)
+        bad += np.uint32(np.uint32(h & np.uint32(0x7C00)) == np.uint32(0x7C00))
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _sum2w_bf16_range(a, b, out, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    bad = np.uint32(0)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        s = np.float32(np.float32(0) + bf16_bits_to_f32(a[i]))
+        h = f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i])))
+        out[i] = bf16_bits_to_f32(h)
+        bad += np.uint32(np.uint32(h & np.uint32(0x7F80)) == np.uint32(0x7F80))
+    return bad
+
+
+# The same kernels 16 elements at a time with the conversion instructions (module docstring); the
+# tail of each range goes through the scalar kernel. Only for C-contiguous float32/uint16 arrays.
+@njit(cache=True, nogil=True)
+def _encode_f16_range_v(x, out, lo, hi):  # pragma: no cover - jitted
+    i = lo
+    while i + 16 <= hi:
+        simd.f16_encode16(x, out, i)
+        i += 16
+    return _encode_f16_range(x, out, i, hi)
+
+
+@njit(cache=True, nogil=True)
+def _decode_f16_range_v(h, out, lo, hi):  # pragma: no cover - jitted
+    i = lo
+    while i + 16 <= hi:
+        simd.f16_decode16(h, out, i)
+        i += 16
+    return _decode_f16_range(h, out, i, hi)
+
+
+@njit(cache=True, nogil=True)
+def _add_f16_range_v(h, out, lo, hi):  # pragma: no cover - jitted
+    i = lo
+    while i + 16 <= hi:
+        simd.f16_add16(h, out, i)
+        i += 16
+    return _add_f16_range(h, out, i, hi)
+
+
+@njit(cache=True, nogil=True)
+def _sum2_f16_range_v(a, b, out, lo, hi):  # pragma: no cover - jitted
+    i = lo
+    bad = np.uint32(0)
+    while i + 16 <= hi:
+        bad += simd.f16_sum2_16(a, b, out, i)
+        i += 16
+    return bad + _sum2_f16_range(a, b, out, i, hi)
+
+
+@njit(cache=True, nogil=True)
+def _sum2w_f16_range_v(a, b, out, lo, hi):  # pragma: no cover - jitted
+    i = lo
+    bad = np.uint32(0)
+    while i + 16 <= hi:
+        bad += simd.f16_sum2_widen16(a, b, out, i)
+        i += 16
+    return bad + _sum2w_f16_range(a, b, out, i, hi)
+
+
+def _vector(*arrays: np.ndarray) -> bool:
+    """Whether the 16-lane binary16 kernels take these arrays: the instructions are there, and every
+    array is a C-contiguous float32 or uint16 array (what the intrinsics are typed for)."""
+    return simd.HAS_F16 and all(a.dtype in (np.float32, np.uint16) and a.flags.c_contiguous for a in arrays)
+
+
 def encode_f16(x: np.ndarray, out: np.ndarray) -> None:
     """out[i] = binary16 bits of x[i] (float32 or float64 input), round to nearest even."""
-    run_chunks(_encode_f16_range, x.shape[0], CHUNK, x, out)
+    run_chunks(_encode_f16_range_v if _vector(x, out) else _encode_f16_range, x.shape[0], CHUNK, x, out)
 
 
 def encode_bf16(x: np.ndarray, out: np.ndarray) -> None:
@@ -121,7 +209,10 @@ def encode_bf16(x: np.ndarray, out: np.ndarray) -> None:
 
 def decode_f16(h: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
     """out[i] (+)= float32(binary16 h[i]) (out float32 or float64)."""
-    run_chunks(_add_f16_range if accumulate else _decode_f16_range, h.shape[0], CHUNK, h, out)
+    if _vector(h, out):
+        run_chunks(_add_f16_range_v if accumulate else _decode_f16_range_v, h.shape[0], CHUNK, h, out)
+    else:
+        run_chunks(_add_f16_range if accumulate else _decode_f16_range, h.shape[0], CHUNK, h, out)
 
 
 def decode_bf16(h: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
@@ -134,9 +225,21 @@ def sum2_f16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
     to nearest even (a, b, out binary16 bits; out may be a or b). The leading +0 is kept on
     purpose: it is how an accumulator that starts at zero sums, and it makes -0 + -0 give +0.
     Returns how many results are infinite or NaN."""
-    return run_chunks(_sum2_f16_range, a.shape[0], CHUNK, a, b, out)
+    return run_chunks(_sum2_f16_range_v if _vector(a, b, out) else _sum2_f16_range, a.shape[0], CHUNK, a, b, out)
 
 
 def sum2_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
     """As :func:`sum2_f16` for bfloat16 bits."""
     return run_chunks(_sum2_bf16_range, a.shape[0], CHUNK, a, b, out)
+
+
+def sum2_widen_f16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
+    """out[i] = the float32 value of what :func:`sum2_f16` writes (a, b binary16 bits, out float32):
+    the pair sum and its decode in one pass, with no binary16 sums written in between. Returns how
+    many sums are infinite or NaN."""
+    return run_chunks(_sum2w_f16_range_v if _vector(a, b, out) else _sum2w_f16_range, a.shape[0], CHUNK, a, b, out)
+
+
+def sum2_widen_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
+    """As :func:`sum2_widen_f16` for bfloat16 bits."""
+    return run_chunks(_sum2w_bf16_range, a.shape[0], CHUNK, a, b, out)

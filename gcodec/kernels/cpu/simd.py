@@ -13,9 +13,15 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = [
+    "HAS_F16",
     "add_signs8",
     "block_amax16",
     "div_groups16",
+    "f16_add16",
+    "f16_decode16",
+    "f16_encode16",
+    "f16_sum2_16",
+    "f16_sum2_widen16",
     "load_u64",
     "max_bits",
     "max_sums",
@@ -482,3 +488,165 @@ def round_groups16(group: int, divide: bool, mbits: int, emin: int, maxbits: int
 
     _ROUND_GROUPS[key] = round16
     return round16
+
+
+# --------------------------------------------------------------------------------------------
+# binary16 <-> binary32 with the conversion instructions (x86 F16C, AArch64 FCVT)
+#
+# LLVM's ``fpext half`` and ``fptrunc float to half`` are the IEEE conversions (round to nearest
+# even, subnormals kept, overflow to infinity), one instruction per 8 or 16 lanes where the CPU has
+# them. They give fp16.md's bits for every number. NaN is where the hardware's choice and the spec's
+# differ (the hardware sets the quiet bit and keeps what payload fits; fp16.md §3 writes 0x7E00 with
+# the sign, and its decode keeps a NaN's payload as it is), so a select puts the spec's bits in the
+# NaN lanes: these paths are bit-identical to gcodec.kernels.scalar's conversions for every input.
+#
+# Without the instructions LLVM calls a runtime library function for each conversion, which Numba's
+# JIT may not link, so HAS_F16 gates them: the host's own CPU (Numba's default target), x86 with
+# F16C, or AArch64. A named target (NUMBA_CPU_NAME) uses them only if NUMBA_CPU_FEATURES lists f16c.
+
+
+def _has_f16() -> bool:
+    import platform
+
+    from numba.core import config
+
+    if config.CPU_NAME or config.CPU_FEATURES:  # a target chosen by the user (e.g. for a portable cache)
+        return "+f16c" in str(config.CPU_FEATURES or "")
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return True
+    if machine not in ("x86_64", "amd64"):
+        return False
+    from llvmlite import binding
+
+    try:
+        return bool(binding.get_host_cpu_features().get("f16c", False))
+    except RuntimeError:  # features unknown on this host
+        return False
+
+
+#: Whether the binary16 intrinsics below may be used on this machine (the kernels fall back to the
+#: scalar conversions, same bits, where not).
+HAS_F16 = _has_f16()
+
+_V16H = ir.VectorType(ir.HalfType(), 16)
+_V16I16 = ir.VectorType(ir.IntType(16), 16)
+
+
+def _c16(ty, c: int | float) -> ir.Constant:  # type: ignore[no-untyped-def]
+    return ir.Constant(ty, [c] * 16)
+
+
+def _widen_f16(builder, h):  # type: ignore[no-untyped-def]
+    """<16 x i16> binary16 bits -> <16 x float>, scalar.f16_bits_to_f32 exactly (NaN payload kept)."""
+    hw = builder.fpext(builder.bitcast(h, _V16H), _V16F32)
+    w = builder.zext(h, _V16U32)
+    em = builder.and_(w, _c16(_V16U32, 0x7FFF))
+    soft = builder.or_(
+        builder.add(builder.shl(em, _c16(_V16U32, 13)), _c16(_V16U32, 0x70000000)),
+        builder.shl(builder.and_(w, _c16(_V16U32, 0x8000)), _c16(_V16U32, 16)),
+    )
+    nan = builder.icmp_unsigned(">", em, _c16(_V16U32, 0x7C00))
+    return builder.select(nan, builder.bitcast(soft, _V16F32), hw)
+
+
+def _narrow_f16(builder, v):  # type: ignore[no-untyped-def]
+    """<16 x float> -> <16 x i16> binary16 bits, scalar.f32_to_f16_bits exactly (NaN: 0x7E00, sign)."""
+    hw = builder.bitcast(builder.fptrunc(v, _V16H), _V16I16)
+    u = builder.bitcast(v, _V16U32)
+    nan = builder.icmp_unsigned(">", builder.and_(u, _c16(_V16U32, 0x7FFFFFFF)), _c16(_V16U32, 0x7F800000))
+    soft = builder.trunc(
+        builder.or_(builder.and_(builder.lshr(u, _c16(_V16U32, 16)), _c16(_V16U32, 0x8000)), _c16(_V16U32, 0x7E00)),
+        _V16I16,
+    )
+    return builder.select(nan, soft, hw)
+
+
+def _nonfinite16(builder, h):  # type: ignore[no-untyped-def]
+    """How many of 16 binary16 bit patterns are infinite or NaN (all exponent bits set), as uint32."""
+    e = builder.and_(h, _c16(_V16I16, 0x7C00))
+    mask = builder.bitcast(builder.icmp_unsigned("==", e, _c16(_V16I16, 0x7C00)), ir.IntType(16))
+    return builder.zext(builder.ctpop(mask), _I32)
+
+
+def _is_1d(a, dtype) -> bool:  # type: ignore[no-untyped-def]
+    return isinstance(a, types.Array) and a.dtype == dtype and a.ndim == 1 and a.layout == "C"
+
+
+def _vec_ptr(builder, arrty, arr, index, context, vty):  # type: ignore[no-untyped-def]
+    return builder.bitcast(_elem_ptr(builder, arrty, arr, index, context), vty.as_pointer())
+
+
+@intrinsic
+def f16_encode16(typingctx, x, out, i):  # type: ignore[no-untyped-def]
+    """out[i:i+16] = the binary16 bits of the float32 x[i:i+16] (fp16.md §3; C-contiguous 1-D)."""
+    if not (_is_1d(x, types.float32) and _is_1d(out, types.uint16) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        xa, oa, iv = args
+        v = builder.load(_vec_ptr(builder, signature.args[0], xa, iv, context, _V16F32), align=4)
+        builder.store(_narrow_f16(builder, v), _vec_ptr(builder, signature.args[1], oa, iv, context, _V16I16), align=2)
+        return context.get_dummy_value()
+
+    return types.void(x, out, i), codegen
+
+
+def _decoder(accumulate: bool):  # type: ignore[no-untyped-def]
+    @intrinsic
+    def decode16(typingctx, h, out, i):  # type: ignore[no-untyped-def]
+        if not (_is_1d(h, types.uint16) and _is_1d(out, types.float32) and isinstance(i, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            ha, oa, iv = args
+            src = _vec_ptr(builder, signature.args[0], ha, iv, context, _V16I16)
+            w = _widen_f16(builder, builder.load(src, align=2))
+            dst = _vec_ptr(builder, signature.args[1], oa, iv, context, _V16F32)
+            if accumulate:  # out + v, as the scalar kernel adds
+                w = builder.fadd(builder.load(dst, align=4), w)
+            builder.store(w, dst, align=4)
+            return context.get_dummy_value()
+
+        return types.void(h, out, i), codegen
+
+    return decode16
+
+
+#: out[i:i+16] = (or +=) the float32 of the binary16 bits h[i:i+16] (fp16.md §5).
+f16_decode16 = _decoder(False)
+f16_add16 = _decoder(True)
+
+
+def _summer(widen: bool):  # type: ignore[no-untyped-def]
+    @intrinsic
+    def sum16(typingctx, a, b, out, i):  # type: ignore[no-untyped-def]
+        ok = _is_1d(out, types.float32) if widen else _is_1d(out, types.uint16)
+        if not (ok and _is_1d(a, types.uint16) and _is_1d(b, types.uint16) and isinstance(i, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            aa, ba, oa, iv = args
+            # Plain conversions: they differ from the scalar ones in NaN lanes only, and there the
+            # sum is NaN, whose sign and payload the pair sum leaves open (the transports refuse it).
+            pa = _vec_ptr(builder, signature.args[0], aa, iv, context, _V16H)
+            pb = _vec_ptr(builder, signature.args[1], ba, iv, context, _V16H)
+            fa = builder.fpext(builder.load(pa, align=2), _V16F32)
+            fb = builder.fpext(builder.load(pb, align=2), _V16F32)
+            # from +0, as an accumulator sums (-0 + -0 is +0), then rounded once
+            hh = builder.fptrunc(builder.fadd(builder.fadd(_c16(_V16F32, 0.0), fa), fb), _V16H)
+            h = builder.bitcast(hh, _V16I16)
+            vty = _V16F32 if widen else _V16I16
+            dst = _vec_ptr(builder, signature.args[2], oa, iv, context, vty)
+            builder.store(builder.fpext(hh, _V16F32) if widen else h, dst, align=4 if widen else 2)
+            return _nonfinite16(builder, h)
+
+        return types.uint32(a, b, out, i), codegen
+
+    return sum16
+
+
+#: out[i:i+16] = binary16 bits of (0 + a) + b rounded once (the cast module's sum2_f16), returning
+#: how many of the 16 sums are infinite or NaN; ``..._widen16`` writes the float32 of those sums.
+f16_sum2_16 = _summer(False)
+f16_sum2_widen16 = _summer(True)

@@ -23,6 +23,8 @@ __all__ = [
     "f32_to_f16_bits",
     "sum2_bf16",
     "sum2_f16",
+    "sum2_widen_bf16",
+    "sum2_widen_f16",
 ]
 
 
@@ -79,6 +81,20 @@ def _sum2_bf16(a, b, out):  # pragma: no cover - device
         out[i] = f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i])))
 
 
+@cuda.jit
+def _sum2w_f16(a, b, out):  # pragma: no cover - device
+    for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+        s = np.float32(np.float32(0) + f16_bits_to_f32(a[i]))
+        out[i] = f16_bits_to_f32(f32_to_f16_bits(np.float32(s + f16_bits_to_f32(b[i]))))
+
+
+@cuda.jit
+def _sum2w_bf16(a, b, out):  # pragma: no cover - device
+    for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+        s = np.float32(np.float32(0) + bf16_bits_to_f32(a[i]))
+        out[i] = bf16_bits_to_f32(f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i]))))
+
+
 def encode_f16(x, out):  # type: ignore[no-untyped-def]
     """out[i] = binary16 bits of float32(x[i]) (x float32 or float64, on the device)."""
     if x.shape[0]:
@@ -119,3 +135,23 @@ def sum2_bf16(a, b, out):  # type: ignore[no-untyped-def]
     if a.shape[0]:
         _sum2_bf16[grid(a.shape[0])](device(a), device(b), device(out))
     return _nonfinite(out, 0x7F80)
+
+
+def _nonfinite_values(out):  # type: ignore[no-untyped-def]
+    from .sparse import count_nonfinite_values
+
+    return int(count_nonfinite_values(out)) if out.shape[0] else 0
+
+
+def sum2_widen_f16(a, b, out):  # type: ignore[no-untyped-def]
+    """out[i] = the float32 of what :func:`sum2_f16` writes (out a float32 device array); returns
+    how many sums are infinite or NaN (the float32 of a binary16 infinity or NaN is one too)."""
+    if a.shape[0]:
+        _sum2w_f16[grid(a.shape[0])](device(a), device(b), out)
+    return _nonfinite_values(out)
+
+
+def sum2_widen_bf16(a, b, out):  # type: ignore[no-untyped-def]
+    if a.shape[0]:
+        _sum2w_bf16[grid(a.shape[0])](device(a), device(b), out)
+    return _nonfinite_values(out)
