@@ -16,6 +16,7 @@ operation that has no kernel raises :class:`~gcodec.ConfigError`, never a silent
 ``empty(like, n, dt)``     an uninitialised flat array on ``like``'s memory (``zeros``: zeroed)
 ``as_bytes(buf)``          a flat uint8 view of a payload or array, no copy
 ``contiguous(a)``          ``a`` C-contiguous (a host copy only for strided host views)
+``is_contiguous(a)``       whether ``a`` is C-contiguous (so that :func:`flat` is a view of it)
 ``concat(parts, like)``    one new flat array holding ``parts`` one after the other
 ``copy(dst, src)``         ``dst[:] = src`` (element type converted as NumPy does; float16 rounds
                            to nearest even through the cast kernel)
@@ -52,6 +53,7 @@ __all__ = [
     "fill",
     "flat",
     "from_host",
+    "is_contiguous",
     "on_device",
     "scale",
     "subtract",
@@ -112,6 +114,13 @@ def zeros(like: Any, n: int, dtype: Any) -> Any:
     if int(n):
         kernels.of(a).memory.zero(a.view(np.uint8), 0, int(n) * a.dtype.itemsize)
     return a
+
+
+def is_contiguous(a: Any) -> bool:
+    """Whether ``a`` (host or device) is C-contiguous: :func:`flat` of it is then a view."""
+    if isinstance(a, np.ndarray):
+        return bool(a.flags.c_contiguous)
+    return bool(_native(a).is_c_contiguous())
 
 
 def contiguous(a: Any) -> Any:

@@ -261,6 +261,13 @@ class Codec(ABC):
         """Decode (or add, when ``accumulate``) a values section written by :meth:`encode_values`."""
         raise ConfigError(f"codec {self.codec_id!r} has no values section to decode alone")
 
+    def decode_values_sum(self, a: Any, b: Any, out: Any) -> int:
+        """Decode into ``out`` (flat float32) the values section that two ranks' sections ``a`` and ``b`` sum to
+        (:func:`gcodec.aggregate.sum_pair`'s sum: in float32 from +0, rounded once to the values'
+        type), without writing that section; returns how many of the summed values are infinite or
+        NaN. Only where ``values_dtype`` is set: the summable transport's two-rank decode."""
+        raise ConfigError(f"codec {self.codec_id!r} has no values section to decode alone")
+
     def compresses(self, shape: tuple[int, ...]) -> bool:
         """Whether a tensor of this shape is compressed (a codec that would only pass it through
         says False, and the engines keep such a tensor dense)."""

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import kernels
 from ..arrays import BFLOAT16
+from ..errors import ConfigError
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, binary32
 from .registry import register_codec
@@ -46,6 +47,7 @@ class _Cast16(Codec):
     device_checks = True  # no value rules; the decode kernel reads the section where it lies
     _encode_kernel: str  # names in each backend's ``cast`` module
     _decode_kernel: str
+    _sum2_widen_kernel: str
     # The range of the 16-bit format, as its spec's encoding table gives it: binary32 magnitudes from
     # _overflow up round to infinity, and the largest finite value is _largest. Rounding to nearest
     # moves a value by at most half a unit in the last place: 2^-(_digits) of it among the normal
@@ -78,6 +80,15 @@ class _Cast16(Codec):
 
     def decode_values(self, values: Any, out: Any, accumulate: bool) -> None:
         getattr(kernels.of(out).cast, self._decode_kernel)(_bits(values), out, accumulate)
+
+    def decode_values_sum(self, a: Any, b: Any, out: Any) -> int:
+        # The decode of these codecs is the exact widening of each value, so the decoded sum is the
+        # widened pair sum: one pass (the sum kernel's arithmetic, its result widened to float32).
+        if out.dtype != np.float32:
+            raise ConfigError(f"{self.codec_id}: the decoded pair sum is written into float32, not {out.dtype}")
+        K = kernels.of(out)
+        with K.threads_for(out.size):
+            return int(getattr(K.cast, self._sum2_widen_kernel)(_bits(a), _bits(b), out))
 
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = _as_kernel_input(x)
@@ -112,6 +123,7 @@ class FP16(_Cast16):
     codec_id = "fp16"
     _encode_kernel = "encode_f16"
     _decode_kernel = "decode_f16"
+    _sum2_widen_kernel = "sum2_widen_f16"
     _values = np.dtype(np.float16)
     _overflow = 65520.0  # fp16.md §3: a >= 0x477FF000 gives ±infinity
     _largest = 65504.0
@@ -127,6 +139,7 @@ class BF16(_Cast16):
     codec_id = "bf16"
     _encode_kernel = "encode_bf16"
     _decode_kernel = "decode_bf16"
+    _sum2_widen_kernel = "sum2_widen_bf16"
     _values = BFLOAT16
     _overflow = _f32(0x7F7F8000)  # bf16.md §3: u >= 0x7F7F8000 in magnitude rounds to infinity
     _largest = _f32(0x7F7F0000)

@@ -114,7 +114,17 @@ def summable_protocol(
     riders = xp.empty(vals, 0, np.float32) if dense is None else dense
     bad: int | None
     if p == 2:
-        bad = yield from _sum_by_allgather(comm, vals, vdt, riders, st, state)
+        # Where the codec decodes a values section by itself (fp16, bf16), the two copies are summed
+        # and decoded in one pass straight into ``out``; a refused sum then leaves its decoded
+        # values there, as an uncompressed allreduce would.
+        fuse = codec.values_dtype is not None and out.dtype == np.float32 and xp.is_contiguous(out)
+        flat_out = xp.flat(out) if fuse else None
+        bad = yield from _sum_by_allgather(comm, vals, vdt, riders, st, state, flat_out)
+        if flat_out is not None:
+            if err is not None:
+                raise err
+            _refuse_nonfinite(bad, what, vdt)
+            return out
     else:
         bad = yield from _sum_by_reduce_scatter(comm, vals, vdt, riders, st, state)
     with kernel_threads(state.threads), st.timing("decode_s"):
@@ -123,15 +133,19 @@ def summable_protocol(
             bad = count_nonfinite(vals, vdt)
         if err is not None:
             raise err
-        if bad:
-            raise PayloadValueError(
-                f"{what}: {bad} summed value(s) are NaN or infinite in {vdt} (non-finite input or a "
-                "failed encode on some rank, or an op='sum' beyond the type's range)"
-            )
+        _refuse_nonfinite(bad, what, vdt)
         # No reseal: the payload was written without a payload CRC (above), so its summed values
         # need none, and a reseal would only parse the payload again.
         codec.decode(payload, out=out)
     return out
+
+
+def _refuse_nonfinite(bad: int, what: str, vdt: np.dtype) -> None:
+    if bad:
+        raise PayloadValueError(
+            f"{what}: {bad} summed value(s) are NaN or infinite in {vdt} (non-finite input or a "
+            "failed encode on some rank, or an op='sum' beyond the type's range)"
+        )
 
 
 def _reduce_into(parts: list[Any], dst: Any, dt: np.dtype) -> int | None:
@@ -151,14 +165,22 @@ def _reduce_into(parts: list[Any], dst: Any, dt: np.dtype) -> int | None:
 
 
 def _sum_by_allgather(
-    comm: Communicator, vals: Any, vdt: np.dtype, riders: Any, st: StepStats, state: TransportState
+    comm: Communicator,
+    vals: Any,
+    vdt: np.dtype,
+    riders: Any,
+    st: StepStats,
+    state: TransportState,
+    decoded: Any = None,
 ) -> Protocol:
     """p = 2: one all-gather of the whole values; each rank sums both copies.
 
     Same bytes as reduce-scatter + all-gather at p = 2 ((p-1) n = 2 (p-1)/p n), one collective
     instead of two, and the same sums: every element is added in rank order and rounded once.
     The riders go in an allreduce started together with it (the sum of two float32 terms is the
-    same in any order), waited for together: no copy of the values next to them.
+    same in any order), waited for together: no copy of the values next to them. ``decoded``: a
+    flat array that receives the codec's decode of the summed section (``decode_values_sum``)
+    instead of the sum being written into ``vals``. Returns how many sums are not finite.
     """
     vb = as_bytes(vals)
     gather = comm.allgatherv(vb, [vb.shape[0]] * comm.size)
@@ -167,6 +189,9 @@ def _sum_by_allgather(
     parts = gather.result()
     st.add("wire_bytes", nbytes_from_others(parts, comm.rank))
     with kernel_threads(state.threads), st.timing("decode_s"):
+        if decoded is not None:
+            a, b = (q.view(vals.dtype) for q in parts)
+            return state.codec.decode_values_sum(a, b, decoded)
         return _reduce_into(parts, vals, vdt)
 
 
