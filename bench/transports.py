@@ -7,8 +7,12 @@
 ``ddp`` trains an MLP of about ``--params`` million parameters with 2 gloo ranks on 127.0.0.1 and
 reports the best-of median step time (forward, backward with the hook, optimizer step) of: no
 hook, torch's ``fp16_compress_hook``, gcodec ``fp16``, torch's ``powerSGD_hook`` (rank 2) and gcodec
-``powersgd`` rank 2 (both with one bucket and 2 warm-up steps; timed after warm-up). Every
-contender runs in the same processes, interleaved round by round, so machine noise hits all alike.
+``powersgd`` rank 2 (both with one bucket and 2 warm-up steps; timed after warm-up), and gcodec's
+hook on its all-dense path (every step a warm-up step: the plain average, as the adaptive
+controller's "none" rung sends it), whose ratio to no hook is the hook's own cost. Every contender
+runs in the same processes, interleaved round by round, so machine noise hits all alike. One
+bucket by default; ``--bucket-mb`` sets DDP's ``bucket_cap_mb`` (several buckets, where torch's
+PowerSGD hook may fail on gloo), ``--only dense,adaptive`` runs a subset beside plain DDP.
 
 ``bytes`` runs ``gcodec.mpi.allreduce`` in gather and two-phase mode for a few codecs and prints the
 bytes each rank received (from the transports' statistics), against one payload and against
@@ -24,6 +28,27 @@ import socket
 import statistics
 import sys
 import time
+from typing import Any
+
+#: The ``ddp`` contenders, in the order they run each round.
+CONTENDERS = (
+    "none",
+    "gcodec dense",
+    "gcodec adaptive",
+    "torch fp16",
+    "gcodec fp16",
+    "torch powerSGD r2",
+    "gcodec powersgd r2",
+)
+
+
+#: The ratios ``ddp`` prints (where both contenders ran).
+RATIOS = (
+    ("gcodec dense", "none"),
+    ("gcodec adaptive", "none"),
+    ("gcodec fp16", "torch fp16"),
+    ("gcodec powersgd r2", "torch powerSGD r2"),
+)
 
 
 def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -55,31 +80,51 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
             torch.nn.Linear(width, width),
         )
 
+    from gcodec.adaptive import AdaptiveController
+
+    def hook_for(name: str, model: torch.nn.Module) -> tuple[Any, Any]:
+        """The contender's (hook, state); (None, None) for DDP's own allreduce."""
+        if name == "torch fp16":
+            return default_hooks.fp16_compress_hook, None
+        if name == "torch powerSGD r2":
+            return powerSGD_hook.powerSGD_hook, powerSGD_hook.PowerSGDState(
+                None, matrix_approximation_rank=2, start_powerSGD_iter=2
+            )
+        hook_state = {
+            "none": None,
+            "gcodec fp16": lambda: gcodec.torch.HookState("fp16", start_iter=0, error_feedback=False),
+            # never past its warm-up: every bucket averaged dense
+            "gcodec dense": lambda: gcodec.torch.HookState("fp16", start_iter=1 << 62),
+            # bench/link.py's controller: 2 fp16 steps, then its rungs (dense where that pays)
+            "gcodec adaptive": lambda: gcodec.torch.HookState(
+                "fp16",
+                start_iter=2,
+                warmup_codec="fp16",
+                policy=AdaptiveController(start=1, interval=10, warmup_steps=2),
+                module=model,
+            ),
+            "gcodec powersgd r2": lambda: gcodec.torch.HookState({"id": "powersgd", "rank": 2}, start_iter=2),
+        }[name]
+        return (None, None) if hook_state is None else (gcodec.torch.comm_hook, hook_state())
+
     contenders = {}
-    for name in ("none", "torch fp16", "gcodec fp16", "torch powerSGD r2", "gcodec powersgd r2"):
+    for name in CONTENDERS:
+        if args.only and name != "none" and not any(w in name for w in args.only.split(",")):
+            continue
         torch.manual_seed(0)
         model = make_model()
-        ddp = DDP(model, bucket_cap_mb=1024)  # one bucket: torch's PowerSGD hook needs it on gloo
-        if name == "torch fp16":
-            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        elif name == "gcodec fp16":
-            ddp.register_comm_hook(
-                gcodec.torch.HookState("fp16", start_iter=0, error_feedback=False), gcodec.torch.comm_hook
-            )
-        elif name == "torch powerSGD r2":
-            st = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
-            ddp.register_comm_hook(st, powerSGD_hook.powerSGD_hook)
-        elif name == "gcodec powersgd r2":
-            ddp.register_comm_hook(
-                gcodec.torch.HookState({"id": "powersgd", "rank": 2}, start_iter=2), gcodec.torch.comm_hook
-            )
+        # one bucket by default: torch's PowerSGD hook needs it on gloo
+        ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+        hook, hook_state = hook_for(name, model)
+        if hook is not None:
+            ddp.register_comm_hook(hook_state, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         shape = (32, 64) if args.model == "link" else (64, width)
         x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank))
-        contenders[name] = (ddp, opt, x)
+        contenders[name] = (ddp, opt, x, hook_state)
 
     def step(name: str) -> float:
-        ddp, opt, x = contenders[name]
+        ddp, opt, x, _ = contenders[name]
         t0 = time.perf_counter()
         opt.zero_grad()
         ddp(x).square().mean().backward()
@@ -93,11 +138,15 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     for _ in range(args.steps):
         for name in contenders:
             times[name].append(step(name))
+    rungs = {}  # what the adaptive controller ran, per bucket, at the end
+    if "gcodec adaptive" in contenders:
+        rungs = dict(contenders["gcodec adaptive"][3].router.current)
     if rank == 0:
         res = {
             "params": sum(p.numel() for p in contenders["none"][0].parameters()),
             "median_s": {n: statistics.median(t) for n, t in times.items()},
             "min_s": {n: min(t) for n, t in times.items()},
+            "rungs": rungs,
         }
         with open(out, "w") as f:
             json.dump(res, f)
@@ -120,8 +169,11 @@ def ddp(args: argparse.Namespace) -> None:
     print(f"DDP step time, 2 gloo ranks on loopback, {res['params'] / 1e6:.2f} M parameters, median of {args.steps}")
     for n, t in med.items():
         print(f"  {n:20s} {1e3 * t:8.1f} ms   (min {1e3 * res['min_s'][n]:.1f} ms)")
-    print(f"  gcodec fp16 / torch fp16:            {med['gcodec fp16'] / med['torch fp16']:.3f}")
-    print(f"  gcodec powersgd / torch powerSGD r2: {med['gcodec powersgd r2'] / med['torch powerSGD r2']:.3f}")
+    for a, b in RATIOS:
+        if a in med and b in med:
+            print(f"  {a + ' / ' + b + ':':40s} {med[a] / med[b]:.3f}")
+    if res["rungs"]:
+        print(f"  the adaptive controller's last rungs: {res['rungs']}")
 
 
 def nbytes(args: argparse.Namespace) -> None:
@@ -162,6 +214,14 @@ def main() -> None:
         choices=["square", "link"],
         default="square",
         help="square: three --params Linear layers; link: bench/link.py's MLP 64-2048-2048-10 (small dense tensors)",
+    )
+    ap.add_argument(
+        "--bucket-mb", type=float, default=1024, help="DDP's bucket_cap_mb (torch's PowerSGD hook needs one bucket)"
+    )
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated substrings: run only the ddp contenders whose names contain one (and 'none')",
     )
     ap.add_argument("--numel", type=int, default=1 << 20)
     args = ap.parse_args()
