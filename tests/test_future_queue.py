@@ -198,3 +198,36 @@ def test_close_finishes_a_parked_protocol() -> None:
     g[0].open()
     closer.join(WAIT_S)
     assert fut.done() and fut.wait() == 1 and log == ["start a", "tail"]
+
+
+def test_a_protocols_collectives_are_released_by_the_queue_after_the_next_protocol_completes() -> None:
+    """The last reference to a completed collective is the queue's, dropped on its own thread one
+    protocol later (or at close), never the caller's drop racing the transport's worker: a gloo
+    work whose last holder is gloo's worker thread takes the GIL there to free its tensors, and a
+    program that frees DDP's reducer (joining that worker with the GIL held) right after the last
+    step hung that way."""
+    import gc
+    import weakref
+
+    log: list[str] = []
+    refs: list[weakref.ref[Gate]] = []
+
+    def one(name: str) -> Any:
+        g = Gate(name, log)
+        g.open()
+        refs.append(weakref.ref(g))
+        yield LastWork(g)
+        return name
+
+    q = FutureQueue()
+    try:
+        assert q.submit(one("a")).wait() == "a"
+        gc.collect()
+        assert refs[0]() is not None  # held by the queue after its future completed
+        assert q.submit(one("b")).wait() == "b"
+        assert _until(lambda: (gc.collect(), refs[0]() is None)[1])  # released one protocol later
+        assert refs[1]() is not None
+    finally:
+        q.close(WAIT_S)
+    gc.collect()
+    assert refs[1]() is None  # and the last at close

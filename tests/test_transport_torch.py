@@ -130,8 +130,10 @@ def test_a_killed_rank_makes_the_survivor_raise_within_the_timeout(tmp_path: Pat
 
 def test_a_failed_protocol_leaves_no_tensors_or_works_pinned_by_its_error() -> None:
     """The queue's error lives on in the future (DDP keeps it); the protocol's frames must not keep
-    its tensors and works with it, or they outlive the process group they belong to. In-process: a
-    protocol of size-1 works (no process group is needed to run the queue)."""
+    its tensors and works with it, or they live as long as DDP keeps the error. The queue itself
+    holds a protocol's works until the next protocol completes (so that their last reference is
+    dropped on its thread, never on gloo's worker: see FutureQueue._complete), and no longer.
+    In-process: a protocol of size-1 works (no process group is needed to run the queue)."""
     import gc
     import weakref
 
@@ -149,11 +151,15 @@ def test_a_failed_protocol_leaves_no_tensors_or_works_pinned_by_its_error() -> N
         yield work
         raise RuntimeError("peer said no")
 
-    fut = FutureQueue().submit(proto())
+    q = FutureQueue()
+    fut = q.submit(proto())
     with pytest.raises(RuntimeError, match="peer said no") as info:
         fut.wait()
     gc.collect()
-    assert len(refs) == 2 and all(r() is None for r in refs)
+    assert len(refs) == 2 and refs[0]() is None  # the frame's tensor: gone with the frame
+    q.run(iter(()))  # the next protocol: the queue lets go of the failed one's works
+    gc.collect()
+    assert refs[1]() is None
     # the error still says where it came from
     assert any(f.name == "proto" for f in __import__("traceback").extract_tb(info.value.__traceback__))
 

@@ -10,7 +10,7 @@ import threading
 import traceback
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -225,6 +225,7 @@ class FutureQueue:
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._held: list[Any] = []  # the works of the last completed protocol (see _complete)
         _live.add(self)
 
     def submit(self, proto: Protocol, device: Any = None, more: bool = False) -> torch.futures.Future:
@@ -293,6 +294,7 @@ class FutureQueue:
             if job is _STOP:
                 while parked:
                     self._finish(parked.popleft())
+                self._held = []
                 return
             self._start(job, parked)
             del job
@@ -316,6 +318,7 @@ class FutureQueue:
             try:
                 work = next(job.proto)
                 while True:
+                    job.held.append(work)
                     if job.more and isinstance(work, LastWork):
                         job.work = work
                         parked.append(job)
@@ -338,7 +341,7 @@ class FutureQueue:
             try:
                 assert job.work is not None
                 job.work.wait()
-                job.proto.send(None)
+                job.held.append(job.proto.send(None))
                 # A collective after the last one would start after the next protocol's first,
                 # on some ranks and not on others: an error of the protocol, never run.
                 job.proto.close()
@@ -350,14 +353,19 @@ class FutureQueue:
                 value, error = None, e
         self._complete(job, value, error)
 
-    @staticmethod
-    def _complete(job: _Job, value: Any, error: BaseException | None) -> None:
+    def _complete(self, job: _Job, value: Any, error: BaseException | None) -> None:
         if error is not None:
             _drop_locals(error)
         result, stream = job.result, job.stream
-        # Drop the protocol and its works before completing the future: the training thread, woken
-        # by the completion, may destroy the process group next, and the last reference to a c10d
-        # work must not be released on this thread after that.
+        # The works of this protocol stay referenced here until the next protocol completes (or
+        # the queue closes); the previous protocol's are released now, on this thread. A c10d work
+        # whose last reference is dropped on gloo's worker thread (Python let go first, the worker
+        # a moment after the work completed) needs the GIL there to free its tensors; when the
+        # training thread, woken by the completion, frees DDP's reducer at once, it joins that
+        # worker while holding the GIL: a hang at the end of the program (seen in about one run in
+        # four of a program that destroys the group, then returns with its DDP model alive). A
+        # work released here, long after it completed, is released by its last holder: this thread.
+        self._held, job.held = job.held, []
         job.proto = job.work = None  # type: ignore[assignment]
         # On the caller's stream: the future records its completion event there.
         with _on(stream):
@@ -377,6 +385,7 @@ class _Job:
     stream: Any
     more: bool
     work: Work | None = None
+    held: list[Any] = field(default_factory=list)  # every collective it yielded (see _complete)
 
 
 #: How often the queue looks at a parked protocol's collective while it waits for the next one.
