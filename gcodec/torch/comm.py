@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import queue
 import threading
 import traceback
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from .. import xp
-from ..errors import ConfigError, GcodecError
-from ..transports import Communicator, DoneWork, LastWork, Protocol, Work
+from ..errors import ConfigError
+from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
 from .convert import as_array, as_tensor
 
@@ -199,16 +197,6 @@ class FutureQueue:
     the hook for bucket i + 1 while bucket i is still in flight) start in the same order on every
     rank, and the encoding of a bucket overlaps the backward pass of the next.
 
-    One overlap between protocols: a protocol submitted with ``more`` that yields its last
-    collective as a :class:`~gcodec.transports.LastWork` waits aside ("parked") while the next
-    protocol runs up to its first collective, so that the next bucket's plan and its agreement
-    round trip (or its encode) overlap this bucket's transfer, as DDP's own buckets queue behind
-    each other in the engine. The collectives still start in the same order on every rank (the
-    parked protocol starts none after its last). Before the running protocol waits on anything or
-    ends, the parked ones finish (their local steps, then their futures), in submission order.
-    While only parked protocols remain, the thread looks at their collectives every
-    ``_POLL_S`` seconds between waits for the next submission.
-
     Why not chain the steps on the collectives' futures (``add_done_callback``): the callbacks then
     run on gloo's own threads and complete the hook's future from there. Completing a future from
     Python releases the GIL and takes it back; if the training thread, woken by that completion,
@@ -225,20 +213,14 @@ class FutureQueue:
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._held: list[Any] = []  # the works of the last completed protocol (see _complete)
+        self._held: list[Work] = []  # the collectives of the last completed protocol (see _serve)
         _live.add(self)
 
-    def submit(self, proto: Protocol, device: Any = None, more: bool = False) -> torch.futures.Future:
+    def submit(self, proto: Protocol, device: Any = None) -> torch.futures.Future:
         """Queue ``proto``; for tensors on a CUDA ``device`` its work goes on the stream that is
         current *now* (the caller's: DDP's, when DDP calls the hook) and the future is made for that
         device, so a consumer waits on the stream (torch records an event when the value is set),
-        not on the host.
-
-        ``more``: the caller submits another protocol next, soon (a DDP bucket that is not the
-        step's last). When ``proto`` yields its last collective as a
-        :class:`~gcodec.transports.LastWork`, the queue then starts the next protocol while that
-        collective is in flight (its planning and its first collective overlap the transfer);
-        everything else still happens in submission order (class docstring)."""
+        not on the host."""
         stream = None
         if device is not None and torch.device(device).type == "cuda":
             stream = torch.cuda.current_stream(device)
@@ -249,7 +231,7 @@ class FutureQueue:
             if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
                 self._thread = threading.Thread(target=self._serve, name="gcodec-torch-queue", daemon=True)
                 self._thread.start()
-            self._jobs.put(_Job(proto, result, stream, more))
+            self._jobs.put((proto, result, stream))
         return result
 
     def run(self, proto: Protocol) -> Any:
@@ -278,123 +260,52 @@ class FutureQueue:
         thread.join(timeout)
 
     def _serve(self) -> None:
-        parked: collections.deque[_Job] = collections.deque()  # at their last collective, in order
         while True:
-            if parked:
-                # Wait for the next protocol, and finish a parked one once its collective is done
-                # (no callback from gloo's threads: see the class docstring).
-                try:
-                    job = self._jobs.get(timeout=_POLL_S)
-                except queue.Empty:
-                    while parked and parked[0].work is not None and parked[0].work.test():
-                        self._finish(parked.popleft())
-                    continue
-            else:
-                job = self._jobs.get()
+            job = self._jobs.get()
             if job is _STOP:
-                while parked:
-                    self._finish(parked.popleft())
                 self._held = []
                 return
-            self._start(job, parked)
-            del job
+            stream = job[2]
+            # On the caller's stream: gcodec's kernels launch on torch's current stream, and the
+            # future records its completion event there.
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                held: list[Work] = []
+                value, error = self._run(job[0], held)
+                if error is not None:
+                    _drop_locals(error)
+                result = job[1]
+                # This protocol's collectives stay referenced here until the next protocol
+                # completes (or the queue closes); the previous protocol's are released now, on
+                # this thread. A c10d work whose last reference is dropped on gloo's worker thread
+                # (the protocol let go first, the worker a moment after the work completed) takes
+                # the GIL there to free its tensors; when the training thread, woken by the
+                # completion, frees DDP's reducer at once, it joins that worker while holding the
+                # GIL: a hang at the end of the program (5 of 16 runs of a program that destroyed
+                # the group, then returned with its DDP model alive). A work released here, long
+                # after it completed, is released by its last holder: this thread.
+                self._held = held
+                del job, held
+                if error is None:
+                    result.set_result(value)
+                else:
+                    result.set_exception(error)
+            del result, value, error, stream
 
-    def _start(self, job: _Job, parked: collections.deque[_Job]) -> None:
-        """Run ``job`` until it ends, or until it yields its last collective when a next protocol
-        is coming (then it waits in ``parked``). The protocols parked before it finish before it
-        waits on any collective or ends, so every protocol's local steps, and the completion of
-        its future, keep the submission order."""
-        outcome = self._advance(job, parked)
-        if outcome is None:
-            return
-        while parked:
-            self._finish(parked.popleft())
-        self._complete(job, *outcome)
-
-    def _advance(self, job: _Job, parked: collections.deque[_Job]) -> tuple[Any, BaseException | None] | None:
-        """``_start``'s run of the protocol: (value, error) at its end, None when it parked. Its
-        frame, and the works it held, are gone before the future completes."""
-        with _on(job.stream):
-            try:
-                work = next(job.proto)
-                while True:
-                    job.held.append(work)
-                    if job.more and isinstance(work, LastWork):
-                        job.work = work
-                        parked.append(job)
-                        return None
-                    while parked:
-                        self._finish(parked.popleft())
-                    work.wait()  # re-raises the collective's error (a dead peer, a timeout)
-                    work = job.proto.send(None)
-            except StopIteration as stop:
-                return stop.value, None
-            except BaseException as e:
-                job.proto.close()
-                return None, e
-
-    def _finish(self, job: _Job) -> None:
-        """The rest of a parked protocol: its last collective's wait, then its local steps."""
-        value: Any = None
-        error: BaseException | None = None
-        with _on(job.stream):
-            try:
-                assert job.work is not None
-                job.work.wait()
-                job.held.append(job.proto.send(None))
-                # A collective after the last one would start after the next protocol's first,
-                # on some ranks and not on others: an error of the protocol, never run.
-                job.proto.close()
-                value, error = None, GcodecError("a protocol started a collective after its LastWork")
-            except StopIteration as stop:
-                value, error = stop.value, None
-            except BaseException as e:
-                job.proto.close()
-                value, error = None, e
-        self._complete(job, value, error)
-
-    def _complete(self, job: _Job, value: Any, error: BaseException | None) -> None:
-        if error is not None:
-            _drop_locals(error)
-        result, stream = job.result, job.stream
-        # The works of this protocol stay referenced here until the next protocol completes (or
-        # the queue closes); the previous protocol's are released now, on this thread. A c10d work
-        # whose last reference is dropped on gloo's worker thread (Python let go first, the worker
-        # a moment after the work completed) needs the GIL there to free its tensors; when the
-        # training thread, woken by the completion, frees DDP's reducer at once, it joins that
-        # worker while holding the GIL: a hang at the end of the program (seen in about one run in
-        # four of a program that destroys the group, then returns with its DDP model alive). A
-        # work released here, long after it completed, is released by its last holder: this thread.
-        self._held, job.held = job.held, []
-        job.proto = job.work = None  # type: ignore[assignment]
-        # On the caller's stream: the future records its completion event there.
-        with _on(stream):
-            if error is None:
-                result.set_result(value)
-            else:
-                result.set_exception(error)
-
-
-@dataclass
-class _Job:
-    """One submitted protocol: its future, the caller's stream, whether another protocol follows
-    (``submit``'s ``more``) and, once parked, its last collective."""
-
-    proto: Protocol
-    result: torch.futures.Future
-    stream: Any
-    more: bool
-    work: Work | None = None
-    held: list[Any] = field(default_factory=list)  # every collective it yielded (see _complete)
-
-
-#: How often the queue looks at a parked protocol's collective while it waits for the next one.
-_POLL_S = 0.0005
-
-
-def _on(stream: Any) -> Any:
-    """On the caller's stream: gcodec's kernels launch on torch's current stream."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    @staticmethod
+    def _run(proto: Protocol, held: list[Work]) -> tuple[Any, BaseException | None]:
+        """Run ``proto`` to its end: (its value, None), or (None, the error it raised); every
+        collective it yielded is appended to ``held``."""
+        try:
+            work = next(proto)
+            while True:
+                held.append(work)
+                work.wait()  # re-raises the collective's error (a dead peer, a timeout)
+                work = proto.send(None)
+        except StopIteration as stop:
+            return stop.value, None
+        except BaseException as e:
+            proto.close()
+            return None, e
 
 
 _STOP = object()  # what close() puts on a queue: its thread returns

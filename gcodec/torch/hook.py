@@ -50,7 +50,7 @@ from ..deprecation import renamed_names
 from ..errors import ConfigError, GcodecError
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
-from ..transports import DENSE, LastWork, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
+from ..transports import DENSE, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import gather_protocol
 from ..transports.handshake import Agreement, fingerprint
@@ -306,8 +306,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         st = StepStats(ckey or f"bucket{bucket.index()}:dense", it, DENSE, buf.nbytes)
         st.add("payload_bytes", buf.nbytes)
         st.add("wire_bytes", 2 * (p - 1) * buf.nbytes // p)
-        # the bucket's last collective: the queue may start the next bucket while it travels
-        yield from timed(st, _one(LastWork(comm.allreduce_tensor(buf))))
+        yield from timed(st, _one(comm.allreduce_tensor(buf)))
         if ckey is not None:
             router.record_step(ckey, None, DENSE, [st])
         report([st])
@@ -362,9 +361,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         sample_quality(ts, g.key, step, x)
         st = StepStats(g.key, step, mode, x.nbytes)
         out = x if whole else xp.empty(x, x.shape[0], x.dtype)
-        extra: dict[str, Any] = {} if riders is None else {"dense": riders}  # only a summable group carries riders
-        if mode == "summable" and g is plan.groups[-1]:
-            extra["last"] = True  # the bucket's last collective: the queue may start the next bucket
+        extra = {} if riders is None else {"dense": riders}  # only a summable group carries riders
         # a codec that reads shapes has a group of one tensor, sent in that tensor's shape
         shape = tuple(grads[idx[0]].shape) if ts.codec.reads_shape else (-1,)
         proto = _FLAT[mode](ex, ts, x.reshape(shape), out.reshape(shape), g.key, "mean", step, st, **extra)
@@ -533,9 +530,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     it = state.iter
     if bucket.is_last():
         state.iter += 1
-    # a bucket that is not the step's last has a successor coming: see FutureQueue.submit's ``more``
-    protocol = _bucket_protocol(state, bucket, it)
-    return queue_for(state.process_group).submit(protocol, bucket.buffer().device, more=not bucket.is_last())
+    return queue_for(state.process_group).submit(_bucket_protocol(state, bucket, it), bucket.buffer().device)
 
 
 # DDP checks the hook's annotations against the real classes; postponed (string) annotations fail.

@@ -8,7 +8,7 @@ feedback, statistics, kernel threads) lives here and knows no engine. See docs/t
 from __future__ import annotations
 
 from .allreduce import OPS, allreduce_protocol
-from .comm import Communicator, DoneWork, LastWork, Protocol, Serial, Task, Work, run_blocking
+from .comm import Communicator, DoneWork, Protocol, Serial, Task, Work, run_blocking
 from .lowrank import LowRankItem, lowrank_protocol
 from .router import DENSE, Piece, PolicyState, Router
 from .state import GATHER_MAX_RANKS, MODES, TransportState, resolve_mode
@@ -21,7 +21,6 @@ __all__ = [
     "OPS",
     "Communicator",
     "DoneWork",
-    "LastWork",
     "LowRankItem",
     "Piece",
     "PolicyState",

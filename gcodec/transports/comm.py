@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AllWork", "Communicator", "DoneWork", "LastWork", "Protocol", "Serial", "Task", "Work", "run_blocking"]
+__all__ = ["AllWork", "Communicator", "DoneWork", "Protocol", "Serial", "Task", "Work", "run_blocking"]
 
 
 class Work(ABC):
@@ -57,27 +57,6 @@ class DoneWork(Work):
 
     def result(self) -> Any:
         return self._value
-
-
-class LastWork(Work):
-    """A protocol's last collective, as the protocol yields it: what follows in the protocol is
-    local work (a division, a decode, a report), never another collective.
-
-    A runner that serves several protocols in order may start the next protocol while this one is
-    in flight: the collectives still start in the same order on every rank, because this protocol
-    starts none after it. Any other runner waits for it as for the collective it wraps."""
-
-    def __init__(self, work: Work) -> None:
-        self.work = work
-
-    def test(self) -> bool:
-        return self.work.test()
-
-    def wait(self) -> Any:
-        return self.work.wait()
-
-    def result(self) -> Any:
-        return self.work.result()
 
 
 class AllWork(Work):

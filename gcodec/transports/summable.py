@@ -43,7 +43,7 @@ from .. import xp
 from ..aggregate import add_values, count_nonfinite, round_values, sum_pair, summable_section
 from ..errors import GcodecError, PayloadValueError
 from .collectives import as_bytes
-from .comm import AllWork, Communicator, LastWork, Protocol
+from .comm import AllWork, Communicator, Protocol
 from .control import Exchange
 from .protocol_helpers import nbytes_from_others, work_dtype
 from .sendbuf import encode_into
@@ -69,14 +69,11 @@ def summable_protocol(
     step: int,
     st: StepStats,
     dense: Any = None,
-    last: bool = False,
 ) -> Protocol:
     """Summable allreduce of ``x`` into ``out`` (arrays on one memory, host or device: every buffer
     is made there). ``dense``: optional flat float32/float64 values of *uncompressed* tensors that
     ride in the same collectives and are replaced by their plain sum over the ranks (not the mean:
-    the caller scales), summed in rank order like the values. ``last``: the caller starts no
-    collective after this protocol's, so its last one is yielded as a :class:`LastWork` (a queue
-    may start the next protocol while it travels)."""
+    the caller scales), summed in rank order like the values."""
     comm = ex.comm
     p = comm.size
     # The values' size follows from the configuration: agree on it before they travel. The BEGIN
@@ -122,14 +119,14 @@ def summable_protocol(
         # values there, as an uncompressed allreduce would.
         fuse = codec.values_dtype is not None and out.dtype == np.float32 and xp.is_contiguous(out)
         flat_out = xp.flat(out) if fuse else None
-        bad = yield from _sum_by_allgather(comm, vals, vdt, riders, st, state, flat_out, last)
+        bad = yield from _sum_by_allgather(comm, vals, vdt, riders, st, state, flat_out)
         if flat_out is not None:
             if err is not None:
                 raise err
             _refuse_nonfinite(bad, what, vdt)
             return out
     else:
-        bad = yield from _sum_by_reduce_scatter(comm, vals, vdt, riders, st, state, last)
+        bad = yield from _sum_by_reduce_scatter(comm, vals, vdt, riders, st, state)
     with kernel_threads(state.threads), st.timing("decode_s"):
         # The summed values are the same on every rank: all refuse them alike when any is not finite.
         if bad is None:
@@ -175,7 +172,6 @@ def _sum_by_allgather(
     st: StepStats,
     state: TransportState,
     decoded: Any = None,
-    last: bool = False,
 ) -> Protocol:
     """p = 2: one all-gather of the whole values; each rank sums both copies.
 
@@ -189,7 +185,7 @@ def _sum_by_allgather(
     vb = as_bytes(vals)
     gather = comm.allgatherv(vb, [vb.shape[0]] * comm.size)
     w = gather if riders.shape[0] == 0 else AllWork([comm.allreduce(riders, "sum"), gather])
-    yield LastWork(w) if last else w
+    yield w
     parts = gather.result()
     st.add("wire_bytes", nbytes_from_others(parts, comm.rank))
     with kernel_threads(state.threads), st.timing("decode_s"):
@@ -200,13 +196,7 @@ def _sum_by_allgather(
 
 
 def _sum_by_reduce_scatter(
-    comm: Communicator,
-    vals: Any,
-    vdt: np.dtype,
-    riders: Any,
-    st: StepStats,
-    state: TransportState,
-    last: bool = False,
+    comm: Communicator, vals: Any, vdt: np.dtype, riders: Any, st: StepStats, state: TransportState
 ) -> Protocol:
     """p > 2: all-to-all of chunk j (riders' then values') to rank j, which sums the p copies in rank
     order; all-gather of the summed chunks. 2 (p-1)/p of the bytes per rank, as a ring allreduce."""
@@ -235,7 +225,7 @@ def _sum_by_reduce_scatter(
         _reduce_into([q[nr:] for q in recv], mine_v, vdt)
     mine = as_bytes(mine_v) if nr == 0 else xp.concat([as_bytes(mine_r), as_bytes(mine_v)], vb)
     w = comm.allgatherv(mine, sizes)
-    yield LastWork(w) if last else w
+    yield w
     parts = w.result()
     st.add("wire_bytes", sum((vbnd[j + 1] - vbnd[j]) * vi for j in range(p) if j != me))
     for j in range(p):
