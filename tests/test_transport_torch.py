@@ -132,7 +132,7 @@ def test_a_failed_protocol_leaves_no_tensors_or_works_pinned_by_its_error() -> N
     """The queue's error lives on in the future (DDP keeps it); the protocol's frames must not keep
     its tensors and works with it, or they live as long as DDP keeps the error. The queue itself
     holds a protocol's works until the next protocol completes (so that their last reference is
-    dropped on its thread, never on gloo's worker: see FutureQueue._complete), and no longer.
+    dropped on its thread, never on gloo's worker: see FutureQueue._serve), and no longer.
     In-process: a protocol of size-1 works (no process group is needed to run the queue)."""
     import gc
     import weakref
