@@ -164,6 +164,40 @@ def test_a_failed_protocol_leaves_no_tensors_or_works_pinned_by_its_error() -> N
     assert any(f.name == "proto" for f in __import__("traceback").extract_tb(info.value.__traceback__))
 
 
+def test_a_protocols_collectives_are_released_by_the_queue_after_the_next_protocol_completes() -> None:
+    """The last reference to a completed collective is the queue's, dropped on its own thread one
+    protocol later (or at close), never the caller's drop racing the transport's worker: a gloo
+    work whose last holder is gloo's worker thread takes the GIL there to free its tensors, and a
+    program that frees DDP's reducer (joining that worker with the GIL held) right after the last
+    step hung that way. In-process, as the test above."""
+    import gc
+    import weakref
+
+    from gcodec.torch.comm import FutureQueue
+    from gcodec.transports import DoneWork
+
+    refs: list[weakref.ref] = []
+
+    def one(name: str):  # type: ignore[no-untyped-def]
+        work = DoneWork(name)
+        refs.append(weakref.ref(work))
+        yield work
+        return name
+
+    q = FutureQueue()
+    try:
+        assert q.submit(one("a")).wait() == "a"
+        gc.collect()
+        assert refs[0]() is not None  # held by the queue after its future completed
+        assert q.submit(one("b")).wait() == "b"
+        gc.collect()
+        assert refs[0]() is None and refs[1]() is not None  # released when the next one completed
+    finally:
+        q.close(30.0)
+    gc.collect()
+    assert refs[1]() is None  # and the last at close
+
+
 EXIT_RACE = """
 import time, torch
 from gcodec.torch.comm import FutureQueue
