@@ -27,7 +27,11 @@ then every ``interval`` steps) the controller
    for the link, the rank that waited least for its peers),
    so every rank holds the same numbers and takes the same decision at the same step, then picks
    the rung with the least predicted step time (:func:`gcodec.advise.predict`), switching only for
-   a gain of more than ``hysteresis``.
+   a gain of more than ``hysteresis``. A rung that has run is priced with what the model left out
+   of it: its measured exchange seconds (the median of its last 5 steps, the slowest rank's) less
+   the model's price on the link believed then, when positive, added to today's price. So a rung
+   that ran slower than dense goes back to dense at the next decision and is not taken again for
+   that link, and a change of link moves the prices as the model says.
 
 The :class:`~gcodec.transports.PolicyState` carries the residual over when a key changes rung, so
 what one codec dropped is sent by the next (or flushed with the dense allreduce).
@@ -194,6 +198,13 @@ class AdaptiveController:
         # of a rung it then leaves (and never measures again), a median drops it.
         for f in ("encode_s", "decode_s"):
             m[f] = _median_window(m, f, float(record[f]))
+        # What the exchange took in the job, the peers' waits included: a floor under the model's
+        # price of this rung (see :meth:`choose`). The engine's held seconds where it measures them
+        # (the DDP hook: agreement and dense riders included), else the exchange's own parts.
+        held = record.get("held_s")
+        if held is None:
+            held = float(record["encode_s"]) + float(record["comm_s"]) + float(record["decode_s"])
+        m["exchange_s"] = _median_window(m, "exchange_s", float(held))
         m["payload_bytes"] = (
             record["payload_bytes"]
             if "payload_bytes" not in m
@@ -205,6 +216,7 @@ class AdaptiveController:
             spb = record["comm_s"] / record["wire_bytes"]
             self._spb_last = [*self._spb_last, spb][-_WINDOW:]
             self._spb = float(np.median(self._spb_last))
+        m["exchange_spb"] = self._link_spb()  # the link the exchange seconds were measured on
         q = record.get("quality")
         if q is not None and self.ladder[rung] is not None and math.isfinite(q["norm_ratio"]):
             # a moving average: one noisy sample (about 5 % of top-k + EF steps dip under 0.9) must
@@ -253,11 +265,12 @@ class AdaptiveController:
 
     def figures(self, key: str, numel: int) -> np.ndarray:
         """This rank's figures for ``key``: per rung encode s, decode s, payload bytes, out-of-bounds
-        flag, then the negated seconds per byte of the link (the vector the ranks allreduce with
-        max: the slowest rank's codec seconds, the worst quality, and the *least* seconds per byte
-        any rank measured, see :meth:`observe`)."""
+        flag, measured exchange seconds (0 for a rung not run yet) and the negated seconds per byte
+        of the link believed when they were measured, then the negated seconds per byte of the link
+        now (the vector the ranks allreduce with max: the slowest rank's seconds, the worst quality,
+        and the *least* seconds per byte any rank measured, see :meth:`observe`)."""
         n = len(self.ladder)
-        v = np.zeros(4 * n + 1)
+        v = np.zeros(6 * n + 1)
         meas = self.measured.get(key, [{} for _ in self.ladder])
         load = self.load_factor(key, numel)
         for r in range(n):
@@ -267,13 +280,19 @@ class AdaptiveController:
             v[n + r] = m.get("decode_s", load * sp.decode_seconds(numel))
             v[2 * n + r] = m.get("payload_bytes", sp.payload_bytes(numel))
             v[3 * n + r] = m.get("bad", 0.0)
-        if self.bandwidth_bps is not None:
-            v[4 * n] = -8.0 / self.bandwidth_bps
-        elif self.probed is not None:
-            v[4 * n] = -8.0 / self.probed.link.bandwidth_bps
-        else:
-            v[4 * n] = -(self._spb if self._spb is not None else 8.0 / 1e9)
+            v[4 * n + r] = m.get("exchange_s", 0.0)
+            v[5 * n + r] = -m.get("exchange_spb", 0.0)
+        v[6 * n] = -self._link_spb()
         return v
+
+    def _link_spb(self) -> float:
+        """The link this rank believes in now, as seconds per byte: as given, as probed, or as the
+        exchanges measured it (1 Gbit/s before any)."""
+        if self.bandwidth_bps is not None:
+            return 8.0 / self.bandwidth_bps
+        if self.probed is not None:
+            return 8.0 / self.probed.link.bandwidth_bps
+        return self._spb if self._spb is not None else 8.0 / 1e9
 
     # ---- the decision -------------------------------------------------------------------------
     def choose(
@@ -291,36 +310,64 @@ class AdaptiveController:
         tensors it passes through as dense), every other rung on the measured figures of the key as
         a whole. Pure: same figures, same answer."""
         n = len(self.ladder)
-        link = Link(8.0 / -figures[4 * n], self.latency_s)
+        link = Link(8.0 / -figures[6 * n], self.latency_s)
         tensors = [tuple(int(d) for d in s) for s in shapes] if shapes else [tuple(shape)]
         times: list[float] = []
+        excess: dict[int, float] = {}
         out = False
         for r in range(n):
             out = out or figures[3 * n + r] > 0
             if out:
                 times.append(math.inf)
                 continue
-            if self._low_rank[r]:
-                # Its factors' sizes follow the shapes (predict sizes them), its seconds the agreed
-                # figures of the key as a whole, spread per element: every rank prices alike.
-                codec = self._codecs[r]
-                assert codec is not None
-                mats = [s for s in tensors if codec.compresses(s)]
-                if not mats:
-                    times.append(math.inf)
-                    continue
-                rest = [s for s in tensors if not codec.compresses(s)]
-                k = max(1, int(np.prod(shape)))
-                sp = CodecSpeed(0.0, figures[r] / k, 0.0, figures[n + r] / k, 0.0, 0.0)
-                row = predict(self.ladder[r], sp, mats, workers, link, dense_tensors=rest)
-            else:
-                sp = CodecSpeed(figures[r], 0.0, figures[n + r], 0.0, figures[2 * n + r], 0.0)
-                row = predict(self.ladder[r], sp, [tuple(shape)], workers, link)
-            times.append(row["step_seconds"])
+            t = self._predict_rung(r, figures, shape, tensors, workers, link)
+            if self.bandwidth_bps is None and math.isfinite(t) and figures[4 * n + r] > 0:
+                # What the model left out of a rung that ran, on the link the job runs on: its
+                # measured exchange less the model's price on the link believed when it was measured.
+                then = Link(8.0 / -figures[5 * n + r], self.latency_s)
+                excess[r] = max(0.0, figures[4 * n + r] - self._predict_rung(r, figures, shape, tensors, workers, then))
+            times.append(t)
+        if excess:
+            # Each rung pays its excess on top of today's price (the cores the backward pass and the
+            # peers take, gloo's per-collective costs; on the 2-core loopback top-k, priced 1 % under
+            # dense, ran its bucket 1.67x slower), and a rung not run yet the least excess of those
+            # that ran: the waits for peers that every rung measures alike. So a figure measured on
+            # another link neither holds a rung back nor pins it once the link changes, and an
+            # unmeasured rung does not look cheaper only for lacking the waits. A declared bandwidth
+            # is priced by the model alone: the job's seconds were not measured on it.
+            base = min(excess.values())
+            times = [t + excess.get(r, base) if math.isfinite(t) else t for r, t in enumerate(times)]
         best = min(range(n), key=lambda r: (times[r], r))
         if math.isfinite(times[current]) and times[best] >= (1 - self.hysteresis) * times[current]:
             best = current
         return best, times
+
+    def _predict_rung(
+        self,
+        r: int,
+        figures: np.ndarray,
+        shape: Sequence[int],
+        tensors: Sequence[tuple[int, ...]],
+        workers: int,
+        link: Link,
+    ) -> float:
+        """The model's step seconds of rung ``r`` on ``link`` from the agreed figures (inf for a
+        low-rank rung that compresses none of ``tensors``)."""
+        n = len(self.ladder)
+        if self._low_rank[r]:
+            # Its factors' sizes follow the shapes (predict sizes them), its seconds the agreed
+            # figures of the key as a whole, spread per element: every rank prices alike.
+            codec = self._codecs[r]
+            assert codec is not None
+            mats = [s for s in tensors if codec.compresses(s)]
+            if not mats:
+                return math.inf
+            rest = [s for s in tensors if not codec.compresses(s)]
+            k = max(1, int(np.prod(shape)))
+            sp = CodecSpeed(0.0, figures[r] / k, 0.0, figures[n + r] / k, 0.0, 0.0)
+            return float(predict(self.ladder[r], sp, mats, workers, link, dense_tensors=rest)["step_seconds"])
+        sp = CodecSpeed(figures[r], 0.0, figures[n + r], 0.0, figures[2 * n + r], 0.0)
+        return float(predict(self.ladder[r], sp, [tuple(shape)], workers, link)["step_seconds"])
 
     def _probe_link(self, comm: Communicator) -> Protocol:
         """Time dense float32 allreduces through ``comm`` (every rank runs the same collectives:

@@ -154,6 +154,76 @@ def test_low_norm_ratio_without_feedback_marks_the_rung_bad() -> None:
     assert ctl.measured["w"][4]["bad"] == 1.0  # with feedback, a residual backlog over 20 x the norm
 
 
+def _probed(bandwidth_bps: float, **kw) -> AdaptiveController:
+    """A controller whose link was probed (not declared) at ``bandwidth_bps``."""
+    from gcodec.advise import Link, LinkFit
+
+    ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0, **kw)
+    ctl.probed, ctl._probe_done = LinkFit(Link(bandwidth_bps, ctl.latency_s), 0, (), 0.0, "test"), True
+    return ctl
+
+
+def _ran(ctl: AdaptiveController, rung: int, held_s: float, steps: range) -> None:
+    """Records of ``steps`` steps on ``rung`` whose codec seconds are SPEEDS' (so the load factor
+    stays 1) and whose bucket was held ``held_s``."""
+    n = int(np.prod(SHAPE))
+    sp = SPEEDS[ctl._keys[rung]]
+    for step in steps:
+        rec = {
+            "codec": "dense" if ctl.ladder[rung] is None else ctl.ladder[rung],
+            "step": step,
+            "encode_s": sp.encode_seconds(n),
+            "decode_s": sp.decode_seconds(n),
+            "payload_bytes": sp.payload_bytes(n),
+            "wire_bytes": sp.payload_bytes(n),
+            "comm_s": 0.01,
+            "held_s": held_s,
+        }
+        ctl.observe("w", rec, error_feedback=True)
+
+
+def test_a_rung_measured_slower_than_dense_goes_back_to_dense_and_stays() -> None:
+    """A ladder of dense and top-k 1 % on a probed 300 Mbit/s link, 2 ranks: the model prices
+    dense's 100 MB at 2.67 s, top-k at its codec seconds (0.125 s for 25 M elements) plus 2 MB of
+    indices and values, 0.2 s, so it takes top-k. Measured in the job, the top-k bucket took 4 s
+    (cores shared with the backward pass), dense 2.7 s: back to dense at the next decision, and not
+    up again while the link is the same."""
+    ladder = (None, {"id": "topk", "ratio": 0.01})
+    ctl = _probed(3e8, ladder=ladder)
+    assert _rung(ctl, workers=2) == 1  # the model alone
+    _ran(ctl, 0, 2.7, range(0, 5))
+    _ran(ctl, 1, 4.0, range(5, 10))
+    rung, times = ctl.choose(ctl.figures("w", int(np.prod(SHAPE))), SHAPE, 2, 1)
+    assert rung == 0 and times == pytest.approx([2.7, 4.0]), times
+    assert _rung(ctl, workers=2, current=0) == 0
+    # a declared link is priced by the model alone: the job's seconds were not measured on it
+    declared = _ctl("300Mbit", ladder=ladder)
+    declared.measured = ctl.measured
+    assert _rung(declared, workers=2, current=0) == 1
+
+
+def test_a_measured_excess_moves_with_the_link_and_unmeasured_rungs_pay_the_least_one() -> None:
+    """The excess a rung measured over the model (top-k: 4 s held against its 0.2 s price at
+    300 Mbit/s) is added to its price on a later link, not frozen as a figure: at 10 Mbit/s dense's
+    100 MB take 80 s, uniform 4 bits 11.4 s, and top-k (1.75 s + 3.8 s) pays again. A rung never
+    run pays the least excess of those that ran (the waits every rung measures), here dense's
+    0.05 s."""
+    ctl = _probed(3e8)
+    fresh = ctl.choose(ctl.figures("w", int(np.prod(SHAPE))), SHAPE, 2, 0)[1]
+    _ran(ctl, 0, fresh[0] + 0.05, range(0, 5))
+    _ran(ctl, 4, 4.0, range(5, 10))
+    rung, times = ctl.choose(ctl.figures("w", int(np.prod(SHAPE))), SHAPE, 2, 0)
+    assert rung == 3 and times[4] == pytest.approx(4.0), times
+    for r in (1, 2, 3):
+        assert times[r] == pytest.approx(fresh[r] + 0.05), (r, times, fresh)
+    slow = _probed(1e7)
+    slow.measured = ctl.measured
+    bare = _probed(1e7)
+    fresh_slow = bare.choose(bare.figures("w", int(np.prod(SHAPE))), SHAPE, 2, 0)[1]
+    rung, times = slow.choose(slow.figures("w", int(np.prod(SHAPE))), SHAPE, 2, 0)
+    assert rung == 4 and times[4] == pytest.approx(fresh_slow[4] + (4.0 - fresh[4])), (times, fresh_slow)
+
+
 def test_decisions_through_select_follow_the_link_and_agree_with_an_allreduce() -> None:
     ctl = _ctl("100Mbit")
     ps = PolicyState(ctl)
@@ -220,7 +290,7 @@ def test_controller_drives_the_ddp_hook_and_fsdp2_on_two_gloo_ranks(tmp_path: Pa
     codes = run_ranks("tests.transport_ranks.adaptive_torch", [str(tmp_path)], 2, 300, tmp_path)
     assert codes == [0, 0]
     checks = checks_of(tmp_path, range(2))
-    assert len(checks) == 2 * 10
+    assert len(checks) == 2 * 11
     res = [json.loads((tmp_path / f"decisions{r}.json").read_text()) for r in range(2)]
     for engine in ("ddp", "fsdp"):
         assert res[0][engine]["switches"] == res[1][engine]["switches"], engine

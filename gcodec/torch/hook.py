@@ -284,6 +284,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         shapes = [tuple(g.shape) for g in bucket.gradients() if g.numel() >= state.min_numel]
         numel = sum(math.prod(s) for s in shapes)
         rung, _ = yield from router.decide(comm, ckey, (max(numel, 1),), shapes)
+    t_decided = time.perf_counter()  # what the rung costs, for the controller: from here to the end
     # The bucket's plan (which tensors go dense, which codec and mode each group takes) is decided
     # locally, then agreed in the bucket's exchange: its fingerprint travels in full the first time
     # and as a digest in the first message of every later step (see gcodec.transports.control).
@@ -308,7 +309,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         st.add("wire_bytes", 2 * (p - 1) * buf.nbytes // p)
         yield from timed(st, _one(comm.allreduce_tensor(buf)))
         if ckey is not None:
-            router.record_step(ckey, None, DENSE, [st])
+            router.record_step(ckey, None, DENSE, [st], held_s=time.perf_counter() - t_decided)
         report([st])
         return buf
     grads, names = plan.grads, plan.names
@@ -373,7 +374,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     if flat is not None and plan.carrier is not None:
         _write_dense(grads, plan.dense, flat, p)
     if ckey is not None and rung is not None:
-        _record_rung(router, ckey, rung, plan)
+        _record_rung(router, ckey, rung, plan, time.perf_counter() - t_decided)
     report([g.stats for g in plan.groups if g.stats is not None], dense_bytes, dense_comm_s)
     return buf
 
@@ -382,16 +383,17 @@ def _one(work: Any) -> Any:
     yield work
 
 
-def _record_rung(router: Router, ckey: str, rung: Codec, plan: _Plan) -> None:
+def _record_rung(router: Router, ckey: str, rung: Codec, plan: _Plan, held_s: float) -> None:
     """What the bucket's compressed groups measured this step, as the controller reads a key's
-    record (its rung's seconds and bytes, and the telemetry when it sampled a group)."""
+    record (its rung's seconds and bytes, the seconds the bucket was held for them, and the
+    telemetry when it sampled a group)."""
     quality = None
     for g in plan.groups:
         q = g.state.telemetry.records().get(g.key) if g.state.telemetry is not None else None
         if q is not None and g.stats is not None and q["step"] == g.stats.step:
             quality = q
     parts = [g.stats for g in plan.groups if g.stats is not None]
-    router.record_step(ckey, rung, plan.groups[0].mode, parts, quality)
+    router.record_step(ckey, rung, plan.groups[0].mode, parts, quality, held_s)
 
 
 @dataclass

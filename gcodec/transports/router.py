@@ -300,10 +300,20 @@ class Router:
         """Keep ``key``'s last step record (what :meth:`last` gives a controller)."""
         self._last[key] = rec
 
-    def record_step(self, key: str, codec: Codec | None, mode: str, parts: Sequence[Any], quality: Any = None) -> None:
+    def record_step(
+        self,
+        key: str,
+        codec: Codec | None,
+        mode: str,
+        parts: Sequence[Any],
+        quality: Any = None,
+        held_s: float | None = None,
+    ) -> None:
         """Record ``key``'s last step from the :class:`StepStats` of the exchanges it ran (their
         bytes and seconds summed) under ``codec`` (None: dense), with a telemetry record if one
-        was sampled: what a controller reads of an engine's bucket or module."""
+        was sampled: what a controller reads of an engine's bucket or module. ``held_s``: the
+        seconds the engine held the key's tensors for the exchange, from the decision to its end
+        (agreement, dense riders and waits included), where the engine measures it."""
         vals: dict[str, float] = {}
         for st in parts:
             for f, v in st.values.items():
@@ -312,6 +322,8 @@ class Router:
         rec["codec"] = DENSE if codec is None else codec.get_config()
         if quality is not None:
             rec["quality"] = quality
+        if held_s is not None:
+            rec["held_s"] = held_s
         self.record(key, rec)
 
     def last(self, key: str) -> dict[str, Any] | None:

@@ -118,6 +118,15 @@ def run(rank: int, world: int, outdir: Path) -> None:
         any(v["codec"]["id"] != "fp16" for v in state.stats().values()),
         str(sorted(state.stats())),
     )
+    recs = {k: state.router.last(k) for k in ctl.measured}
+    check(
+        "DDP hook: each bucket's record holds the seconds the bucket was held, its exchanges' own within",
+        bool(recs)
+        and all(
+            r is not None and r["held_s"] >= r["encode_s"] + r["comm_s"] + r["decode_s"] > 0 for r in recs.values()
+        ),
+        str(recs),
+    )
     out["ddp"] = record(ctl, state.router.switches, list(model.parameters()))
 
     # FSDP2: one rung per module
