@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
 from tests.device_protocols import CASES, rank_program  # noqa: E402
-from tests.gpu_sim_worker import quick_gil_handoff, strict_simulator  # noqa: E402
+from tests.gpu_sim_worker import quick_gil_handoff, race_free_shared_arrays, strict_simulator  # noqa: E402
 from tests.localcomm import run_lockstep  # noqa: E402
 
 #: Bytes the simulator saw cross between host and device (both ways), by gcodec or anyone.
@@ -132,6 +132,7 @@ def main() -> None:
     from gcodec.kernels.cuda import launch  # before the watch: it recognises the simulator by its functions
 
     strict_simulator()
+    race_free_shared_arrays()
     watch_transfers()
 
     cases = [c for c in CASES if c["id"] in want]

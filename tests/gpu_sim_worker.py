@@ -47,6 +47,42 @@ def strict_simulator() -> None:
     FakeCUDAArray.__getattr__ = __getattr__
 
 
+def race_free_shared_arrays() -> None:
+    """Make the simulator's ``cuda.shared.array`` one array per block and call site, as on a GPU.
+
+    The simulator creates a block's shared array when its first thread reaches the call: it looks
+    the array up by the caller's file and line and, when it is missing, makes and stores one, with
+    no lock. Two threads that both miss make two arrays, and whatever one of them writes is lost
+    to the rest of the block. Seen here as top-k's radix histogram losing counts (the k-th key
+    came out too low and the selection kept earlier indices in place of later ones) in about one
+    run in five under CPU contention, more often at the 0.1 ms switch interval of
+    :func:`quick_gil_handoff`. A GPU allocates shared memory at the launch, so the lookup and the
+    creation are made one step under a lock; the key is the simulator's own."""
+    import threading
+
+    from numba.core import types
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np import numpy_support
+
+    lock = threading.Lock()
+    original = FakeCUDAShared.array
+
+    def array(self, shape, dtype, alignment=None):  # type: ignore[no-untyped-def]
+        if shape == 0 or alignment is not None:  # dynamic shared memory, or the simulator's refusal
+            return original(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            res = self._allocations.get(key)
+            if res is None:
+                res = self._allocations[key] = np.empty(shape, dtype)
+        return res
+
+    FakeCUDAShared.array = array
+
+
 def make_array(n: int, data_seed: int, kind: str) -> np.ndarray:
     """The test array of a case; the same function gives the parent process its CPU input."""
     rng = np.random.default_rng(data_seed)
@@ -292,6 +328,7 @@ def main() -> None:
     WATCHDOG_S = float(req.get("watchdog_s", 0))
     before = "numba.cuda" in sys.modules
     strict_simulator()
+    race_free_shared_arrays()
     from numba import cuda
 
     try:

@@ -545,3 +545,45 @@ def test_torch_cuda_round_trip(case: tuple) -> None:  # pragma: no cover - needs
     view = as_array(out)
     assert view.__cuda_array_interface__["data"][0] == out.data_ptr()  # the tensor's own memory
     _round_trip(x, out, lambda t: t.cpu().numpy(), case)
+
+
+def test_the_simulators_shared_arrays_are_one_per_block_and_call_site(monkeypatch) -> None:
+    """Two threads of a block that reach one ``cuda.shared.array`` call at once get one array under
+    :func:`tests.gpu_sim_worker.race_free_shared_arrays`, as on a GPU. NumPy's ``empty`` is slowed to
+    20 ms so that both threads look the array up before either has stored it: the simulator's own
+    allocation then hands them two arrays (checked when this test was written, numba-cuda 0.30.4),
+    and a block's writes to one of them are lost, which is how top-k's radix histogram lost counts."""
+    import time
+
+    kernelapi = pytest.importorskip("numba.cuda.simulator.kernelapi")
+    from .gpu_sim_worker import race_free_shared_arrays
+
+    monkeypatch.setattr(kernelapi.FakeCUDAShared, "array", kernelapi.FakeCUDAShared.array)  # restored after
+    real = np.empty
+
+    def slow(*a: Any, **kw: Any) -> Any:
+        time.sleep(0.02)
+        return real(*a, **kw)
+
+    def two_threads(shared: Any) -> list[Any]:
+        got: list[Any] = []
+        start = threading.Barrier(2)
+
+        def thread() -> None:
+            start.wait()
+            got.append(shared.array(8, np.int32))  # one call site for both threads
+
+        threads = [threading.Thread(target=thread) for _ in range(2)]
+        with monkeypatch.context() as m:
+            m.setattr(np, "empty", slow)
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        return got
+
+    race_free_shared_arrays()
+    a, b = two_threads(kernelapi.FakeCUDAShared(0))
+    assert a is b and a.shape == (8,) and a.dtype == np.int32
+    c, d = two_threads(kernelapi.FakeCUDAShared(0))  # a new block: arrays of its own
+    assert c is d and c is not a
