@@ -138,15 +138,23 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     for _ in range(args.steps):
         for name in contenders:
             times[name].append(step(name))
-    rungs = {}  # what the adaptive controller ran, per bucket, at the end
+    rungs: dict = {}  # what the adaptive controller ran, per bucket, at the end, and its moves
+    switches: list = []
     if "gcodec adaptive" in contenders:
-        rungs = dict(contenders["gcodec adaptive"][3].router.current)
+        router = contenders["gcodec adaptive"][3].router
+        rungs = dict(router.current)
+
+        def cid(c: Any) -> str:
+            return c if isinstance(c, str) else c["id"]
+
+        switches = [[step, key, cid(old), cid(new)] for key, step, old, new in router.switches]
     if rank == 0:
         res = {
             "params": sum(p.numel() for p in contenders["none"][0].parameters()),
             "median_s": {n: statistics.median(t) for n, t in times.items()},
             "min_s": {n: min(t) for n, t in times.items()},
             "rungs": rungs,
+            "switches": switches,
         }
         with open(out, "w") as f:
             json.dump(res, f)
@@ -174,6 +182,8 @@ def ddp(args: argparse.Namespace) -> None:
             print(f"  {a + ' / ' + b + ':':40s} {med[a] / med[b]:.3f}")
     if res["rungs"]:
         print(f"  the adaptive controller's last rungs: {res['rungs']}")
+        moves = ", ".join(f"step {st} {k.split(':')[1].split('..')[0]}: {a} -> {b}" for st, k, a, b in res["switches"])
+        print(f"  its moves (bucket by first parameter): {moves or 'none'}")
 
 
 def nbytes(args: argparse.Namespace) -> None:
