@@ -148,8 +148,16 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
             return c if isinstance(c, str) else c["id"]
 
         switches = [[step, key, cid(old), cid(new)] for key, step, old, new in router.switches]
+    # where gcodec's hooks spent each step, per contender: the step report's totals over its steps
+    parts = {}
+    for name, (_, _, _, st) in contenders.items():
+        if hasattr(st, "step_report"):
+            rep = st.step_report()
+            k = max(1, rep["steps"])
+            parts[name] = {f: rep["total"][f] / k for f in ("encode_s", "comm_s", "decode_s", "overhead_s", "held_s")}
     if rank == 0:
         res = {
+            "parts": parts,
             "params": sum(p.numel() for p in contenders["none"][0].parameters()),
             "median_s": {n: statistics.median(t) for n, t in times.items()},
             "min_s": {n: min(t) for n, t in times.items()},
@@ -180,6 +188,11 @@ def ddp(args: argparse.Namespace) -> None:
     for a, b in RATIOS:
         if a in med and b in med:
             print(f"  {a + ' / ' + b + ':':40s} {med[a] / med[b]:.3f}")
+    if res["parts"]:
+        print("  rank 0's hook per step (mean ms, warm-up steps included): encode, comm, decode, overhead = held")
+        for n, v in res["parts"].items():
+            e, c, d, o, h = (1e3 * v[f] for f in ("encode_s", "comm_s", "decode_s", "overhead_s", "held_s"))
+            print(f"    {n:20s} {e:6.2f} + {c:6.2f} + {d:6.2f} + {o:6.2f} = {h:6.2f}")
     if res["rungs"]:
         print(f"  the adaptive controller's last rungs: {res['rungs']}")
         moves = ", ".join(f"step {st} {k.split(':')[1].split('..')[0]}: {a} -> {b}" for st, k, a, b in res["switches"])
