@@ -134,6 +134,9 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     for name in contenders:  # warm-up: compile, rebuild buckets, PowerSGD's warm-up steps
         for _ in range(4):
             step(name)
+    for _, _, _, st in contenders.values():  # the step reports count the timed steps only
+        if hasattr(st, "reports"):
+            st.reports.reset()
     times: dict[str, list[float]] = {n: [] for n in contenders}
     for _ in range(args.steps):
         for name in contenders:
@@ -189,7 +192,7 @@ def ddp(args: argparse.Namespace) -> None:
         if a in med and b in med:
             print(f"  {a + ' / ' + b + ':':40s} {med[a] / med[b]:.3f}")
     if res["parts"]:
-        print("  rank 0's hook per step (mean ms, warm-up steps included): encode, comm, decode, overhead = held")
+        print("  rank 0's hook per timed step (mean ms): encode, comm, decode, overhead = held")
         for n, v in res["parts"].items():
             e, c, d, o, h = (1e3 * v[f] for f in ("encode_s", "comm_s", "decode_s", "overhead_s", "held_s"))
             print(f"    {n:20s} {e:6.2f} + {c:6.2f} + {d:6.2f} + {o:6.2f} = {h:6.2f}")
