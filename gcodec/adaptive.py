@@ -321,7 +321,8 @@ class AdaptiveController:
                 times.append(math.inf)
                 continue
             t = self._predict_rung(r, figures, shape, tensors, workers, link)
-            if self.bandwidth_bps is None and math.isfinite(t) and figures[4 * n + r] > 0:
+            # (a rung some rank measured and another did not carries no link: no excess, no 8 / 0)
+            if self.bandwidth_bps is None and math.isfinite(t) and figures[4 * n + r] > 0 > figures[5 * n + r]:
                 # What the model left out of a rung that ran, on the link the job runs on: its
                 # measured exchange less the model's price on the link believed when it was measured.
                 then = Link(8.0 / -figures[5 * n + r], self.latency_s)
