@@ -50,6 +50,9 @@ RATIOS = (
     ("gcodec powersgd r2", "torch powerSGD r2"),
 )
 
+#: the step report's parts that add up (encode + comm + decode + overhead = held), as printed
+PARTS = ("encode_s", "comm_s", "decode_s", "overhead_s", "held_s")
+
 
 def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     import torch
@@ -157,7 +160,7 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
         if hasattr(st, "step_report"):
             rep = st.step_report()
             k = max(1, rep["steps"])
-            parts[name] = {f: rep["total"][f] / k for f in ("encode_s", "comm_s", "decode_s", "overhead_s", "held_s")}
+            parts[name] = {f: rep["total"][f] / k for f in PARTS}
     if rank == 0:
         res = {
             "parts": parts,
@@ -194,7 +197,7 @@ def ddp(args: argparse.Namespace) -> None:
     if res["parts"]:
         print("  rank 0's hook per timed step (mean ms): encode, comm, decode, overhead = held")
         for n, v in res["parts"].items():
-            e, c, d, o, h = (1e3 * v[f] for f in ("encode_s", "comm_s", "decode_s", "overhead_s", "held_s"))
+            e, c, d, o, h = (1e3 * v[f] for f in PARTS)
             print(f"    {n:20s} {e:6.2f} + {c:6.2f} + {d:6.2f} + {o:6.2f} = {h:6.2f}")
     if res["rungs"]:
         print(f"  the adaptive controller's last rungs: {res['rungs']}")

@@ -198,9 +198,10 @@ class AdaptiveController:
         # of a rung it then leaves (and never measures again), a median drops it.
         for f in ("encode_s", "decode_s"):
             m[f] = _median_window(m, f, float(record[f]))
-        # What the exchange took in the job, the peers' waits included: a floor under the model's
-        # price of this rung (see :meth:`choose`). The engine's held seconds where it measures them
-        # (the DDP hook: agreement and dense riders included), else the exchange's own parts.
+        # What the exchange took in the job, the peers' waits included: what :meth:`choose` sets
+        # against the model's price of this rung (its excess). The engine's held seconds where it
+        # measures them (the DDP hook: agreement and dense riders included), else the exchange's
+        # own parts.
         held = record.get("held_s")
         if held is None:
             held = float(record["encode_s"]) + float(record["comm_s"]) + float(record["decode_s"])

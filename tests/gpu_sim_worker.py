@@ -54,8 +54,8 @@ def race_free_shared_arrays() -> None:
     the array up by the caller's file and line and, when it is missing, makes and stores one, with
     no lock. Two threads that both miss make two arrays, and whatever one of them writes is lost
     to the rest of the block. Seen here as top-k's radix histogram losing counts (the k-th key
-    came out too low and the selection kept earlier indices in place of later ones) in about one
-    run in five under CPU contention, more often at the 0.1 ms switch interval of
+    came out too low and the selection kept earlier indices in place of later ones) in 4 of 42
+    runs of the top-k cases under CPU contention, the likelier at the 0.1 ms switch interval of
     :func:`quick_gil_handoff`. A GPU allocates shared memory at the launch, so the lookup and the
     creation are made one step under a lock; the key is the simulator's own."""
     import threading

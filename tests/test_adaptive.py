@@ -196,11 +196,11 @@ def test_a_rung_measured_slower_than_dense_goes_back_to_dense_and_stays() -> Non
     rung, times = ctl.choose(ctl.figures("w", int(np.prod(SHAPE))), SHAPE, 2, 1)
     assert rung == 0 and times == pytest.approx([2.7, 4.0]), times
     assert _rung(ctl, workers=2, current=0) == 0
-    # a declared link is priced by the model alone: the job's seconds were not measured on it
     # a rank that did not measure the rung (no link for it) agreed with one that did: no excess
     figs = ctl.figures("w", int(np.prod(SHAPE)))
     figs[5 * 2 + 1] = 0.0
     assert ctl.choose(figs, SHAPE, 2, 0)[0] == 1
+    # a declared link is priced by the model alone: the job's seconds were not measured on it
     declared = _ctl("300Mbit", ladder=ladder)
     declared.measured = ctl.measured
     assert _rung(declared, workers=2, current=0) == 1
