@@ -175,3 +175,19 @@ def test_a_run_may_set_its_own_warm_up_length() -> None:
     assert got["fp16"]["steps"] == got["fp16, 4 warm-up"]["steps"] == 6
     assert got["fp16"]["compressed_steps"] == 5
     assert got["fp16, 4 warm-up"]["compressed_steps"] == 2
+
+
+def test_the_local_hook_passes_torchs_hook_checks_and_reports_no_bytes() -> None:
+    """bench/link.py times the compute floor with DDP under a hook that keeps each rank's own
+    gradients (``hook="local"``): torch accepts it as a comm hook (it rejects a hook whose bucket
+    is annotated with anything but ``dist.GradBucket``, which a string annotation is), the run
+    trains its steps, counts no bytes sent, and reports each step's time."""
+    from gcodec.demo.launch import run_job
+    from gcodec.demo.runs import Settings, run_spec
+
+    s = Settings(hidden=[32], epochs=1, evals_per_epoch=0, start_iter=1, max_steps=6, min_numel=64)
+    got = {r["label"]: r for r in run_job([run_spec("local", None, False, hook="local")], s, 2)["runs"]}
+    r = got["local"]
+    assert r.get("ok"), r
+    assert r["steps"] == 6 and r["bytes_per_step"] == 0
+    assert len(r["first_steps_ms"]) == 6 and all(t > 0 for t in r["first_steps_ms"])

@@ -64,6 +64,8 @@ def _wire_bytes_dense(run: dict[str, Any], params: Sequence[torch.Tensor], s: Se
     hook = run["hook"]
     if hook == "none":
         return sum(4 * p.numel() for p in params)
+    if hook == "local":  # nothing leaves the rank
+        return 0
     if hook == "fsdp":  # the whole reduce-scatter input, in reduce_dtype
         return sum((2 if run.get("reduce_dtype") == "bf16" else 4) * p.numel() for p in params)
     if hook == "fsdp-gcodec":  # its statistics count the dense groups too
@@ -214,9 +216,23 @@ def _wrap(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm)
             random_seed=s.seed,
         )
         ddp.register_comm_hook(ps, powerSGD_hook.powerSGD_hook)
+    elif hook == "local":
+        ddp.register_comm_hook(None, _local_hook)
     elif hook != "none":
         raise ValueError(f"unknown hook {hook!r}")
     return ddp, hook_state, None
+
+
+def _local_hook(_state, bucket):  # type: ignore[no-untyped-def]
+    """No communication: each rank keeps its own bucket. Its step is the compute (forward, backward,
+    optimizer) that every other hook adds its exchange to; the ranks' weights drift apart, so a
+    run with it is for timing, not for accuracy. (No annotations: torch checks that a hook's
+    bucket is annotated ``dist.GradBucket`` or not at all, and this module's are strings.)"""
+    import torch
+
+    fut: Any = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
 
 
 def _totals(state: Any) -> dict[str, float]:
@@ -349,6 +365,9 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
         "warmup_step_ms": 1e3 * float(np.median(step_times[1 : s.start_iter] or step_times)),
         "train_s": train_s,
         "setup_s": setup_s,
+        # the first steps one by one: where first-call costs (buffers, kernel loads, a bucket
+        # rebuild, a controller's probe) show
+        "first_steps_ms": [1e3 * t for t in step_times[:8]],
         "modes": modes,
         "accuracy": curve[-1]["accuracy"] if curve else None,
         "test_loss": curve[-1]["test_loss"] if curve else None,
