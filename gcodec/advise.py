@@ -167,11 +167,20 @@ def fit_link(
     """alpha and beta from dense ring-allreduce times: ``t = 2(p-1) alpha + 2(p-1)/p * bytes / beta``
     (``collective="gather"``: all-gather times, ``t = (p-1) alpha + (p-1) * bytes / beta``).
 
-    A least-squares line through (2(p-1)/p · bytes, t), each sample weighted by 1/t so that the
-    small sizes, which carry the latency, count as much as the large ones. A negative intercept
-    (latency below what the timer resolves) is alpha = 0. Raises :class:`ConfigError` when the
-    times do not grow with the size: the link is then too fast, or the machine too noisy, to be
-    measured this way."""
+    The line through the smallest and the largest size: beta from the time the bytes between them
+    add, alpha from what is left of the smallest size's time (0 where nothing is: latency below
+    what the timer resolves). The largest size is the one a job's large tensors and buckets pay
+    for; the smallest carries the latency. A least-squares line through every size (weighted by
+    1/t, as this fit was first) follows the small sizes instead, and links are not straight lines
+    there: a token bucket lets its burst through at the loopback's speed (the 1 Gbit/s link of
+    bench/link.py: 64 KiB in 0.56 ms, 1 MiB in 17.1 ms, a fit of 1.15 Gbit/s where 17 MB buckets
+    moved at 0.48), and gloo on the unlimited loopback moves 1 MiB at about a quarter of the rate
+    of 16 MiB.
+    One noisy middle size (64 KiB taking 3.9 ms where 1 MiB took 1.8) moves the least-squares
+    slope and not this line. ``worst_residual`` says how far the middle sizes lie from it.
+
+    Raises :class:`ConfigError` when the largest size is not slower than the smallest: the link
+    is then too fast, or the machine too noisy, to be measured this way."""
     p = int(workers)
     if p < 2:
         raise ConfigError(f"measuring a link needs at least 2 ranks, not {workers}")
@@ -183,14 +192,14 @@ def fit_link(
     k, messages = (2 * (p - 1) / p, 2 * (p - 1)) if collective == "allreduce" else (p - 1, p - 1)
     x = np.array([k * b for b, _ in pts])
     t = np.array([tt for _, tt in pts])
-    w = 1.0 / t
-    a, b = np.linalg.lstsq(np.stack([w, w * x], axis=1), w * t, rcond=None)[0]
+    lo, hi = int(np.argmin(x)), int(np.argmax(x))
+    b = (t[hi] - t[lo]) / (x[hi] - x[lo])
     if not b > 0:
         raise ConfigError(
             "the probe's allreduce times do not grow with the size "
             f"({', '.join(f'{bb} B: {tt * 1e3:.3g} ms' for bb, tt in pts)}): give --bandwidth instead"
         )
-    a = max(0.0, float(a))
+    a = max(0.0, float(t[lo] - b * x[lo]))
     worst = float(np.max(np.abs(a + b * x - t) / t))
     link = Link(8.0 / float(b), a / messages)
     return LinkFit(link, p, tuple(pts), worst, transport, collective)
