@@ -12,6 +12,12 @@ allreduce times, predicted against measured.
    and compared with :func:`gcodec.advise.predict`'s step time for that link.
 3. **gloo.** The same with two torch.distributed gloo processes on 127.0.0.1: dense
    ``dist.all_reduce`` calibrates the link, ``gcodec.torch.all_reduce`` is timed (``--no-gloo`` skips).
+4. **DDP steps** (``--ddp 0.2,4,25``): bench/transports.py's MLP at those sizes, every codec's
+   step against the no-communication step plus advise's exchange.
+5. **Shaped links** (``--link-json FILE``, from ``bench/link.py --json FILE``): every contender's
+   step at every rate against the no-communication step plus advise's exchange on the link the
+   ranks probed there, and the measured crossover bandwidth against advise's break-even
+   (``bench/link.py``'s ``advise_check``).
 
 The factor reported is max(predicted/measured, measured/predicted) per row; the summary gives the
 worst and the median.
@@ -502,6 +508,20 @@ def ddp_check(sizes: list[float], steps: int, out: str | None) -> None:
         Path(out).write_text(json.dumps({"ddp": res, "factor_max": max(f), "wrong": wrong}, indent=2))
 
 
+def link_check(path: str, out: str | None) -> None:
+    """Part 5: advise against ``bench/link.py``'s contenders at every rate (its ``advise_check``,
+    with the codecs timed again here)."""
+    from bench import link
+
+    res = json.loads(Path(path).read_text())
+    if not res.get("local_step_ms"):
+        raise SystemExit(f"{path}: no no-communication step times (run bench/link.py again: it times them now)")
+    chk = link.advise_check(res)
+    print("\n".join(link.advise_check_lines(chk)))
+    if out:
+        Path(out).write_text(json.dumps(chk, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--numel", type=int, default=1 << 22)
@@ -518,6 +538,9 @@ def main() -> None:
         help="only the DDP check, at these model sizes in million parameters (e.g. 0.2,4,25)",
     )
     ap.add_argument("--steps", type=int, default=8, help="timed DDP steps per contender")
+    ap.add_argument(
+        "--link-json", metavar="FILE", help="only the shaped-link check, on an earlier `bench/link.py --json FILE`"
+    )
     ap.add_argument("--ddp-rank", nargs=3, metavar=("PARAMS", "RANK", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -529,6 +552,9 @@ def main() -> None:
         return
     if args.ddp_rank:
         ddp_rank(int(args.ddp_rank[1]), args.port, float(args.ddp_rank[0]), args.steps, args.ddp_rank[2])
+        return
+    if args.link_json:
+        link_check(args.link_json, args.json)
         return
     if args.ddp:
         ddp_check([float(v) for v in args.ddp.split(",")], args.steps, args.json)

@@ -36,7 +36,11 @@ arithmetic), only its wall time does. So:
 rate's namespace (:func:`probe_rate`): the one shaped loopback carries both ranks' traffic, so each
 sees about half the nominal rate, and advise is priced on what they measure, not on the qdisc's
 figure. Its choice per rate (:func:`advise_choices`) and its break-even bandwidths
-(:func:`advise_break_even`) are set beside the measured times.
+(:func:`advise_break_even`) are set beside the measured times. Every rate's timing job also times
+DDP with a hook that sends nothing (:data:`LOCAL`): the compute floor that :func:`advise_check`
+adds advise's predicted exchange to, for each contender's predicted step at that rate and the
+crossover bandwidth read off the predicted steps, both against the measured ones
+(``python bench/advise_check.py --link-json FILE`` re-checks a saved run).
 """
 
 from __future__ import annotations
@@ -107,6 +111,12 @@ CONTENDERS: list[dict[str, Any]] = [
         "start_iter": 2,  # 2 fp16 steps, then the controller's rungs (dense where that pays)
     },
 ]
+#: Timed at every rate beside the contenders, never trained to the target: DDP with a hook that
+#: sends nothing (each rank keeps its own gradients, so the replicas drift apart). Its step is the
+#: compute (forward, backward, optimizer) that every contender adds its exchange to, and the floor
+#: that advise's predicted exchange is added to in :func:`advise_check`.
+LOCAL = run_spec("no communication (local gradients)", None, False, hook="local")
+
 #: indices into CONTENDERS for --quick: plain DDP, torch fp16, gcodec fp16, top-k with and without
 #: a compressed warm-up, and the all-dense hook (what "none" in gcodec's choice runs)
 QUICK = [0, 1, 3, 7, 10, 11, 12]
@@ -234,7 +244,9 @@ def probe_rate(
             cmd += ["--model", str(Path(tmp) / "model.json"), "--repeats", "5"]
             for c in codecs or []:
                 cmd += ["--codec", json.dumps(c)]
-        cmd += ["--probe-max-bytes", str(4 << 20), "--json", str(out)]
+        # advise's own probe sizes, up to 16 MiB: the model's 17 MB bucket moves at the rate of the
+        # large sizes, which a token bucket's burst and gloo's small messages do not show
+        cmd += ["--json", str(out)]
         procs = []
         for r in range(workers):
             env = torchrun_env(r, workers, port)
@@ -339,6 +351,217 @@ def measured_crossover(row: dict[str, Any], base: dict[str, Any], rates: list[st
     return "pays at every rate"
 
 
+def crossover(points: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """Where a contender stops paying, from ``(rate, bandwidth the ranks measured there, its step time
+    less the uncompressed step time there)`` per rate.
+
+    Ordered by the measured bandwidth (not the nominal rate: the unlimited loopback can measure
+    slower than a shaped one), the last rate where the contender pays (difference <= 0) and the
+    next one bracket the crossover, found by interpolating the difference linearly in 1/bandwidth:
+    each step is compute plus bytes / bandwidth, so the difference is a + b / bandwidth exactly
+    where the alpha-beta model holds. ``kind`` is ``crosses`` (with ``bps``, ``below`` and
+    ``above``), ``pays`` (at every rate: the crossover lies above ``at_bps``) or ``never`` (at no
+    rate: it lies below ``at_bps``, or nowhere)."""
+    pts = sorted(points, key=lambda t: t[1])
+    paying = [i for i, (_, _, d) in enumerate(pts) if d <= 0]
+    if not paying:
+        return {"kind": "never", "rate": pts[0][0], "at_bps": pts[0][1]}
+    i = paying[-1]
+    if i == len(pts) - 1:
+        return {"kind": "pays", "rate": pts[-1][0], "at_bps": pts[-1][1]}
+    (q1, b1, d1), (q2, b2, d2) = pts[i], pts[i + 1]
+    x1, x2 = 1 / b1, 1 / b2
+    x = x1 + (-d1) * (x2 - x1) / (d2 - d1)  # d1 <= 0 < d2: x lies in (x2, x1]
+    return {"kind": "crosses", "bps": 1 / x, "below": q1, "above": q2}
+
+
+def _factor(pred: float, meas: float) -> float:
+    return max(pred / meas, meas / pred) if pred > 0 and meas > 0 else math.inf
+
+
+def _bounds(m: dict[str, Any]) -> tuple[float, float]:
+    """The bandwidths a :func:`crossover` result allows the crossover to lie between."""
+    if m["kind"] == "crosses":
+        return m["bps"], m["bps"]
+    return (m["at_bps"], math.inf) if m["kind"] == "pays" else (0.0, m["at_bps"])
+
+
+def crossover_factor(measured: dict[str, Any], predicted: dict[str, Any]) -> float:
+    """How far apart two :func:`crossover` results are: the ratio of the nearest ends of the
+    bandwidths each allows (1 where they overlap). Two bracketed crossovers give their ratio; a
+    contender measured to pay at every rate and predicted to stop at B gives the fastest rate / B
+    (1 if B lies above it)."""
+    (lo_m, hi_m), (lo_p, hi_p) = _bounds(measured), _bounds(predicted)
+    gaps = [1.0]
+    if hi_m > 0 and lo_p > hi_m:
+        gaps.append(lo_p / hi_m)
+    if hi_p > 0 and lo_m > hi_p:
+        gaps.append(lo_m / hi_p)
+    if hi_m == 0 or hi_p == 0:  # "never" at a zero bandwidth: no finite ratio
+        gaps.append(math.inf)
+    return max(gaps)
+
+
+def advise_check(res: dict[str, Any], contenders: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """``gcodec advise`` against the run, on the link the ranks measured at each rate: per contender
+    it can price (one codec, plain DDP, the all-dense hook) and rate, the predicted step (the
+    no-communication contender's measured step, :data:`LOCAL`, plus advise's exchange of the
+    model's tensors on the probed link, with the transports' protocol timed here as advise does)
+    against the measured step; per codec, the measured crossover bandwidth (:func:`crossover`)
+    against the bandwidth where the predicted steps cross the predicted uncompressed step (the
+    same interpolation on the same links), with advise's own break-even on the probed link
+    nearest to the crossover beside them; and per rate, whether the
+    contender advise picked (``advise_choice``) measured slower than the uncompressed step.
+
+    None where advise is not installed, or no rate has both a probed link and the compute floor.
+    Its codec timings are taken here, after the runs, so they see an idle machine."""
+    adv = _advise_module()
+    local, links = res.get("local_step_ms") or {}, res.get("links") or {}
+    rates = [q for q in res["rates"] if local.get(q) is not None and links.get(q)]
+    if adv is None or not rates:
+        return None
+    from gcodec import get_codec
+
+    hidden = [int(h) for h in res["model"].split("-")[1:-1]]
+    by_label = {c["label"]: c for c in (contenders or CONTENDERS)}
+    tensors, dense = adv.job_tensors(model=_shapes(hidden))
+    sizes = adv.transport_sizes(math.prod(t) for t in tensors)
+    workers = int(res["workers"])
+    base = res["rows"][0]
+    dense_pred: dict[str, float] = {}
+    rows = []
+    for r in res["rows"]:
+        c = by_label.get(r["label"])
+        if c is None or not (_priced(c) or c["hook"] == "none" or r["label"] == ALL_DENSE):
+            continue
+        cfg = c["codec"] if _priced(c) else None
+        ef = bool(c["error_feedback"]) and cfg is not None
+        speed = adv.measure_speed(cfg)
+        tspeed = None
+        if cfg is not None and not get_codec(cfg).low_rank:
+            tspeed = adv.measure_transport(cfg, workers, error_feedback=ef, sizes=sizes)
+        per: dict[str, dict[str, Any]] = {}
+        for q in rates:
+            lk, g = links[q], links[q]["gather"]
+            link = adv.Link(lk["bandwidth_bps"], lk["latency_s"], adv.Link(g["bandwidth_bps"], g["latency_s"]))
+            p = adv.predict(
+                cfg, speed, tensors, workers, link, dense_tensors=dense, error_feedback=ef, transport=tspeed
+            )
+            pred, meas = local[q] + 1e3 * p["step_seconds"], r["rates"][q]["step_ms"]
+            be = p["break_even_bps"]
+            per[q] = {
+                "predicted_ms": pred,
+                "measured_ms": meas,
+                "factor": None if meas is None else _factor(pred, meas),
+                # advise's break-even on this link (None from advise: always pays or never does)
+                "break_even_bps": be if be is not None else (math.inf if p["saving_seconds"] > 0 else 0.0),
+            }
+        row: dict[str, Any] = {"label": r["label"], "codec": cfg, "error_feedback": ef, "rates": per}
+        pts = [
+            (q, links[q]["bandwidth_bps"], r["rates"][q]["step_ms"] - base["rates"][q]["step_ms"])
+            for q in rates
+            if r["rates"][q]["step_ms"] is not None and base["rates"][q]["step_ms"] is not None
+        ]
+        if cfg is not None and pts:
+            # both sides the same way: where the measured steps cross the uncompressed ones, and
+            # where the predicted steps cross the predicted uncompressed ones, on the same links
+            m = crossover(pts)
+            pred = crossover([(q, bw, per[q]["predicted_ms"] - dense_pred[q]) for q, bw, _ in pts])
+            near = m["above"] if m["kind"] == "crosses" else m["rate"]
+            row["crossover"] = {
+                "measured": m,
+                "predicted": pred,
+                "factor": crossover_factor(m, pred),
+                # advise's own break-even, extrapolated from the one link nearest the crossover
+                "break_even_bps": per[near]["break_even_bps"],
+                "link_of": near,
+            }
+        if cfg is None and r is base:
+            dense_pred = {q: v["predicted_ms"] for q, v in per.items()}
+        rows.append(row)
+    verdicts = {}
+    for q in rates:
+        if q not in (res.get("advise_choice") or {}):
+            continue
+        pick = res["advise_choice"][q] or ALL_DENSE
+        got = next((r["rates"][q]["step_ms"] for r in res["rows"] if r["label"] == pick), None)
+        dense_ms = base["rates"][q]["step_ms"]
+        verdicts[q] = {
+            "pick": pick,
+            "pick_ms": got,
+            "uncompressed_ms": dense_ms,
+            "slower": None if got is None or dense_ms is None else got > dense_ms,
+        }
+    factors = [v["factor"] for r in rows for v in r["rates"].values() if v["factor"] is not None]
+    cross = [r["crossover"]["factor"] for r in rows if "crossover" in r]
+    return {
+        "rates": rates,
+        "rows": rows,
+        "verdicts": verdicts,
+        "worst_step_factor": max(factors, default=None),
+        "median_step_factor": sorted(factors)[len(factors) // 2] if factors else None,
+        "worst_crossover_factor": max(cross, default=None),
+    }
+
+
+def advise_check_lines(chk: dict[str, Any] | None) -> list[str]:
+    """The markdown of :func:`advise_check`: a table of predicted / measured step times per rate
+    and the crossovers, then the picks."""
+    if not chk:
+        return []
+    rates = chk["rates"]
+    head = ["contender", *[f"@ {q}: predicted / measured ms" for q in rates]]
+    head += ["crossover measured", "predicted", "factor", "advise's break-even"]
+    out = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+
+    def bps(v: float | None) -> str:
+        if v is None:
+            return ""
+        return "always pays" if v == math.inf else ("never pays" if v == 0 else f"{v / 1e9:.2f} Gbit/s")
+
+    def where(m: dict[str, Any]) -> str:
+        if m["kind"] == "crosses":
+            return f"{bps(m['bps'])} ({m['below']}..{m['above']})"
+        return f"{'above' if m['kind'] == 'pays' else 'below'} {bps(m['at_bps'])}"
+
+    for r in chk["rows"]:
+        cells = [r["label"]]
+        for q in rates:
+            v = r["rates"][q]
+            m = "" if v["measured_ms"] is None else f"{v['measured_ms']:.0f}"
+            f = "" if v["factor"] is None else f" ({v['factor']:.2f})"
+            cells.append(f"{v['predicted_ms']:.0f} / {m}{f}")
+        x = r.get("crossover")
+        if x is None:
+            cells += ["", "", "", ""]
+        else:
+            cells += [
+                where(x["measured"]),
+                where(x["predicted"]),
+                f"{x['factor']:.2f}",
+                f"{bps(x['break_even_bps'])} (link of {x['link_of']})",
+            ]
+        out.append("| " + " | ".join(cells) + " |")
+    if chk["worst_step_factor"] is not None:
+        out.append(
+            f"\nstep time predicted against measured: worst factor {chk['worst_step_factor']:.2f}, "
+            f"median {chk['median_step_factor']:.2f}"
+            + (
+                ""
+                if chk["worst_crossover_factor"] is None
+                else f"; crossover: worst factor {chk['worst_crossover_factor']:.2f}"
+            )
+        )
+    for q, v in chk["verdicts"].items():
+        if v["slower"] is None:
+            continue
+        out.append(
+            f"- {q}: advise picks {v['pick']}, measured {v['pick_ms']:.0f} ms a step against "
+            f"{v['uncompressed_ms']:.0f} uncompressed: {'SLOWER' if v['slower'] else 'not slower'}"
+        )
+    return out
+
+
 def steps_to(curve: list[dict[str, Any]], target: float) -> int | None:
     for c in curve:
         if c["accuracy"] >= target - 1e-9:
@@ -393,6 +616,10 @@ def run(
             }
         if args.quick:
             timed[last] = {r["label"]: r for r in acc}
+            with namespace(last) as prefix:  # the compute floor at that rate, for advise_check
+                s = Settings(hidden=hidden, epochs=1, evals_per_epoch=0, start_iter=2, max_steps=2 + 2 + 3)
+                runs = run_job([LOCAL], s, args.workers, prefix=prefix, env=env)["runs"]
+                timed[last].update({r["label"]: r for r in runs})
     # Timing runs: a few steps per contender at every rate, all in one short job per rate, so that
     # the contenders of one rate are measured minutes apart at most (the machine is shared).
     for rate in args.rates:
@@ -401,7 +628,8 @@ def run(
         print(f"timing at {rate}: {args.timed_steps} steps per contender", file=sys.stderr, flush=True)
         s = Settings(hidden=hidden, epochs=1, evals_per_epoch=0, start_iter=2, max_steps=2 + 2 + args.timed_steps)
         with namespace(rate) as prefix:
-            timed[rate] = {r["label"]: r for r in run_job(fixed, s, args.workers, prefix=prefix, env=env)["runs"]}
+            runs = run_job([*fixed, LOCAL], s, args.workers, prefix=prefix, env=env)["runs"]
+            timed[rate] = {r["label"]: r for r in runs}
     # Contenders that decide from what they measure train the whole schedule at every rate.
     whole: dict[str, dict[str, Any]] = {}
     if len(fixed) < len(contenders):
@@ -450,7 +678,7 @@ def run(
             # like with like with a contender whose time is a whole run's wall time
             row["rates"][last]["wall_to_target_s"] = a["wall_to_target_s"]
         rows.append(row)
-    return {
+    res = {
         "model": f"MLP 64-{'-'.join(map(str, hidden))}-10",
         "params": params,
         "workers": args.workers,
@@ -464,7 +692,14 @@ def run(
         ),
         "links": links,
         "unlimited_bps": getattr(args, "unlimited_bps", UNLIMITED_BPS),
+        "local_step_ms": {q: _ok_step_ms(timed[q].get(LOCAL["label"])) for q in args.rates},
     }
+    res["advise_check"] = advise_check(res, contenders)
+    return res
+
+
+def _ok_step_ms(run: dict[str, Any] | None) -> float | None:
+    return run["step_ms"] if run and run.get("ok") else None
 
 
 def _whole_row(c: dict[str, Any], whole: dict[str, dict[str, Any]], rates: list[str], target: float) -> dict[str, Any]:
@@ -653,7 +888,21 @@ def markdown(res: dict[str, Any]) -> str:
             "to target is the wall time of its steps up to the target, probe and calibration included); "
             + "; ".join(parts)
         )
-    note = "\n".join(cross + choice_lines(res))
+    chk = advise_check_lines(res.get("advise_check"))
+    if chk:
+        local = res.get("local_step_ms") or {}
+        chk = [
+            "",
+            "gcodec advise against these runs, on the link the ranks probed at each rate: the predicted step is "
+            "the no-communication step ("
+            + ", ".join(f"{local[q]:.0f} ms @ {q}" for q in res["advise_check"]["rates"])
+            + ") plus advise's exchange; the crossover is where the step stops beating the uncompressed one "
+            "(bench/link.py `crossover`), measured and predicted the same way on the same links; advise's own "
+            "break-even, extrapolated from one link, beside them:",
+            "",
+            *chk,
+        ]
+    note = "\n".join(cross + choice_lines(res) + chk)
     return (
         f"{res['model']} ({res['params']:,} parameters), {res['workers']} gloo workers, target accuracy "
         f"{100 * res['target']:.1f} % (the uncompressed run's final), {res['elapsed_s'] / 60:.1f} min\n\n"
@@ -734,6 +983,8 @@ def main(argv: list[str] | None = None) -> int:
                     r["advise_break_even_bps"] = advise_break_even(
                         r["codec"], hidden, res["workers"], r["label"].endswith("+ EF")
                     )
+            if res.get("local_step_ms"):
+                res["advise_check"] = advise_check(res)
         else:
             res = run(args)
     except NoNamespace as e:

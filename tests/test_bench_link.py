@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -179,3 +180,100 @@ def test_the_adaptive_contender_is_compared_with_wall_times_where_both_sides_hav
     res["rows"][3]["rates"]["unlimited"]["setup_s"] = 0.6  # its calibration, before the first step
     assert link.adaptive_lines(res)[1].endswith("; its setup (DDP and the calibration) 0.60 s, 1.15x with it")
     assert link.adaptive_lines({"rates": res["rates"], "rows": res["rows"][:3]}) == []
+
+
+def test_the_crossover_is_interpolated_in_one_over_bandwidth_between_the_rates_that_bracket_it():
+    """A step of compute c plus bytes / B: the contender's difference to the dense step is
+    d(B) = a + b / B, linear in 1/B, so two rates on either side of the crossover give it exactly.
+    Here a = 10 ms (the codec's compute), b = -8e9 bit·ms/s (bytes saved): d = 0 at 0.8 Gbit/s.
+    The rates are ordered by the bandwidth measured there, not by name."""
+    a, b = 10.0, -8e9
+
+    def d(bps):
+        return a + b / bps
+
+    pts = [
+        ("unlimited", 6e9, d(6e9)),
+        ("100mbit", 0.05e9, d(0.05e9)),
+        ("1gbit", 0.4e9, d(0.4e9)),
+        ("10gbit", 3e9, d(3e9)),
+    ]
+    got = link.crossover(pts)
+    assert got["kind"] == "crosses" and (got["below"], got["above"]) == ("1gbit", "10gbit")
+    assert abs(got["bps"] - 0.8e9) < 1e-3 * 0.8e9
+    # pays everywhere / nowhere: the bound is the fastest / slowest rate's measured bandwidth
+    assert link.crossover([(q, bps, -1.0) for q, bps, _ in pts]) == {"kind": "pays", "rate": "unlimited", "at_bps": 6e9}
+    assert link.crossover([(q, bps, 1.0) for q, bps, _ in pts]) == {
+        "kind": "never",
+        "rate": "100mbit",
+        "at_bps": 0.05e9,
+    }
+    # a noisy rate that pays above a rate that does not: the fastest paying rate brackets it
+    got = link.crossover([("a", 1e9, -1.0), ("b", 2e9, 0.5), ("c", 4e9, -0.1), ("d", 8e9, 2.0)])
+    assert (got["below"], got["above"]) == ("c", "d")
+
+
+def test_the_crossover_factor_is_the_gap_between_what_each_side_allows():
+    """Each side is a bandwidth (bracketed), or a bound (pays at every rate: above the fastest;
+    at none: below the slowest); the factor is the ratio of the nearest ends, 1 where they meet."""
+
+    def at(bps):
+        return {"kind": "crosses", "bps": bps}
+
+    pays, never = {"kind": "pays", "at_bps": 6e9}, {"kind": "never", "at_bps": 0.05e9}
+    assert link.crossover_factor(at(1e9), at(2e9)) == 2.0 and link.crossover_factor(at(1e9), at(0.25e9)) == 4.0
+    assert link.crossover_factor(pays, at(7e9)) == 1.0 and link.crossover_factor(pays, pays) == 1.0
+    assert link.crossover_factor(pays, at(2e9)) == 3.0 and link.crossover_factor(at(2e9), pays) == 3.0
+    assert link.crossover_factor(never, at(0.02e9)) == 1.0 and link.crossover_factor(never, never) == 1.0
+    assert link.crossover_factor(never, at(0.5e9)) == pytest.approx(10.0)
+    assert link.crossover_factor(never, pays) == pytest.approx(6e9 / 0.05e9)
+
+
+def test_advise_check_adds_advises_exchange_to_the_compute_floor_and_flags_a_slower_pick():
+    """On a synthetic run of the small model: the uncompressed row's prediction is the measured
+    no-communication step plus the dense allreduce of the model on the probed link (alpha-beta
+    model: 2 (p-1) alpha + 2 (p-1)/p bytes / beta), the codec rows carry a crossover, and a pick
+    measured slower than the uncompressed step is flagged."""
+    pytest.importorskip("gcodec.advise")
+    hidden = [256, 256]
+    n = sum(math.prod(s) for s in link._shapes(hidden).values())
+    probed = {
+        "1gbit": {"bandwidth_bps": 0.4e9, "latency_s": 2e-4, "gather": {"bandwidth_bps": 0.3e9, "latency_s": 4e-4}},
+        "unlimited": {"bandwidth_bps": 6e9, "latency_s": 2e-4, "gather": {"bandwidth_bps": 2e9, "latency_s": 4e-4}},
+    }
+
+    def row(label, codec, ms):
+        return {"label": label, "codec": codec, "rates": {q: {"step_ms": ms[i]} for i, q in enumerate(probed)}}
+
+    res = {
+        "model": "MLP 64-256-256-10",
+        "workers": 2,
+        "rates": list(probed),
+        "links": probed,
+        "local_step_ms": {"1gbit": 3.0, "unlimited": 3.0},
+        "rows": [
+            row("uncompressed (DDP allreduce)", None, [9.0, 4.0]),
+            row("gcodec uniform 4", {"id": "uniform", "bits": 4}, [5.0, 6.0]),
+            row(link.ALL_DENSE, None, [9.5, 4.5]),
+        ],
+        "advise_choice": {"1gbit": "gcodec uniform 4", "unlimited": "gcodec uniform 4"},
+    }
+    chk = link.advise_check(res)
+    dense = next(r for r in chk["rows"] if r["label"] == "uncompressed (DDP allreduce)")
+    for q, lk in probed.items():
+        comm = 2 * lk["latency_s"] + 4 * n / (lk["bandwidth_bps"] / 8)  # p = 2: 2 (p-1)/p = 1
+        assert dense["rates"][q]["predicted_ms"] == pytest.approx(3.0 + 1e3 * comm, rel=1e-9)
+    u4 = next(r for r in chk["rows"] if r["label"] == "gcodec uniform 4")
+    assert u4["crossover"]["measured"]["kind"] == "crosses" and "crossover" not in dense
+    # the predicted crossover is read off the predicted steps the same way
+    pred = link.crossover(
+        [
+            (q, lk["bandwidth_bps"], u4["rates"][q]["predicted_ms"] - dense["rates"][q]["predicted_ms"])
+            for q, lk in probed.items()
+        ]
+    )
+    assert u4["crossover"]["predicted"] == pred
+    assert u4["crossover"]["factor"] == link.crossover_factor(u4["crossover"]["measured"], pred)
+    assert chk["verdicts"]["1gbit"]["slower"] is False and chk["verdicts"]["unlimited"]["slower"] is True
+    lines = link.advise_check_lines(chk)
+    assert any("unlimited: advise picks gcodec uniform 4" in x and "SLOWER" in x for x in lines)
