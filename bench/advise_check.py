@@ -377,9 +377,12 @@ def ddp_rank(rank: int, port: int, params_m: float, steps: int, out: str) -> Non
         e = torch.tensor([sum(sp.encode_seconds(int(np.prod(s))) for s in tensors), 0.0], dtype=torch.float64)
         e[1] = sum(sp.decode_seconds(int(np.prod(s))) for s in tensors)
         dist.all_reduce(e, op=dist.ReduceOp.MAX)
-        tr = None
-        if not low:
-            ms = measure_transport(cfg, p, threads=1, sizes=transport_sizes([n_comp]))
+        # the transports' protocol on the tensors the hook sends (PowerSGD: each matrix), the
+        # slowest rank's figure
+        ms = measure_transport(cfg, p, threads=1, sizes=transport_sizes([n_comp]), shapes=tensors)
+        if ms.per_shape is not None:
+            tr = TransportSpeed(0.0, 0.0, ms.rounds, per_shape=tuple((s, slowest(t)) for s, t in ms.per_shape))
+        else:
             tr = TransportSpeed(slowest(ms.seconds(n_comp)), 0.0, ms.rounds)
         # the encode and decode lines as the slowest rank measured them (their sum is what counts)
         k = float(e[0]) / max(1e-12, sum(sp.encode_seconds(int(np.prod(s))) for s in tensors))

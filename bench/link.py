@@ -420,7 +420,6 @@ def advise_check(res: dict[str, Any], contenders: list[dict[str, Any]] | None = 
     rates = [q for q in res["rates"] if local.get(q) is not None and links.get(q)]
     if adv is None or not rates:
         return None
-    from gcodec import get_codec
 
     hidden = [int(h) for h in res["model"].split("-")[1:-1]]
     by_label = {c["label"]: c for c in (contenders or CONTENDERS)}
@@ -438,8 +437,8 @@ def advise_check(res: dict[str, Any], contenders: list[dict[str, Any]] | None = 
         ef = bool(c["error_feedback"]) and cfg is not None
         speed = adv.measure_speed(cfg)
         tspeed = None
-        if cfg is not None and not get_codec(cfg).low_rank:
-            tspeed = adv.measure_transport(cfg, workers, error_feedback=ef, sizes=sizes)
+        if cfg is not None:
+            tspeed = adv.measure_transport(cfg, workers, error_feedback=ef, sizes=sizes, shapes=tensors)
         per: dict[str, dict[str, Any]] = {}
         for q in rates:
             lk, g = links[q], links[q]["gather"]

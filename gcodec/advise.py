@@ -402,9 +402,21 @@ class TransportSpeed:
     t0: float
     per_element: float
     rounds: tuple[int, int] | None = None
+    #: a low-rank codec's (shape, seconds) per matrix it was timed on: its cost depends on the
+    #: matrix's sides and rank, not on the element count alone
+    per_shape: tuple[tuple[tuple[int, ...], float], ...] | None = None
 
     def seconds(self, n: int) -> float:
         return max(0.0, self.t0 + self.per_element * n)
+
+    def seconds_of(self, shape: Sequence[int]) -> float:
+        """One tensor's compute: the time measured for that shape where it was timed, else the line
+        at its element count."""
+        key = tuple(int(d) for d in shape)
+        for s, t in self.per_shape or ():
+            if s == key:
+                return t
+        return self.seconds(int(np.prod(key)) if key else 1)
 
 
 #: The default sizes :func:`measure_transport` fits its line through; :func:`advise` reaches up to
@@ -430,6 +442,7 @@ def measure_transport(
     sizes: tuple[int, int] = TRANSPORT_SIZES,
     repeats: int = 3,
     threads: int | None = None,
+    shapes: Sequence[Sequence[int]] | None = None,
 ) -> TransportSpeed:
     """Time the transports' own protocol (``gcodec.mpi.allreduce``'s and ``gcodec.torch``'s, the
     hook's per group) for ``codec`` on ``workers`` ranks over a :class:`MirrorComm`, at two sizes,
@@ -437,34 +450,51 @@ def measure_transport(
     spends per step, which the codec's own encode and decode times leave out (the summable mode's
     scaling and float32 sum buffer, the residual's passes, gather's p decodes, copies). A line
     ``t0 + c·n`` through the two sizes, as :func:`measure_speed`, and the collectives of one
-    steady step (``rounds``)."""
+    steady step (``rounds``).
+
+    A low-rank codec (PowerSGD), whose cost depends on each matrix's sides and its rank, is timed
+    on each of ``shapes`` (the job's matrices, 2-D or more) instead: ``per_shape`` holds them, and
+    the line is their total time over their total elements."""
     from .transports import TransportState, allreduce_protocol, run_blocking
 
     c = get_codec(codec)  # type: ignore[arg-type]
+    comm = MirrorComm(max(2, int(workers)))
+
+    def timed(x: np.ndarray) -> tuple[float, tuple[int, int]]:
+        state = TransportState(c, error_feedback=error_feedback, mode=mode, num_threads=threads)
+        out = np.empty_like(x)
+
+        def once() -> None:
+            run_blocking(allreduce_protocol(comm, state, x, out, "t", "mean", mode))
+
+        once()
+        comm.calls.clear()
+        t = _best(once, repeats)
+        k, calls = max(1, repeats), comm.calls  # _best ran ``repeats`` steady steps, each alike
+        return t, (calls.get("allreduce", 0) // k, sum(v for q, v in calls.items() if q != "allreduce") // k)
+
     if c.low_rank:
-        raise ConfigError("measure_transport prices flat tensors; PowerSGD's cost depends on the matrices")
+        mats = sorted({tuple(int(d) for d in s) for s in shapes or ()})
+        if not mats or any(len(s) < 2 for s in mats):
+            raise ConfigError(f"a low-rank codec is timed on the job's matrices (2-D or more), not {shapes!r}")
+        rng = np.random.default_rng(0)
+        got = [(s, *timed(rng.standard_normal(s, dtype=np.float32))) for s in mats]
+        total = sum(int(np.prod(s)) for s in mats)
+        return TransportSpeed(
+            0.0, sum(t for _, t, _ in got) / total, rounds=got[0][2], per_shape=tuple((s, t) for s, t, _ in got)
+        )
     from .transports.two_phase import owner_bounds
 
-    comm = MirrorComm(max(2, int(workers)))
     pts = []
     rounds: tuple[int, int] | None = None
     for want in sizes:
         n = int(want)  # two-phase's chunks must be equal for the mirror: a size that splits evenly
         while len(set(np.diff(owner_bounds(n, comm.size)))) > 1:
             n += 1
-        state = TransportState(c, error_feedback=error_feedback, mode=mode, num_threads=threads)
         x = _sample(c, n)
-        out = np.empty_like(x)
-
-        def once(x: np.ndarray = x, out: np.ndarray = out, state: TransportState = state) -> None:
-            run_blocking(allreduce_protocol(comm, state, x, out, "t", "mean", mode))
-
-        once()
-        comm.calls.clear()
-        pts.append((x.size, _best(once, repeats)))
-        if rounds is None:  # _best ran ``repeats`` steady steps, each with the same collectives
-            k, calls = max(1, repeats), comm.calls
-            rounds = (calls.get("allreduce", 0) // k, sum(v for c, v in calls.items() if c != "allreduce") // k)
+        t, r = timed(x)
+        pts.append((x.size, t))
+        rounds = rounds or r
     (n0, t0), (n1, t1) = pts
     return TransportSpeed(*_line(n0, t0, n1, t1), rounds=rounds)
 
@@ -583,7 +613,7 @@ def predict(
                 k = int(np.prod(s[1:])) if len(s) > 1 else 1
                 payload += 4.0 * (m + k) * min(r, m, k)
     dense_extra = 4.0 * sum(int(np.prod(s)) for s in dense_tensors)
-    measured = transport is not None and cfg is not None and coll != "powersgd"
+    measured = transport is not None and cfg is not None and (coll != "powersgd" or transport.per_shape is not None)
     rounds = None  # the protocol's counted collectives, one exchange per tensor
     if measured and transport is not None and transport.rounds is not None:
         rounds = (transport.rounds[0] * len(numels), transport.rounds[1] * len(numels))
@@ -597,7 +627,7 @@ def predict(
     if error_feedback and cfg is not None and coll != "powersgd":
         enc += dec  # the residual is (x + e) minus the decoded payload
     formula = compute_seconds(coll, workers, enc, dec)
-    compute = sum(transport.seconds(n) for n in numels) if transport is not None and measured else formula
+    compute = sum(transport.seconds_of(s) for s in tensors) if transport is not None and measured else formula
     wire, _ = _volume_latency(coll, workers, payload, link)
     wire_dense, _ = _volume_latency("allreduce", workers, dense_extra, link)
     return {
@@ -769,7 +799,7 @@ def advise(
         key = json.dumps(cfg, sort_keys=True)
         speed = (speeds or {}).get(key) or measure_speed(cfg, threads=threads, repeats=repeats)
         tspeed = None
-        if transport and cfg is not None and not get_codec(cfg).low_rank and workers > 1:
+        if transport and cfg is not None and workers > 1:
             tspeed = measure_transport(
                 cfg,
                 workers,
@@ -778,6 +808,7 @@ def advise(
                 threads=threads,
                 repeats=repeats,
                 sizes=transport_sizes(int(np.prod(s)) for s in tensors),
+                shapes=tensors,  # a low-rank codec is timed on the job's own matrices
             )
         row = predict(
             cfg,

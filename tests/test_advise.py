@@ -395,9 +395,16 @@ def test_a_measured_transport_line_replaces_the_formula_and_says_so() -> None:
     assert row["compute_seconds"] == pytest.approx(tr.seconds(1_000_000) + tr.seconds(4096))
     assert row["codec_compute_seconds"] == pytest.approx(predict("fp16", sp, shapes, 4, GBIT)["compute_seconds"])
     assert row["step_seconds"] == pytest.approx(row["comm_seconds"] + row["compute_seconds"])
-    # PowerSGD's cost depends on the matrices: its formula stays
-    low = predict({"id": "powersgd", "rank": 2}, sp, shapes[:1], 4, GBIT, transport=tr)
+    # PowerSGD's cost depends on the matrices: a line in the element count leaves its formula in
+    # place; the times of its matrices (per_shape) replace it, each matrix priced by its own
+    psgd = {"id": "powersgd", "rank": 2}
+    low = predict(psgd, sp, shapes[:1], 4, GBIT, transport=tr)
     assert low["compute_source"] == "codec"
+    timed = TransportSpeed(0.0, 1.0, (3, 0), per_shape=(((1000, 1000), 0.02), ((64, 2048), 0.003)))
+    low = predict(psgd, sp, [(1000, 1000), (64, 2048)], 4, GBIT, transport=timed)
+    assert low["compute_source"] == "transport" and low["compute_seconds"] == pytest.approx(0.023)
+    assert low["rounds"] == [6, 0]  # 3 allreduces a matrix
+    assert timed.seconds_of((10, 10)) == pytest.approx(100.0)  # not timed: the line
     assert predict(None, sp, shapes, 4, GBIT, transport=tr)["compute_source"] == "none"
 
 
@@ -410,8 +417,25 @@ def test_advise_prices_the_transports_timed_protocol_by_default() -> None:
     assert rows[0]["rounds"] is None
     rows = advise(numel=1 << 16, candidates=[None, "fp16"], workers=2, repeats=1, transport=False)
     assert rows[1]["compute_source"] == "codec"
-    with pytest.raises(ConfigError, match="PowerSGD"):
+    with pytest.raises(ConfigError, match="matrices"):
         measure_transport({"id": "powersgd", "rank": 2}, 2)
+    with pytest.raises(ConfigError, match="matrices"):
+        measure_transport({"id": "powersgd", "rank": 2}, 2, shapes=[(4096,)])
+
+
+def test_powersgds_protocol_is_timed_on_each_of_the_jobs_matrices() -> None:
+    """PowerSGD through the transports' protocol on a mirror communicator, one time per distinct
+    matrix: the product and orthogonalisation work grows with the sides (m k r for the products),
+    so the 512 x 512 matrix costs more than the 64 x 64 one; its collectives per step are counted
+    (the control words and P and Q allreduces: at least 2); and advise prices a model with them."""
+    psgd = {"id": "powersgd", "rank": 2}
+    tr = measure_transport(psgd, 2, repeats=2, shapes=[(512, 512), (64, 64), (512, 512)])
+    got = dict(tr.per_shape or ())
+    assert sorted(got) == [(64, 64), (512, 512)]
+    assert 0 < got[(64, 64)] < got[(512, 512)]
+    assert tr.rounds is not None and tr.rounds[0] >= 2
+    rows = advise(model={"a": [512, 512], "b": [64, 64]}, candidates=[psgd], workers=2, repeats=1)
+    assert rows[0]["compute_source"] == "transport" and rows[0]["compute_seconds"] > 0
 
 
 @pytest.mark.parametrize("p", [2, 5])
