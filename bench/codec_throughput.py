@@ -238,6 +238,19 @@ def settings(n: int) -> list[dict[str, Any]]:
         return s, bits
 
     add("sign g256 + error feedback", "sign", {"group_size": 256}, 1, 32, 256, naive_sign_ef, feedback=True)
+    for cid, dt in (("fp16", np.float16), ("bf16", None)):
+        ef_state = {"e": np.zeros(n, np.float32)}
+
+        def naive_cast_ef(x, st=ef_state, dt=dt):
+            c = x + st["e"]
+            h = c.astype(dt)
+            st["e"] = c - h.astype(np.float32)
+            return h
+
+        add(f"{cid} + error feedback", cid, {}, 16, 0, 0, naive_cast_ef if dt is not None else None, feedback=True)
+        # the same through ErrorFeedback's generic path (sum, encode, decode, subtract as passes of
+        # their own), to set the fused kernel against it in the same run
+        add(f"{cid} + error feedback, generic path", cid, {}, 16, 0, 0, feedback="generic")
     return out
 
 
@@ -308,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and not any(w in st["name"] for w in args.only.split(",")):
             continue
         codec = gcodec.get_codec(st["codec"], **st["params"])
+        if st["feedback"] == "generic":
+            codec.plan_feedback = None  # ErrorFeedback's generic path: no fused kernel
         if st["feedback"]:
             ef = gcodec.ErrorFeedback(codec)
             enc = lambda ef=ef: ef.encode(x, "bench")  # noqa: E731

@@ -144,18 +144,24 @@ def run_ef(case: dict) -> dict:
     from numba import cuda
 
     import gcodec
-    from gcodec.kernels.cuda import sign
+    from gcodec.kernels.cuda import cast, sign
 
     res: dict = {"id": case["id"], "payloads": []}
     shape = case.get("shape") or (case["n"],)
-    fused = sign.encode_feedback
+    # how often a fused encode + feedback kernel ran (sign's, and the 16-bit casts')
+    fused = [(sign, "encode_feedback"), (cast, "encode_f16_feedback"), (cast, "encode_bf16_feedback")]
+    originals = [getattr(m, name) for m, name in fused]
     calls = [0]
 
-    def counted(*args: Any) -> int:  # how often the fused sign + feedback kernel ran
-        calls[0] += 1
-        return fused(*args)
+    def counting(f: Any) -> Any:
+        def counted(*args: Any) -> int:
+            calls[0] += 1
+            return f(*args)
 
-    sign.encode_feedback = counted
+        return counted
+
+    for (m, name), f in zip(fused, originals, strict=True):
+        setattr(m, name, counting(f))
     try:
         ef = gcodec.ErrorFeedback(case["codec"], decay=case.get("decay", 1.0))
         for s, x in enumerate(ef_inputs(case["n"], case["data_seed"], case["steps"], case.get("nan_at"))):
@@ -174,7 +180,8 @@ def run_ef(case: dict) -> dict:
     except Exception as e:
         res["error"] = f"{type(e).__name__}: {e}"
     finally:
-        sign.encode_feedback = fused
+        for (m, name), f in zip(fused, originals, strict=True):
+            setattr(m, name, f)
     res["fused_calls"] = calls[0]
     return res
 

@@ -232,3 +232,36 @@ def test_strided_arrays_take_the_scalar_kernels() -> None:
     y = np.zeros(2 * x.size, np.float32)[::2]
     cast_cpu.decode_f16(out, y, False)
     assert y.view(U32).tolist() == ref_f16_decode(out).view(U32).tolist()
+
+
+@pytest.mark.parametrize(
+    "kernel, ref, dec",
+    [
+        (cast_cpu.encode_f16_feedback, ref_f16, cast_cpu.decode_f16),
+        (cast_cpu.encode_bf16_feedback, ref_bf16, cast_cpu.decode_bf16),
+    ],
+    ids=["fp16", "bf16"],
+)
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_feedback_kernels_are_the_sum_the_spec_rounding_and_the_exact_residual(
+    patterns: np.ndarray, kernel, ref, dec, with_residual: bool, f16_path: str
+) -> None:
+    """encode_*_feedback on every pattern of the encode test as x and a shuffled copy as e: the bits
+    are the spec's rounding of the float32 sum c = x + e (x alone without a residual), the residual
+    is c minus the decoded bits in float32, and the count is how many residuals are infinite or NaN
+    (NumPy's float32 arithmetic is the reference; a NaN residual's payload is not compared)."""
+    x = patterns.view(np.float32)
+    e = np.random.default_rng(5).permutation(x) if with_residual else None
+    with np.errstate(all="ignore"):
+        c = x + e if e is not None else x.copy()
+        want_bits = ref(c.view(np.uint32))
+        widened = np.empty(c.size, np.float32)
+        dec(want_bits, widened, False)
+        want_res = c - widened
+    bits, res = np.empty(x.size, np.uint16), np.empty(x.size, np.float32)
+    bad = kernel(x, e, bits, res)
+    assert np.array_equal(bits, want_bits)
+    nan = np.isnan(want_res)
+    assert np.array_equal(np.isnan(res), nan)
+    assert np.array_equal(res[~nan].view(np.uint32), want_res[~nan].view(np.uint32))
+    assert bad == int(np.count_nonzero(~np.isfinite(want_res)))

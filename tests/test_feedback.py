@@ -82,6 +82,75 @@ def test_fused_sign_feedback_is_bit_identical_to_the_generic_path(group):
         np.testing.assert_array_equal(fused.residual("w"), plain.residual("w"))
 
 
+def _edge_values(n: int, seed: int, cid: str) -> np.ndarray:
+    """Gaussian values with the 16-bit formats' edges mixed in: ties between two representable
+    values, subnormals of the 16-bit format, the largest finite values and just beyond them
+    (fp16: 65504 and 65519, which still rounds down), zeros of both signs."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(np.float32)
+    big = 65504.0 if cid == "fp16" else 3.0e38
+    edge = np.array([0.0, -0.0, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 2.0**-24, 3 * 2.0**-25, 6e-8, big, -big], np.float32)
+    if cid == "fp16":
+        edge = np.concatenate([edge, np.array([65519.0, -65519.0, 2.0**-15 + 2.0**-25], np.float32)])
+    x[rng.choice(n, edge.size, replace=False)] = edge
+    return x
+
+
+@pytest.mark.parametrize("cid", ["fp16", "bf16"])
+@pytest.mark.parametrize("decay", [1.0, 0.9])
+@pytest.mark.parametrize("n", [1, 15, 16, 33, 3001, 70_003])
+def test_fused_16_bit_feedback_is_bit_identical_to_the_generic_path(cid, decay, n):
+    """The fused kernel (x + e, the cast, its exact widening and the subtraction in one pass; the
+    binary16 one 16 lanes at a time) against the generic path's separate passes: the same payload
+    bytes and the same residual bits at every step, over lengths that leave every tail size, and
+    values at the formats' edges (ties, 16-bit subnormals, the largest finite values). A largest
+    value plus its residual can round to infinity at a later step: then both paths refuse it and
+    keep the same residual."""
+    fused = gcodec.ErrorFeedback(cid, decay=decay)
+    plain_codec = gcodec.get_codec(cid)
+    plain_codec.plan_feedback = None  # forces the generic path
+    plain = gcodec.ErrorFeedback(plain_codec, decay=decay)
+
+    def outcome(ef, x):
+        try:
+            return bytes(ef.encode(x, "w"))
+        except gcodec.PayloadValueError:
+            return "refused"
+
+    for k in range(4):
+        x = (
+            _edge_values(n, 100 * n + k, cid)
+            if n > 12
+            else np.random.default_rng(k).standard_normal(n).astype(np.float32)
+        )
+        assert outcome(fused, x) == outcome(plain, x)
+        assert fused.residual("w").tobytes() == plain.residual("w").tobytes()
+
+
+@pytest.mark.parametrize("cid", ["fp16", "bf16"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, "overflow"])
+def test_fused_16_bit_feedback_refuses_a_residual_that_is_not_finite_and_keeps_the_old_one(cid, bad):
+    """A NaN or infinite input, or (fp16) a value that rounds to infinity, makes the residual
+    c - float32(bits) NaN or infinite: both paths refuse the step with PayloadValueError, the old
+    residual stays, and the next step encodes as if the refused one had not happened."""
+    value = (70000.0 if cid == "fp16" else 3.4e38 * 2) if bad == "overflow" else bad
+    if cid == "bf16" and bad == "overflow":
+        value = np.float32(3.4028235e38)  # rounds up to bf16's infinity (above its largest, 0x7F7F)
+    for plan in (True, False):
+        codec = gcodec.get_codec(cid)
+        if not plan:
+            codec.plan_feedback = None
+        ef = gcodec.ErrorFeedback(codec)
+        ef.encode(np.linspace(-1, 1, 100, dtype=np.float32), "k")
+        before = ef.residual("k").copy()
+        x = np.ones(100, np.float32)
+        x[37] = value
+        with pytest.raises(gcodec.PayloadValueError):
+            ef.encode(x, "k")
+        assert ef.residual("k").tobytes() == before.tobytes()
+        ef.encode(np.ones(100, np.float32), "k")
+
+
 @pytest.mark.parametrize("cid", ["sign", "uniform", "qsgd"])
 def test_failed_encode_leaves_the_residual(cid):
     ef = gcodec.ErrorFeedback(cid)

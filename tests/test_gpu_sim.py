@@ -188,12 +188,18 @@ EF_CASES: list[tuple[str, dict[str, Any], int, int, int]] = [
     ("ef-sign-g0", {"id": "sign", "group_size": 0}, 100, 58, 2),
     ("ef-sign-decay", {"id": "sign"}, 300, 59, 3),
     ("ef-sign-nan", {"id": "sign", "group_size": 32}, 100, 60, 3),
+    # the 16-bit casts run their fused device kernels (kernels/cuda/cast.encode_f16_feedback and
+    # encode_bf16_feedback): plain, a decay, and a refused step whose residual must survive
+    ("ef-fp16", {"id": "fp16"}, 100, 61, 3),
+    ("ef-bf16", {"id": "bf16"}, 100, 62, 3),
+    ("ef-fp16-decay", {"id": "fp16"}, 100, 63, 3),
+    ("ef-fp16-nan", {"id": "fp16"}, 100, 64, 3),
 ]
 #: The step of an ErrorFeedback case whose input holds a NaN.
-EF_NAN_AT = {"ef-sign-nan": 1}
+EF_NAN_AT = {"ef-sign-nan": 1, "ef-fp16-nan": 1}
 EF_SHAPES = {"ef-psgd": (16, 12)}
 #: Decay of the ErrorFeedback cases (default 1.0): x + fl(decay * e) on the device, as on the host.
-EF_DECAY = {"ef-ck-decay": 0.95, "ef-u8-decay": 0.5, "ef-sign-decay": 0.9}
+EF_DECAY = {"ef-ck-decay": 0.95, "ef-u8-decay": 0.5, "ef-sign-decay": 0.9, "ef-fp16-decay": 0.9}
 #: Cases run a second time with gcodec's work on a Numba stream (launch.use_stream).
 STREAMED = ["u4-sto-s9", "topk-ties", "rk-k90-s7", "psgd-r2"]
 #: Cases encoded as a matrix (default: the flat array).
@@ -412,8 +418,9 @@ def test_error_feedback_on_device(sim: dict[str, Any], case: tuple) -> None:
             want.append(bytes(ef.encode(x.reshape(shape), "w", step=s)))
         except gcodec.PayloadValueError as e:
             want.append(f"refused: {type(e).__name__}".encode())
-    # the device's fused sign kernel ran for every sign step (refused ones included), for no other codec
-    assert got["fused_calls"] == (steps if cfg["id"] == "sign" else 0)
+    # the device's fused kernel ran for every sign, fp16 and bf16 step (refused ones included), for
+    # no other codec
+    assert got["fused_calls"] == (steps if cfg["id"] in ("sign", "fp16", "bf16") else 0)
     assert got["residual_type"] != "ndarray"  # the residual stayed in device memory
     assert got["checkpoint_types"] == ["ndarray"]  # state_dict() holds host copies only
     e = ef.residual("w")

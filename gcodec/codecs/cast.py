@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import kernels
 from ..arrays import BFLOAT16
-from ..errors import ConfigError
+from ..errors import ConfigError, PayloadValueError
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Aggregation, Codec, EncodeContext, EncodePlan, binary32
 from .registry import register_codec
@@ -46,6 +46,7 @@ class _Cast16(Codec):
     fixed_size = True
     device_checks = True  # no value rules; the decode kernel reads the section where it lies
     _encode_kernel: str  # names in each backend's ``cast`` module
+    _feedback_kernel: str
     _decode_kernel: str
     _sum2_widen_kernel: str
     # The range of the 16-bit format, as its spec's encoding table gives it: binary32 magnitudes from
@@ -99,6 +100,33 @@ class _Cast16(Codec):
 
         return EncodePlan({}, [SectionSpec("data", "u2", 2 * flat.size)], fill)
 
+    def plan_feedback(self, x: Any, residual: Any, new_residual: Any, ctx: EncodeContext) -> EncodePlan | None:
+        """A plan that encodes ``x + residual`` and writes ``new_residual = (x + residual) - decoded``
+        in the same pass (:class:`gcodec.ErrorFeedback`'s fused path), bit for bit what the generic
+        path's separate passes give: one float32 addition, the spec's rounding, the exact widening,
+        one float32 subtraction per element. float32 work only (None otherwise: the caller takes
+        the generic path). The fill raises PayloadValueError on a residual that is not finite (a
+        non-finite input, or a value beyond the format's range), and the caller keeps the old one."""
+        flat = x.reshape(-1)
+        if flat.dtype != np.float32 or new_residual.dtype != np.float32:
+            return None
+        e = None if residual is None else residual.reshape(-1)
+        if e is not None and e.dtype != np.float32:
+            return None
+        out_e = new_residual.reshape(-1)
+        fb = getattr(kernels.of(flat).cast, self._feedback_kernel)
+        cid = self.codec_id
+
+        def fill(views: Mapping[str, np.ndarray]) -> None:
+            bad = fb(flat, e, _bits(views["data"]), out_e)
+            if bad:
+                raise PayloadValueError(
+                    f"{cid}: {bad} residual value(s) of x + residual would be NaN or infinite (non-finite "
+                    "input, or values beyond the format's range); the residual was left unchanged"
+                )
+
+        return EncodePlan({}, [SectionSpec("data", "u2", 2 * flat.size)], fill)
+
     @classmethod
     def expected_sections(cls, params: dict[str, Any], shape: tuple[int, ...]) -> list[tuple[str, str, int]]:
         return [("data", "u2", 2 * numel(shape))]
@@ -122,6 +150,7 @@ class FP16(_Cast16):
 
     codec_id = "fp16"
     _encode_kernel = "encode_f16"
+    _feedback_kernel = "encode_f16_feedback"
     _decode_kernel = "decode_f16"
     _sum2_widen_kernel = "sum2_widen_f16"
     _values = np.dtype(np.float16)
@@ -138,6 +167,7 @@ class BF16(_Cast16):
 
     codec_id = "bf16"
     _encode_kernel = "encode_bf16"
+    _feedback_kernel = "encode_bf16_feedback"
     _decode_kernel = "decode_bf16"
     _sum2_widen_kernel = "sum2_widen_bf16"
     _values = BFLOAT16

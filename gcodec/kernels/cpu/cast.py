@@ -191,6 +191,54 @@ def _sum2w_f16_range_v(a, b, out, lo, hi):  # pragma: no cover - jitted
     return bad + _sum2w_f16_range(a, b, out, i, hi)
 
 
+# Error feedback fused into the encode (fp16.md §3, §5; docs/error-feedback.md): c = x (+ e) in
+# float32, its 16-bit bits, and the new residual c - float32(bits), in one pass over x and e. The
+# same IEEE steps as the separate kernels (x + e, encode, decode, subtract), so the same bits.
+@njit(cache=True, nogil=True)
+def _feedback_f16_range(x, e, has_e, out, enew, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    bad = np.uint32(0)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        c = np.float32(x[i] + e[i]) if has_e else np.float32(x[i])
+        h = f32_to_f16_bits(c)
+        out[i] = h
+        r = np.float32(c - f16_bits_to_f32(h))
+        enew[i] = r
+        bad += np.uint32(np.uint32(r.view(np.uint32) & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _feedback_bf16_range(x, e, has_e, out, enew, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    bad = np.uint32(0)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)
+        c = np.float32(x[i] + e[i]) if has_e else np.float32(x[i])
+        h = f32_to_bf16_bits(c)
+        out[i] = h
+        r = np.float32(c - bf16_bits_to_f32(h))
+        enew[i] = r
+        bad += np.uint32(np.uint32(r.view(np.uint32) & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _feedback_f16_range_v(x, e, has_e, out, enew, lo, hi):  # pragma: no cover - jitted
+    i = lo
+    bad = np.uint32(0)
+    if has_e:
+        while i + 16 <= hi:
+            bad += simd.f16_feedback16(x, e, out, enew, i)
+            i += 16
+    else:
+        while i + 16 <= hi:
+            bad += simd.f16_feedback16_noe(x, e, out, enew, i)
+            i += 16
+    return bad + _feedback_f16_range(x, e, has_e, out, enew, i, hi)
+
+
 def _vector(*arrays: np.ndarray) -> bool:
     """Whether the 16-lane binary16 kernels take these arrays: the instructions are there, and every
     array is a C-contiguous float32 or uint16 array (what the intrinsics are typed for)."""
@@ -238,6 +286,22 @@ def sum2_widen_f16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
     the pair sum and its decode in one pass, with no binary16 sums written in between. Returns how
     many sums are infinite or NaN."""
     return run_chunks(_sum2w_f16_range_v if _vector(a, b, out) else _sum2w_f16_range, a.shape[0], CHUNK, a, b, out)
+
+
+def encode_f16_feedback(x: np.ndarray, e: np.ndarray | None, out: np.ndarray, enew: np.ndarray) -> int:
+    """Error feedback fused into the binary16 encode (flat float32 ``x``, ``e`` or None, ``enew``;
+    ``out`` binary16 bits): c = x + e (x alone without a residual), out = bits of c, enew = c -
+    float32(out), bit for bit what the separate passes give. Returns how many residuals are
+    infinite or NaN (the caller then keeps the old residual)."""
+    ee = x if e is None else e
+    k = _feedback_f16_range_v if _vector(x, ee, out, enew) else _feedback_f16_range
+    return int(run_chunks(k, x.shape[0], CHUNK, x, ee, e is not None, out, enew))
+
+
+def encode_bf16_feedback(x: np.ndarray, e: np.ndarray | None, out: np.ndarray, enew: np.ndarray) -> int:
+    """As :func:`encode_f16_feedback` for bfloat16."""
+    ee = x if e is None else e
+    return int(run_chunks(_feedback_bf16_range, x.shape[0], CHUNK, x, ee, e is not None, out, enew))
 
 
 def sum2_widen_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:

@@ -20,6 +20,8 @@ __all__ = [
     "f16_add16",
     "f16_decode16",
     "f16_encode16",
+    "f16_feedback16",
+    "f16_feedback16_noe",
     "f16_sum2_16",
     "f16_sum2_widen16",
     "load_u64",
@@ -650,3 +652,37 @@ def _summer(widen: bool):  # type: ignore[no-untyped-def]
 #: how many of the 16 sums are infinite or NaN; ``..._widen16`` writes the float32 of those sums.
 f16_sum2_16 = _summer(False)
 f16_sum2_widen16 = _summer(True)
+
+
+def _feedbacker(has_e: bool):  # type: ignore[no-untyped-def]
+    @intrinsic
+    def feedback16(typingctx, x, e, out, enew, i):  # type: ignore[no-untyped-def]
+        f32 = all(_is_1d(a, types.float32) for a in (x, e, enew))
+        if not (f32 and _is_1d(out, types.uint16) and isinstance(i, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            xa, ea, oa, na, iv = args
+            c = builder.load(_vec_ptr(builder, signature.args[0], xa, iv, context, _V16F32), align=4)
+            if has_e:  # c = x + e, one IEEE addition per lane
+                ev = builder.load(_vec_ptr(builder, signature.args[1], ea, iv, context, _V16F32), align=4)
+                c = builder.fadd(c, ev)
+            h = _narrow_f16(builder, c)
+            builder.store(h, _vec_ptr(builder, signature.args[2], oa, iv, context, _V16I16), align=2)
+            r = builder.fsub(c, _widen_f16(builder, h))
+            builder.store(r, _vec_ptr(builder, signature.args[3], na, iv, context, _V16F32), align=4)
+            # how many residuals are infinite or NaN (all exponent bits set)
+            ex = builder.and_(builder.bitcast(r, _V16U32), _c16(_V16U32, 0x7F800000))
+            mask = builder.bitcast(builder.icmp_unsigned("==", ex, _c16(_V16U32, 0x7F800000)), ir.IntType(16))
+            return builder.zext(builder.ctpop(mask), _I32)
+
+        return types.uint32(x, e, out, enew, i), codegen
+
+    return feedback16
+
+
+#: Error feedback fused into the binary16 encode, 16 lanes: c = x[i:i+16] (+ e[i:i+16]),
+#: out = its binary16 bits, enew = c - float32(out) (fp16.md §3 and §5, each step IEEE and exact as
+#: the separate kernels do it); returns how many of the 16 residuals are infinite or NaN.
+f16_feedback16 = _feedbacker(True)
+f16_feedback16_noe = _feedbacker(False)

@@ -12,13 +12,15 @@ import numpy as np
 from numba import cuda
 
 from .. import scalar
-from .launch import device, grid
+from .launch import device, grid, host, upload
 
 __all__ = [
     "decode_bf16",
     "decode_f16",
     "encode_bf16",
+    "encode_bf16_feedback",
     "encode_f16",
+    "encode_f16_feedback",
     "f16_bits_to_f32",
     "f32_to_f16_bits",
     "sum2_bf16",
@@ -45,6 +47,36 @@ def _enc_f16(x, out):  # pragma: no cover - device
 def _enc_bf16(x, out):  # pragma: no cover - device
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
         out[i] = f32_to_bf16_bits(np.float32(x[i]))
+
+
+@cuda.jit
+def _fb_f16(x, e, has_e, out, enew, bad):  # pragma: no cover - device
+    c = np.int64(0)
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        v = np.float32(x[i] + e[i]) if has_e else np.float32(x[i])
+        h = f32_to_f16_bits(v)
+        out[i] = h
+        r = np.float32(v - f16_bits_to_f32(h))
+        enew[i] = r
+        if not (abs(r) <= np.float32(3.4028234663852886e38)):
+            c += 1
+    if c:
+        cuda.atomic.add(bad, 0, c)
+
+
+@cuda.jit
+def _fb_bf16(x, e, has_e, out, enew, bad):  # pragma: no cover - device
+    c = np.int64(0)
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        v = np.float32(x[i] + e[i]) if has_e else np.float32(x[i])
+        h = f32_to_bf16_bits(v)
+        out[i] = h
+        r = np.float32(v - bf16_bits_to_f32(h))
+        enew[i] = r
+        if not (abs(r) <= np.float32(3.4028234663852886e38)):
+            c += 1
+    if c:
+        cuda.atomic.add(bad, 0, c)
 
 
 @cuda.jit
@@ -155,3 +187,21 @@ def sum2_widen_bf16(a, b, out):  # type: ignore[no-untyped-def]
     if a.shape[0]:
         _sum2w_bf16[grid(a.shape[0])](device(a), device(b), out)
     return _nonfinite_values(out)
+
+
+def _feedback(kernel, x, e, out, enew):  # type: ignore[no-untyped-def]
+    bad = upload(np.zeros(1, np.int64))
+    if x.shape[0]:
+        kernel[grid(x.shape[0])](x, x if e is None else e, e is not None, device(out), enew, bad)
+    return int(host(bad)[0])
+
+
+def encode_f16_feedback(x, e, out, enew):  # type: ignore[no-untyped-def]
+    """Error feedback fused into the binary16 encode, as the CPU backend's ``encode_f16_feedback``
+    (flat float32 device arrays; ``e`` None without a residual): c = x (+ e), out = its bits,
+    enew = c - float32(out). Returns how many residuals are infinite or NaN (one number comes back)."""
+    return _feedback(_fb_f16, x, e, out, enew)
+
+
+def encode_bf16_feedback(x, e, out, enew):  # type: ignore[no-untyped-def]
+    return _feedback(_fb_bf16, x, e, out, enew)
