@@ -77,6 +77,8 @@ EF_CODECS = [
     ("ef-uniform4", {"id": "uniform", "bits": 4}),
     ("ef-sign (fused kernel)", {"id": "sign"}),
     ("ef-sign g0 (fused kernel)", {"id": "sign", "group_size": 0}),
+    ("ef-fp16 (fused kernel)", {"id": "fp16"}),
+    ("ef-bf16 (fused kernel)", {"id": "bf16"}),
 ]
 
 results: list[tuple[str, str, str]] = []  # (check, status, detail)
@@ -422,8 +424,13 @@ def bench(torch: Any, gcodec: Any, gib: float, deadline: float) -> list[tuple[st
         except Exception as e:
             rows.append((name, float("nan"), float("nan"), f"{type(e).__name__}: {e}"[:120]))
     # error feedback: the fused sign kernel (x + e, scales, bits and the new residual in three
-    # passes) against the generic path of uniform 4-bit (copy, add, encode, decode, subtract)
-    ef_rows = (("sign + EF (fused)", {"id": "sign"}), ("uniform 4 + EF (generic)", {"id": "uniform", "bits": 4}))
+    # passes) and fp16's (one pass) against the generic path of uniform 4-bit (copy, add, encode,
+    # decode, subtract)
+    ef_rows = (
+        ("sign + EF (fused)", {"id": "sign"}),
+        ("fp16 + EF (fused)", {"id": "fp16"}),
+        ("uniform 4 + EF (generic)", {"id": "uniform", "bits": 4}),
+    )
     for name, cfg in ef_rows:
         if time.monotonic() > deadline:
             rows.append((name, float("nan"), float("nan"), "skipped: time budget"))
