@@ -482,14 +482,16 @@ def advise_check(res: dict[str, Any], contenders: list[dict[str, Any]] | None = 
     for q in rates:
         if q not in (res.get("advise_choice") or {}):
             continue
-        pick = res["advise_choice"][q] or ALL_DENSE
-        got = next((r["rates"][q]["step_ms"] for r in res["rows"] if r["label"] == pick), None)
+        # advise recommends a codec, or none; "none" is no codec to judge (the user runs plain DDP,
+        # or keeps the hook with every tensor dense, whose own cost is reported beside it)
+        pick = res["advise_choice"][q]
+        got = next((r["rates"][q]["step_ms"] for r in res["rows"] if r["label"] == (pick or ALL_DENSE)), None)
         dense_ms = base["rates"][q]["step_ms"]
         verdicts[q] = {
             "pick": pick,
             "pick_ms": got,
             "uncompressed_ms": dense_ms,
-            "slower": None if got is None or dense_ms is None else got > dense_ms,
+            "slower": None if pick is None or got is None or dense_ms is None else got > dense_ms,
         }
     factors = [v["factor"] for r in rows for v in r["rates"].values() if v["factor"] is not None]
     cross = [r["crossover"]["factor"] for r in rows if "crossover" in r]
@@ -552,6 +554,11 @@ def advise_check_lines(chk: dict[str, Any] | None) -> list[str]:
             )
         )
     for q, v in chk["verdicts"].items():
+        if v["pick"] is None and v["pick_ms"] is not None and v["uncompressed_ms"] is not None:
+            out.append(
+                f"- {q}: advise recommends no codec (the hook with every tensor dense measured "
+                f"{v['pick_ms']:.0f} ms a step against {v['uncompressed_ms']:.0f} for plain DDP)"
+            )
         if v["slower"] is None:
             continue
         out.append(

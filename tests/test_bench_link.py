@@ -258,6 +258,9 @@ def test_advise_check_adds_advises_exchange_to_the_compute_floor_and_flags_a_slo
         ],
         "advise_choice": {"1gbit": "gcodec uniform 4", "unlimited": "gcodec uniform 4"},
     }
+    none = link.advise_check({**res, "advise_choice": {"1gbit": None, "unlimited": None}})["verdicts"]
+    # no codec recommended: nothing to call slower; the all-dense hook's step is reported
+    assert none["unlimited"]["slower"] is None and none["unlimited"]["pick_ms"] == 4.5
     chk = link.advise_check(res)
     dense = next(r for r in chk["rows"] if r["label"] == "uncompressed (DDP allreduce)")
     for q, lk in probed.items():
