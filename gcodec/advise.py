@@ -175,9 +175,9 @@ def fit_link(
     there: a token bucket lets its burst through at the loopback's speed (the 1 Gbit/s link of
     bench/link.py: 64 KiB in 0.56 ms, 1 MiB in 17.1 ms, a fit of 1.15 Gbit/s where 17 MB buckets
     moved at 0.48), and gloo on the unlimited loopback moves 1 MiB at about a quarter of the rate
-    of 16 MiB.
-    One noisy middle size (64 KiB taking 3.9 ms where 1 MiB took 1.8) moves the least-squares
-    slope and not this line. ``worst_residual`` says how far the middle sizes lie from it.
+    of 16 MiB. One noisy middle size (64 KiB taking 3.9 ms where 1 MiB took 1.8) moves the
+    least-squares slope and not this line. ``worst_residual`` says how far the middle sizes lie
+    from it.
 
     Raises :class:`ConfigError` when the largest size is not slower than the smallest: the link
     is then too fast, or the machine too noisy, to be measured this way."""
