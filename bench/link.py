@@ -272,16 +272,19 @@ def probe_rate(
         return link
 
 
+def _probed_link(adv: Any, probed: dict[str, Any]) -> Any:
+    """The ``gcodec.advise.Link`` a rate's probe measured (:func:`probe_rate`), its all-gather's
+    link included."""
+    g = probed["gather"]
+    return adv.Link(probed["bandwidth_bps"], probed["latency_s"], adv.Link(g["bandwidth_bps"], g["latency_s"]))
+
+
 def _link_of(adv: Any, probed: dict[str, Any] | None, nominal_bps: float) -> dict[str, Any]:
     """advise()'s link arguments: the probed link, or the nominal rate (and advise's default alpha)."""
     if probed is None:
         return {"bandwidth": nominal_bps}
-    g = probed["gather"]
-    return {
-        "bandwidth": probed["bandwidth_bps"],
-        "latency_s": probed["latency_s"],
-        "gather_link": adv.Link(g["bandwidth_bps"], g["latency_s"]),
-    }
+    link = _probed_link(adv, probed)
+    return {"bandwidth": link.bandwidth_bps, "latency_s": link.latency_s, "gather_link": link.gather}
 
 
 def advise_choices(
@@ -441,8 +444,7 @@ def advise_check(res: dict[str, Any], contenders: list[dict[str, Any]] | None = 
             tspeed = adv.measure_transport(cfg, workers, error_feedback=ef, sizes=sizes, shapes=tensors)
         per: dict[str, dict[str, Any]] = {}
         for q in rates:
-            lk, g = links[q], links[q]["gather"]
-            link = adv.Link(lk["bandwidth_bps"], lk["latency_s"], adv.Link(g["bandwidth_bps"], g["latency_s"]))
+            link = _probed_link(adv, links[q])
             p = adv.predict(
                 cfg, speed, tensors, workers, link, dense_tensors=dense, error_feedback=ef, transport=tspeed
             )
