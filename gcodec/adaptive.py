@@ -10,7 +10,9 @@ top-k 1 % → PowerSGD rank 2 (with the state's error feedback). PowerSGD compre
 is priced on the key's tensor shapes when the engine gives them (the DDP hook gives a bucket's), its
 vectors travelling dense beside it, and never picked for a key that has no matrix to compress.
 At each decision step of a key (after ``warmup_steps``,
-then every ``interval`` steps) the controller
+then every ``interval`` steps; with ``warmup_rungs``, also at its first step, among the light
+rungs only, so that the warm-up is a decision too: dense on a fast link, the cheapest light codec on
+a slow one) the controller
 
 1. updates, per rung, what it measured through the transport statistics (encode, decode seconds,
    payload bytes; seconds as the median of the last 5 samples, bytes as a moving average) and
@@ -48,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .advise import CodecSpeed, Link, LinkFit, fit_link, measure_speed, parse_bandwidth, predict
+from .advise import CodecSpeed, Link, LinkFit, fit_link, measure_speed, parse_bandwidth, predict, prime_transport
 from .codecs import get_codec
 from .errors import ConfigError
 from .transports import DENSE, Communicator, PolicyState, Protocol
@@ -94,8 +96,28 @@ class AdaptiveController:
         bandwidth: the link, e.g. ``"1Gbit"`` or bits/s; None measures it from the transfers.
         latency_s: alpha of the cost model, seconds per message.
         interval: steps between decisions of a key (each costs one small allreduce).
-        warmup_steps: steps on ``start`` before the first decision.
+        warmup_steps: steps on ``start`` before the first decision (or, with ``warmup_rungs``,
+            steps restricted to the light rungs).
         start: the rung keys start on (index into ``ladder``).
+        warmup_rungs: warm-up as a decision: the controller decides at a key's first step too, among
+            the first ``warmup_rungs`` rungs of the ladder only (the default ladder's 3: none, fp16,
+            uniform 8), keeps that rung through ``warmup_steps`` (early gradients are large and change
+            fast; a biased or low-rank rung from the first step can cost the run its accuracy), then
+            decides among all rungs. So a fast link warms up dense and a slow one through the
+            cheapest light codec. None: ``start`` through warm-up, as without it.
+        trial_steps: a rung the job has not run yet for a key is taken on trial: the key decides
+            again after this many steps instead of ``interval``, from what the rung measured (its
+            first step, which loads kernels and moves residuals, does not count). The calibration
+            prices an unrun rung on an idle rank; in a job that shares its cores with the backward
+            pass and the peers its codec seconds run several times that (on the 2-core loopback
+            top-k 1 % was priced at 15 ms and ran 40 ms against dense's 20), and a wrong guess
+            costs ``trial_steps`` steps instead of ``interval``. Once per key and rung; None:
+            no trials.
+        prior_load: how much slower than its calibration a codec is taken to run in the job until
+            a rung of the key has run and measured it (:meth:`load_factor`). In jobs on the 2-core
+            machine the codecs ran 3-10x their calibration; with 1, a warm-up that starts dense
+            on the unlimited loopback took fp16 or uniform 8 (priced 10 % under dense) at its first
+            step, and they ran twice as long as dense.
         min_norm_ratio: the telemetry bound without error feedback (default 0.9).
         max_residual_ratio: the bound with error feedback: residual norm / gradient norm.
         hysteresis: switch only when the predicted step time falls by more than this fraction.
@@ -125,6 +147,9 @@ class AdaptiveController:
         hysteresis: float = 0.1,
         speeds: Mapping[str, CodecSpeed] | None = None,
         probe: bool = True,
+        warmup_rungs: int | None = None,
+        trial_steps: int | None = 3,
+        prior_load: float = 2.0,
     ) -> None:
         if not ladder:
             raise ConfigError("the ladder needs at least one rung")
@@ -136,6 +161,15 @@ class AdaptiveController:
             raise ConfigError(f"start={start} is not a rung of a {len(self.ladder)}-rung ladder")
         if interval < 1 or warmup_steps < 0:
             raise ConfigError("interval must be >= 1 and warmup_steps >= 0")
+        if warmup_rungs is not None and not 1 <= warmup_rungs <= len(self.ladder):
+            raise ConfigError(f"warmup_rungs={warmup_rungs} is not 1 to the {len(self.ladder)} rungs of the ladder")
+        self.warmup_rungs = warmup_rungs
+        if trial_steps is not None and trial_steps < 2:
+            raise ConfigError(f"trial_steps={trial_steps}: a trial needs 2 steps or more (its first is not counted)")
+        self.trial_steps = trial_steps
+        if not (math.isfinite(prior_load) and prior_load > 0):
+            raise ConfigError(f"prior_load={prior_load} must be a positive number")
+        self.prior_load = float(prior_load)
         self.bandwidth_bps = None if bandwidth is None else parse_bandwidth(bandwidth)
         self.latency_s, self.interval, self.warmup_steps, self.start = latency_s, interval, warmup_steps, start
         self.min_norm_ratio, self.max_residual_ratio, self.hysteresis = min_norm_ratio, max_residual_ratio, hysteresis
@@ -144,6 +178,10 @@ class AdaptiveController:
         #: per key and rung: {"encode_s", "decode_s", "payload_bytes", "bad"} measured
         self.measured: dict[str, list[dict[str, float]]] = {}
         self._seen: dict[str, tuple[Any, int]] = {}
+        self._on: dict[str, int] = {}  # key -> the rung of its last record (a first step on a rung is not timed)
+        #: key -> its next decision step (the same on every rank: it follows the agreed decisions)
+        self.next_decision: dict[str, int] = {}
+        self._tried: set[tuple[str, int]] = set()  # (key, rung) taken on trial once
         self._spb: float | None = None  # measured seconds per received byte
         self._spb_last: list[float] = []
         self.probe = bool(probe)
@@ -163,6 +201,8 @@ class AdaptiveController:
             "spb": self._spb,
             "probed": None if self.probed is None else [self.probed.link.bandwidth_bps, self.probed.link.latency_s],
             "speeds": {k: list(dataclasses.astuple(v)) for k, v in self._speeds.items()},
+            "next_decision": dict(self.next_decision),
+            "tried": sorted([k, r] for k, r in self._tried),
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -179,7 +219,10 @@ class AdaptiveController:
             self.latency_s = self.probed.link.latency_s
         self._probe_done = probed is not None
         self._speeds.update({str(k): CodecSpeed(*v) for k, v in sd.get("speeds", {}).items()})
+        self.next_decision = {str(k): int(v) for k, v in sd.get("next_decision", {}).items()}
+        self._tried = {(str(k), int(r)) for k, r in sd.get("tried", [])}
         self._seen.clear()
+        self._on.clear()
 
     # ---- what the transports measured ---------------------------------------------------------
     def _rung_of(self, codec: Any) -> int | None:
@@ -193,6 +236,31 @@ class AdaptiveController:
             return
         self._seen[key] = (record.get("codec"), record["step"])
         m = self.measured.setdefault(key, [{} for _ in self.ladder])[rung]
+        # A key's first step on a rung (its first ever, or after a switch) loads the rung's kernels
+        # and moves residuals between layouts: one-off costs, not the rung's step. Its bytes and
+        # quality count; its seconds do not.
+        timed = self._on.get(key) == rung
+        self._on[key] = rung
+        if timed:
+            self._observe_seconds(m, record)
+        m["payload_bytes"] = (
+            record["payload_bytes"]
+            if "payload_bytes" not in m
+            else (1 - _EMA) * m["payload_bytes"] + _EMA * record["payload_bytes"]
+        )
+        q = record.get("quality")
+        if q is not None and self.ladder[rung] is not None and math.isfinite(q["norm_ratio"]):
+            # a moving average: one noisy sample (about 5 % of top-k + EF steps dip under 0.9) must
+            # not close a rung that keeps the signal on average
+            r = q["norm_ratio"]
+            m["norm_ratio"] = r if "norm_ratio" not in m else (1 - _EMA) * m["norm_ratio"] + _EMA * r
+            bad = m["norm_ratio"] < self.min_norm_ratio
+            if error_feedback and q.get("residual_norm") is not None:
+                bad = bad or q["residual_norm"] > self.max_residual_ratio * max(q["norm"], 1e-30)
+            m["bad"] = 1.0 if bad else 0.0
+
+    def _observe_seconds(self, m: dict[str, Any], record: Mapping[str, Any]) -> None:
+        """Fold one record's seconds into a rung's figures ``m`` (and the link's)."""
         # Seconds: the median of the last few samples. A rank descheduled once on a busy machine
         # measures one step 100x slower; a moving average would carry that spike into the figures
         # of a rung it then leaves (and never measures again), a median drops it.
@@ -206,11 +274,6 @@ class AdaptiveController:
         if held is None:
             held = float(record["encode_s"]) + float(record["comm_s"]) + float(record["decode_s"])
         m["exchange_s"] = _median_window(m, "exchange_s", float(held))
-        m["payload_bytes"] = (
-            record["payload_bytes"]
-            if "payload_bytes" not in m
-            else (1 - _EMA) * m["payload_bytes"] + _EMA * record["payload_bytes"]
-        )
         # The link: seconds per received byte. A rank's comm seconds include waiting for peers that
         # reached the collective later; the decision takes the least any rank measured (figures).
         if record["wire_bytes"] > 0 and record["comm_s"] > 0:
@@ -218,16 +281,6 @@ class AdaptiveController:
             self._spb_last = [*self._spb_last, spb][-_WINDOW:]
             self._spb = float(np.median(self._spb_last))
         m["exchange_spb"] = self._link_spb()  # the link the exchange seconds were measured on
-        q = record.get("quality")
-        if q is not None and self.ladder[rung] is not None and math.isfinite(q["norm_ratio"]):
-            # a moving average: one noisy sample (about 5 % of top-k + EF steps dip under 0.9) must
-            # not close a rung that keeps the signal on average
-            r = q["norm_ratio"]
-            m["norm_ratio"] = r if "norm_ratio" not in m else (1 - _EMA) * m["norm_ratio"] + _EMA * r
-            bad = m["norm_ratio"] < self.min_norm_ratio
-            if error_feedback and q.get("residual_norm") is not None:
-                bad = bad or q["residual_norm"] > self.max_residual_ratio * max(q["norm"], 1e-30)
-            m["bad"] = 1.0 if bad else 0.0
 
     def _speed(self, rung: int) -> CodecSpeed:
         k = self._keys[rung]
@@ -247,13 +300,27 @@ class AdaptiveController:
         for r in range(len(self.ladder)):
             self._speed(r)
 
+    def prime(self, *, error_feedback: bool = False, mode: str = "auto") -> None:
+        """Run every rung's codec once through the transports' protocol on a small tensor
+        (:func:`gcodec.advise.prime_transport`, with the engine's error feedback and mode, as on 2
+        ranks), so that the kernels a rung's first step calls are loaded at setup: on the 2-core
+        machine the first step of a 4.35 M-element tensor through the protocol took 329, 164 and
+        233 ms unprimed (uniform 8, top-k 1 %, fp16, with error feedback) and 50, 28 and 93 ms
+        primed, its later steps 15-47 ms; without it the rung the warm-up or a trial takes pays
+        its kernels' first load inside the training. The router calls it after
+        :meth:`calibrate`. Local: no collectives."""
+        for c in self._codecs:
+            if c is not None:
+                prime_transport(c, 2, mode=mode, error_feedback=error_feedback)
+
     def load_factor(self, key: str, numel: int) -> float:
         """How much slower than its calibration the codec work of ``key`` runs in the job: the
         median over the rungs ``key`` has run of measured (encode + decode) seconds over the
-        calibrated ones at ``numel`` elements; 1 before any was measured. The calibration times
-        one codec on an otherwise idle rank; in the job the kernels share the cores with the
-        backward pass and the peers (measured on 2 cores: fp16's encode 3-5x its calibration), and
-        a rung priced on the bare calibration looks cheaper than the one that is running."""
+        calibrated ones at ``numel`` elements; ``prior_load`` before any was measured. The
+        calibration times one codec on an otherwise idle rank; in the job the kernels share the
+        cores with the backward pass and the peers (measured on 2 cores: fp16's encode 3-5x its
+        calibration, uniform 8's decode of the peers' payloads 10x), and a rung priced on the bare
+        calibration looks cheaper than the one that is running."""
         ratios = []
         for r, m in enumerate(self.measured.get(key, [])):
             if self.ladder[r] is None or "encode_s" not in m:
@@ -262,7 +329,7 @@ class AdaptiveController:
             cal = sp.encode_seconds(numel) + sp.decode_seconds(numel)
             if cal > 0:
                 ratios.append((m["encode_s"] + m["decode_s"]) / cal)
-        return float(np.median(ratios)) if ratios else 1.0
+        return float(np.median(ratios)) if ratios else self.prior_load
 
     def figures(self, key: str, numel: int) -> np.ndarray:
         """This rank's figures for ``key``: per rung encode s, decode s, payload bytes, out-of-bounds
@@ -303,14 +370,17 @@ class AdaptiveController:
         workers: int,
         current: int,
         shapes: Sequence[Sequence[int]] | None = None,
+        rungs: int | None = None,
     ) -> tuple[int, list[float]]:
         """The rung for a key of ``shape`` (its elements as one tensor) on ``workers`` ranks from
         (agreed) ``figures``, and the predicted step seconds of every rung (inf when out of
         bounds, or for a low-rank rung that would compress none of the key's tensors). ``shapes``:
         the key's tensors, when the engine knows them; a low-rank rung is priced on them (the
         tensors it passes through as dense), every other rung on the measured figures of the key as
-        a whole. Pure: same figures, same answer."""
+        a whole. ``rungs``: only the first ``rungs`` rungs may be taken (warm-up); the others are
+        priced inf. Pure: same figures, same answer."""
         n = len(self.ladder)
+        allowed = n if rungs is None else rungs
         link = Link(8.0 / -figures[6 * n], self.latency_s)
         tensors = [tuple(int(d) for d in s) for s in shapes] if shapes else [tuple(shape)]
         times: list[float] = []
@@ -318,7 +388,7 @@ class AdaptiveController:
         out = False
         for r in range(n):
             out = out or figures[3 * n + r] > 0
-            if out:
+            if out or r >= allowed:
                 times.append(math.inf)
                 continue
             t = self._predict_rung(r, figures, shape, tensors, workers, link)
@@ -411,15 +481,24 @@ class AdaptiveController:
         rec = state.last(key)
         if rec is not None:
             self.observe(key, rec, state.error_feedback)
-        if step < self.warmup_steps or (step - self.warmup_steps) % self.interval != 0:
+        # Decision steps: warmup_steps, then every interval (after a rung taken on trial, sooner);
+        # with warmup_rungs, from step 0, among the light rungs only until warmup_steps.
+        first = 0 if self.warmup_rungs is not None and self.warmup_steps > 0 else self.warmup_steps
+        if step < self.next_decision.setdefault(key, first):
             return self.ladder[cur]
+        warm = step < self.warmup_steps
         numel = int(np.prod(shape)) if shape else 1
         if comm.size > 1:
             # The figures' size follows from the ladder: agree on the ladder (and that every rank
             # decides at this step, and whether it probes) before they travel, as any exchange does.
             probe = self.probe and self.bandwidth_bps is None and not self._probe_done
             fp = fingerprint(
-                key=key, controller=self.ladder, interval=self.interval, warmup_steps=self.warmup_steps, probe=probe
+                key=key,
+                controller=self.ladder,
+                interval=self.interval,
+                warmup_steps=self.warmup_steps,
+                warmup_rungs=self.warmup_rungs,
+                probe=probe,
             )
             ex = Exchange(comm, fp, state.agreed, f"{key}#controller", f"adaptive controller's figures for {key!r}")
             yield from ex.begin()
@@ -429,7 +508,18 @@ class AdaptiveController:
             yield comm.allreduce(figs, "max")  # same figures on every rank: same decision, same step
         else:
             figs = self.figures(key, numel)
-        new, times = self.choose(figs, shape, comm.size, cur, shapes)
+        new, times = self.choose(figs, shape, comm.size, cur, shapes, self.warmup_rungs if warm else None)
         self.decisions.append({"key": key, "step": step, "from": cur, "to": new, "predicted_s": times})
         self.level[key] = new
+        # A rung no rank has run for this key (no agreed exchange seconds) is on trial: decided again
+        # once it has measured, not after a whole interval on the calibration's guess.
+        n = len(self.ladder)
+        gap = self.interval
+        if self.trial_steps is not None and new != cur and figs[4 * n + new] <= 0 and (key, new) not in self._tried:
+            self._tried.add((key, new))
+            gap = min(gap, self.trial_steps)
+        nxt = step + gap
+        if warm:  # the whole ladder opens at warmup_steps
+            nxt = min(nxt, self.warmup_steps)
+        self.next_decision[key] = nxt
         return self.ladder[new]

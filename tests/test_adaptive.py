@@ -59,7 +59,9 @@ class FakeComm(Communicator):
 
 
 def _ctl(bandwidth: str, **kw) -> AdaptiveController:
-    return AdaptiveController(bandwidth=bandwidth, speeds=SPEEDS, interval=10, warmup_steps=0, **kw)
+    # prior_load=1: SPEEDS are the job's own figures here (the prior: its own test)
+    settings = {"interval": 10, "warmup_steps": 0, "prior_load": 1.0, **kw}
+    return AdaptiveController(bandwidth=bandwidth, speeds=SPEEDS, **settings)
 
 
 def test_the_synthetic_speeds_cover_every_rung() -> None:
@@ -100,8 +102,8 @@ def test_every_rank_prices_the_low_rank_rung_from_the_agreed_figures() -> None:
     key = json.dumps(get_codec({"id": "powersgd", "rank": 2}).get_config(), sort_keys=True)
     slow = dict(SPEEDS)
     slow[key] = CodecSpeed(0.0, 3e-7, 0.0, 1e-7, 0.0, 0.0)
-    a = AdaptiveController(bandwidth="1Gbit", speeds=SPEEDS, interval=10, warmup_steps=0)
-    b = AdaptiveController(bandwidth="1Gbit", speeds=slow, interval=10, warmup_steps=0)
+    a = _ctl("1Gbit")
+    b = AdaptiveController(bandwidth="1Gbit", speeds=slow, interval=10, warmup_steps=0, prior_load=1.0)
     agreed = np.maximum(a.figures("w", 25_005_000), b.figures("w", 25_005_000))
     ta = a.choose(agreed, (25_005_000,), 2, 0, BUCKET)
     tb = b.choose(agreed, (25_005_000,), 2, 0, BUCKET)
@@ -158,7 +160,7 @@ def _probed(bandwidth_bps: float, **kw) -> AdaptiveController:
     """A controller whose link was probed (not declared) at ``bandwidth_bps``."""
     from gcodec.advise import Link, LinkFit
 
-    ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0, **kw)
+    ctl = AdaptiveController(speeds=SPEEDS, **{"interval": 10, "warmup_steps": 0, "prior_load": 1.0, **kw})
     ctl.probed, ctl._probe_done = LinkFit(Link(bandwidth_bps, ctl.latency_s), 0, (), 0.0, "test"), True
     return ctl
 
@@ -229,7 +231,7 @@ def test_a_measured_excess_moves_with_the_link_and_unmeasured_rungs_pay_the_leas
 
 
 def test_decisions_through_select_follow_the_link_and_agree_with_an_allreduce() -> None:
-    ctl = _ctl("100Mbit")
+    ctl = _ctl("100Mbit", trial_steps=None)  # the interval's grid (trials: the test below)
     ps = PolicyState(ctl)
     comm = FakeComm(4)
     got = []
@@ -243,6 +245,107 @@ def test_decisions_through_select_follow_the_link_and_agree_with_an_allreduce() 
     assert [(d["step"], d["from"], d["to"]) for d in ctl.decisions if d["from"] != d["to"]] == [(0, 0, 4), (20, 4, 0)]
 
 
+def test_warmup_rungs_decide_the_first_step_among_the_light_rungs_then_the_whole_ladder() -> None:
+    """With ``warmup_rungs=3`` the controller decides at step 0 too, among none / fp16 / uniform 8
+    only, keeps that rung through the 10 warm-up steps, and decides among every rung from step 10.
+    At 100 Mbit/s on 4 ranks the 25 M-element key's step is its bytes on the wire: uniform 8 (1.07
+    bytes per element) is the cheapest light rung and top-k (0.08) the cheapest of all; at 10 Tbit/s
+    dense costs nothing on the wire and no codec seconds, so it warms up dense."""
+    for bandwidth, warm, after in (("100Mbit", 2, 4), ("10Tbit", 0, 0)):
+        ctl = _ctl(bandwidth, warmup_rungs=3, trial_steps=None)  # (trials: the test below)
+        ctl.warmup_steps = 10
+        comm = FakeComm(4)
+        ps = PolicyState(ctl)
+        got = [run_blocking(ctl.select(comm, ps, "w", SHAPE, step)) for step in range(30)]
+        assert got[:10] == [ctl.ladder[warm]] * 10 and got[10:] == [ctl.ladder[after]] * 20, bandwidth
+        assert [d["step"] for d in ctl.decisions] == [0, 10, 20]  # no decision inside the warm-up
+        assert comm.reductions == 3
+        assert all(t == float("inf") for t in ctl.decisions[0]["predicted_s"][3:])  # strong rungs closed
+        assert np.isfinite(ctl.decisions[1]["predicted_s"][3])
+    # without it, warm-up is ``start`` and the first decision is at warmup_steps
+    ctl = AdaptiveController(bandwidth="100Mbit", speeds=SPEEDS, interval=10, warmup_steps=10, start=1)
+    got = [run_blocking(ctl.select(FakeComm(4), PolicyState(ctl), "w", SHAPE, step)) for step in range(11)]
+    assert got[:10] == [ctl.ladder[1]] * 10 and got[10] == ctl.ladder[4]
+
+
+def test_an_unrun_rung_is_taken_on_trial_and_its_first_step_is_not_timed() -> None:
+    """Dense and top-k 1 % on a probed 300 Mbit/s link, 2 ranks. Dense runs 5 warm-up steps (held
+    2.7 s); the model then prices top-k at 0.2 s plus dense's measured excess and takes it, on
+    trial: the key decides again 3 steps later, not 10. Top-k's first step (40 s: kernels loaded,
+    residuals moved) is not a sample; its next two (4 s each) are, so the decision at step 8 sets
+    4 s against dense's 2.7 and goes back to dense, which it has run: no trial, the next decision
+    an interval later."""
+    ladder = (None, {"id": "topk", "ratio": 0.01})
+    ctl = _probed(3e8, ladder=ladder, warmup_steps=5)
+    ps = PolicyState(ctl)
+    comm = FakeComm(2)
+    held = {0: 2.7, 1: 4.0}
+    got = []
+    for step in range(20):
+        codec = run_blocking(ctl.select(comm, ps, "w", SHAPE, step))
+        rung = ctl._rung_of(codec)
+        got.append(rung)
+        first = step > 0 and got[-2] != rung
+        _ran_one(ctl, ps, rung, 40.0 if first else held[rung], step)
+    assert got == [0] * 5 + [1] * 3 + [0] * 12, got
+    assert [(d["step"], d["from"], d["to"]) for d in ctl.decisions] == [(5, 0, 1), (8, 1, 0), (18, 0, 0)]
+    assert ctl.measured["w"][1]["exchange_s"] == 4.0 and ctl.measured["w"][0]["exchange_s"] == 2.7
+    assert ctl.next_decision["w"] == 28
+    # the same without trials: top-k for the whole interval
+    ctl = _probed(3e8, ladder=ladder, warmup_steps=5, trial_steps=None)
+    ps = PolicyState(ctl)
+    got = []
+    for step in range(16):
+        rung = ctl._rung_of(run_blocking(ctl.select(comm, ps, "w", SHAPE, step)))
+        got.append(rung)
+        _ran_one(ctl, ps, rung, held[rung], step)
+    assert got == [0] * 5 + [1] * 10 + [0], got
+
+
+def test_unmeasured_codec_seconds_are_the_calibration_times_the_prior_load_until_a_rung_ran() -> None:
+    """Before any rung of a key ran, its codec seconds are SPEEDS' times ``prior_load`` (2); once
+    fp16 ran at 3x its calibration (its first step, 10x, not counted), every unrun rung is priced at
+    3x, the measured factor."""
+    ctl = AdaptiveController(bandwidth="1Gbit", speeds=SPEEDS, interval=10, warmup_steps=0)
+    n = int(np.prod(SHAPE))
+    nr = len(ctl.ladder)
+    sp = [SPEEDS[k] for k in ctl._keys]
+    figs = ctl.figures("w", n)
+    for r in range(1, nr):
+        assert figs[r] == pytest.approx(2 * sp[r].encode_seconds(n)) and figs[nr + r] == pytest.approx(
+            2 * sp[r].decode_seconds(n)
+        )
+    for step, f in ((0, 10.0), (1, 3.0), (2, 3.0)):
+        rec = {"codec": ctl.ladder[1], "step": step, "encode_s": f * sp[1].encode_seconds(n)}
+        rec.update(decode_s=f * sp[1].decode_seconds(n), payload_bytes=2 * n, wire_bytes=2 * n, comm_s=0.01)
+        ctl.observe("w", rec, error_feedback=True)
+    assert ctl.load_factor("w", n) == pytest.approx(3.0)
+    figs = ctl.figures("w", n)
+    assert figs[1] == pytest.approx(3 * sp[1].encode_seconds(n))  # fp16's own (measured) seconds
+    assert figs[2] == pytest.approx(3 * sp[2].encode_seconds(n)) and figs[nr + 4] == pytest.approx(
+        3 * sp[4].decode_seconds(n)
+    )
+
+
+def _ran_one(ctl: AdaptiveController, ps: PolicyState, rung: int, held_s: float, step: int) -> None:
+    """Record one step of key "w" on ``rung`` in ``ps`` as an engine does (the controller reads it
+    at the next select)."""
+    n = int(np.prod(SHAPE))
+    sp = SPEEDS[ctl._keys[rung]]
+    rec = {
+        "codec": "dense" if ctl.ladder[rung] is None else ctl.ladder[rung],
+        "step": step,
+        "mode": "summable",
+        "encode_s": sp.encode_seconds(n),
+        "decode_s": sp.decode_seconds(n),
+        "payload_bytes": sp.payload_bytes(n),
+        "wire_bytes": sp.payload_bytes(n),
+        "comm_s": 0.01,
+        "held_s": held_s,
+    }
+    ps.record("w", rec)
+
+
 def test_controller_state_round_trips() -> None:
     ctl = _ctl("100Mbit")
     ps = PolicyState(ctl)
@@ -254,7 +357,20 @@ def test_controller_state_round_trips() -> None:
         AdaptiveController(ladder=[None, "fp16"]).load_state_dict({"level": {"w": 4}})
 
 
-@pytest.mark.parametrize("kw", [{"ladder": []}, {"start": 9}, {"interval": 0}, {"bandwidth": "slow"}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"ladder": []},
+        {"start": 9},
+        {"interval": 0},
+        {"bandwidth": "slow"},
+        {"warmup_rungs": 0},
+        {"warmup_rungs": 7},
+        {"trial_steps": 1},
+        {"prior_load": 0.0},
+        {"prior_load": float("nan")},
+    ],
+)
 def test_bad_settings_are_config_errors(kw) -> None:
     with pytest.raises(ConfigError):
         AdaptiveController(**kw)
@@ -274,7 +390,9 @@ def test_two_mpi_ranks_switch_at_the_same_step_and_the_loss_keeps_falling(tmp_pa
     sw = res[0]["switches"]
     assert len(sw) >= 2, sw
     assert sw[0][2] is not None and sw[0][0] == 5  # up the ladder at the first decision (slow link)
-    assert sw[-1][0] == 65 and (sw[-1][2] == "dense" or sw[-1][2]["id"] == "fp16")  # and down after the change
+    # and down at the first decision after the change (every 10 steps, sooner after a trial of 3)
+    assert 60 <= sw[-1][0] <= 70 and (sw[-1][2] == "dense" or sw[-1][2]["id"] == "fp16"), sw
+    assert sw[-1][0] in [dd[0] for dd in res[0]["decisions"]]
     losses = res[0]["losses"]
     assert losses == res[1]["losses"]
     assert losses[-1] < 1e-2 * losses[0]
@@ -393,3 +511,38 @@ def test_the_router_calibrates_a_controller_when_it_is_installed(monkeypatch) ->
     assert timed == ctl.ladder  # every rung once, in ladder order
     PolicyState(ctl)
     assert len(timed) == 3
+
+
+def test_the_router_primes_the_controllers_rungs_with_its_error_feedback_and_mode(monkeypatch) -> None:
+    """After the calibration the router has every rung run through the transports' protocol once
+    (:func:`gcodec.advise.prime_transport`), with the engine's error feedback and mode."""
+    import gcodec.adaptive as adaptive
+    from gcodec.transports.router import Router
+
+    primed: list = []
+    monkeypatch.setattr(adaptive, "prime_transport", lambda c, w, **kw: primed.append((c.get_config(), w, kw)))
+    ladder = [None, "fp16", {"id": "uniform", "bits": 8}]
+    ctl = AdaptiveController(ladder=ladder, speeds=SPEEDS)
+    Router(ctl, error_feedback=True, mode="gather")
+    cfgs = [c for c in ctl.ladder if c is not None]
+    assert primed == [(c, 2, {"mode": "gather", "error_feedback": True}) for c in cfgs]
+
+
+def test_prime_transport_loads_the_kernels_a_step_calls() -> None:
+    """In a fresh process no signature of the fused fp16 error-feedback kernel is loaded; after
+    ``prime_transport(fp16, error_feedback=True)`` one is, so a job's first fp16 step does not load
+    it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gcodec.kernels.cpu.cast as K\n"
+        "from gcodec.advise import prime_transport\n"
+        "ks = (K._feedback_f16_range, K._feedback_f16_range_v)\n"
+        "before = sum(len(k.signatures) for k in ks)\n"
+        "prime_transport('fp16', 2, error_feedback=True)\n"
+        "print(before, sum(len(k.signatures) for k in ks))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    before, after = map(int, out.stdout.split())
+    assert before == 0 and after >= 1, out.stdout

@@ -167,8 +167,8 @@ class Router:
         if mode not in MODES:
             raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
         self._shorthand: dict[str, Any] = {"codec": codec, "min_numel": min_numel, "dense_1d": dense_1d}
-        self.policy = chooser
         self.error_feedback, self.mode = bool(error_feedback), mode
+        self.policy = chooser
         self.num_threads, self.telemetry = num_threads, telemetry
         self.decay = float(decay)
         self.states: dict[str, TransportState] = {}
@@ -199,6 +199,9 @@ class Router:
         calibrate = getattr(self.chooser, "calibrate", None)
         if callable(calibrate):  # a controller times its codecs at setup, not inside a training step
             calibrate()
+        prime = getattr(self.chooser, "prime", None)
+        if callable(prime):  # and loads the kernels its rungs' protocols call, for the same reason
+            prime(error_feedback=self.error_feedback, mode=self.mode)
 
     def configure(self, **shorthand: Any) -> None:
         """Change the shorthand's ``codec``, ``min_numel`` or ``dense_1d`` (see :class:`Router`)."""
