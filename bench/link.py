@@ -71,7 +71,7 @@ RATE_BITS = {"100mbit": 100e6, "1gbit": 1e9, "10gbit": 10e9, "unlimited": math.i
 #: The contender that stands for "no codec" in gcodec's choice.
 ALL_DENSE = "gcodec hook, every tensor dense"
 #: The adaptive controller's contender: its codecs, and so its trajectory, follow the link.
-ADAPTIVE = "gcodec adaptive controller + EF, fp16 warm-up"
+ADAPTIVE = "gcodec adaptive controller + EF, warm-up on light rungs"
 #: The bandwidth ``gcodec advise`` is given for the unlimited loopback (``--unlimited-bps``).
 UNLIMITED_BPS = 40e9
 
@@ -99,16 +99,16 @@ CONTENDERS: list[dict[str, Any]] = [
         "warmup_codec": {"id": "fp16"},
         "warmup_like": "gcodec fp16",
     },
-    # the adaptive controller in the DDP hook: 2 warm-up steps through fp16, then fp16 for 2 steps, then
-    # every 10 steps the rung of none / fp16 / uniform 8 / uniform 4 / top-k 1 % / PowerSGD r2 (EF on)
-    # with the least predicted step time on the link it probed and what the bucket's exchanges
+    # the adaptive controller in the DDP hook, warm-up included: at step 0 it picks the cheapest of
+    # none / fp16 / uniform 8 (EF on) on the link it probed there and keeps it 10 steps (dense on a
+    # fast link), then every 10 steps the rung of none / fp16 / uniform 8 / uniform 4 / top-k 1 % /
+    # PowerSGD r2 with the least predicted step time on that link and what the bucket's exchanges
     # measured. Its trajectory depends on the link, so it trains the whole schedule at every rate
     # and its time to target is the wall time of its training steps up to the target.
     {
         **run_spec(ADAPTIVE, {"id": "fp16"}, True),
-        "warmup_codec": {"id": "fp16"},
-        "adaptive": {"start": 1, "interval": 10, "warmup_steps": 2},
-        "start_iter": 2,  # 2 fp16 steps, then the controller's rungs (dense where that pays)
+        "adaptive": {"interval": 10, "warmup_steps": 10, "warmup_rungs": 3},
+        "start_iter": 0,  # the controller decides from the first step
     },
 ]
 #: Timed at every rate beside the contenders, never trained to the target: DDP with a hook that

@@ -62,7 +62,7 @@ def _wire_bytes_dense(run: dict[str, Any], params: Sequence[torch.Tensor], s: Se
     """Bytes per step a rank contributes for what no gcodec statistic counts: its dense tensors,
     or everything under plain DDP and torch's hooks (fp16: 2 bytes each; PowerSGD: P and Q in fp32)."""
     hook = run["hook"]
-    if hook == "none":
+    if hook in ("none", "torch-allreduce"):
         return sum(4 * p.numel() for p in params)
     if hook == "local":  # nothing leaves the rank
         return 0
@@ -207,6 +207,8 @@ def _wrap(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm)
         ddp.register_comm_hook(hook_state, gcodec.torch.comm_hook)
     elif hook == "torch-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "torch-allreduce":  # what DDP does, as a Python hook: the floor of any hook's step
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif hook == "torch-powersgd":
         ps = powerSGD_hook.PowerSGDState(
             None,
