@@ -151,6 +151,51 @@ def test_fused_16_bit_feedback_refuses_a_residual_that_is_not_finite_and_keeps_t
         ef.encode(np.ones(100, np.float32), "k")
 
 
+@pytest.mark.parametrize("params", [{"ratio": 0.01}, {"ratio": 0.3}, {"k": 1}, {"ratio": 0.01, "index_coding": "raw"}])
+@pytest.mark.parametrize("decay", [1.0, 0.95])
+@pytest.mark.parametrize("n", [1, 17, 3001, 70_003])
+def test_fused_topk_feedback_is_bit_identical_to_the_generic_path(params, decay, n):
+    """Top-k's feedback without a decode (the kept elements of c = x + e zeroed in place) against
+    the generic path's decode and subtraction: the same payload bytes and the same residual bits
+    at every step, zeros of both signs and ties of magnitude included (a tie is kept by the lowest
+    index on both paths, and -0 stays -0 in the residual where it is not kept)."""
+    fused = gcodec.ErrorFeedback(gcodec.get_codec("topk", **params), decay=decay)
+    plain_codec = gcodec.get_codec("topk", **params)
+    plain_codec.plan_feedback = None  # forces the generic path
+    plain = gcodec.ErrorFeedback(plain_codec, decay=decay)
+    rng = np.random.default_rng(n)
+    for k in range(4):
+        x = rng.standard_normal(n).astype(np.float32)
+        if n > 12:
+            x[rng.choice(n, 6, replace=False)] = [0.0, -0.0, -0.0, 1.5, -1.5, 1.5]  # signed zeros, ties
+        if k == 2:
+            x[: n // 2] = 0.0
+        assert bytes(fused.encode(x, "w")) == bytes(plain.encode(x, "w"))
+        assert fused.residual("w").tobytes() == plain.residual("w").tobytes()
+    # a non-finite input is refused by both and leaves the residual as it was
+    before = fused.residual("w").copy()
+    x = np.ones(n, np.float32)
+    x[n // 2] = np.nan
+    for ef in (fused, plain):
+        with pytest.raises(gcodec.PayloadValueError):
+            ef.encode(x, "w")
+    assert fused.residual("w").tobytes() == before.tobytes() == plain.residual("w").tobytes()
+
+
+def test_fused_topk_feedback_leaves_hybrids_and_other_dtypes_to_the_generic_path():
+    """A nested value codec decodes the kept values to something else than c, and float64 work
+    keeps float64 residuals: neither takes the shortcut (plan_feedback answers None)."""
+    from gcodec.codecs.base import EncodeContext
+
+    x = np.ones(100, np.float32)
+    hybrid = gcodec.get_codec("topk", ratio=0.1, values={"id": "uniform", "bits": 8})
+    assert hybrid.plan_feedback(x, None, np.empty_like(x), EncodeContext("w", None, None)) is None
+    x64 = np.ones(100, np.float64)
+    plain = gcodec.get_codec("topk", ratio=0.1)
+    assert plain.plan_feedback(x64, None, np.empty_like(x64), EncodeContext("w", None, None)) is None
+    assert plain.plan_feedback(x, None, np.empty_like(x), EncodeContext("w", None, None)) is not None
+
+
 @pytest.mark.parametrize("cid", ["sign", "uniform", "qsgd"])
 def test_failed_encode_leaves_the_residual(cid):
     ef = gcodec.ErrorFeedback(cid)
