@@ -16,8 +16,9 @@ a slow one) the controller
 
 1. updates, per rung, what it measured through the transport statistics (encode, decode seconds,
    payload bytes; seconds as the median of the last 5 samples, bytes as a moving average) and
-   falls back to a one-off calibration on this machine (:func:`gcodec.advise.measure_speed`, made
-   when a router takes the controller: :meth:`AdaptiveController.calibrate`) for rungs it has not
+   falls back to a one-off calibration on this machine (the transports' protocol over a mirrored
+   communicator, :func:`gcodec.advise.measure_protocol_speed`, made when a router takes the
+   controller: :meth:`AdaptiveController.calibrate`) for rungs it has not
    run yet, scaled by how much slower than their calibration the rungs it has
    run were in the job (:meth:`AdaptiveController.load_factor`);
 2. takes the link bandwidth as given, or measures it as received bytes over communication seconds;
@@ -50,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from .advise import CodecSpeed, Link, LinkFit, fit_link, measure_speed, parse_bandwidth, predict, prime_transport
+from .advise import CodecSpeed, Link, LinkFit, fit_link, measure_protocol_speed, parse_bandwidth, predict
 from .codecs import get_codec
 from .errors import ConfigError
 from .transports import DENSE, Communicator, PolicyState, Protocol
@@ -174,6 +175,7 @@ class AdaptiveController:
         self.latency_s, self.interval, self.warmup_steps, self.start = latency_s, interval, warmup_steps, start
         self.min_norm_ratio, self.max_residual_ratio, self.hysteresis = min_norm_ratio, max_residual_ratio, hysteresis
         self._speeds: dict[str, CodecSpeed] = dict(speeds or {})
+        self._cal_ef, self._cal_mode = False, "auto"  # what calibrate() was told (the engine's)
         self.level: dict[str, int] = {}
         #: per key and rung: {"encode_s", "decode_s", "payload_bytes", "bad"} measured
         self.measured: dict[str, list[dict[str, float]]] = {}
@@ -286,32 +288,29 @@ class AdaptiveController:
         k = self._keys[rung]
         s = self._speeds.get(k)
         if s is None:
-            # sizes past the caches, where a gradient's codec work runs from memory
-            s = self._speeds[k] = measure_speed(self.ladder[rung], sizes=(1 << 16, 1 << 20), repeats=2)
+            # through the protocol a job's step runs, with its error feedback and mode, at 64 Ki and
+            # 4 Mi elements: past the caches, where a gradient's codec work runs from memory (a line
+            # through 1 Mi read top-k's codec seconds at 4.35 M elements 40 % low)
+            s = self._speeds[k] = measure_protocol_speed(
+                self.ladder[rung], 2, error_feedback=self._cal_ef, mode=self._cal_mode, sizes=(1 << 16, 1 << 22)
+            )
         return s
 
-    def calibrate(self) -> None:
-        """Time every rung's codec on this machine now (those not given as ``speeds`` and not timed
-        yet), instead of at the first decision. The router calls it when the controller is
-        installed, so an engine's setup pays it (0.45-0.75 s for the default ladder on the 2-core
-        machine with two ranks calibrating at once, most of it the kernels' first load), as a job
-        pays its kernels' compilation or autotuning, before the first step rather than inside one.
-        Local: no collectives."""
+    def calibrate(self, *, error_feedback: bool = False, mode: str = "auto") -> None:
+        """Time every rung through the transports' protocol on this machine now (those not given as
+        ``speeds`` and not timed yet), with the engine's error feedback and mode, as the job's steps
+        record them (:func:`gcodec.advise.measure_protocol_speed`: the residual's passes and the
+        decode of the peers' payloads included, which the codec's own encode and decode leave out:
+        top-k 1 % + EF at 4.35 M elements 5 ms by the codec alone, 13 ms through the protocol).
+        The router calls it when the controller is installed, so an engine's setup pays it (about
+        1 s for the default ladder on the 2-core machine), as a job pays its kernels' compilation
+        or autotuning, before the first step rather than inside one; and the kernels a rung's
+        first step calls are loaded by then (the first step of a 4.35 M-element tensor through the
+        protocol took 329 / 164 / 233 ms with uniform 8 / top-k 1 % / fp16 and EF unloaded, 50 /
+        28 / 93 ms loaded, later steps 15-47 ms). Local: no collectives."""
+        self._cal_ef, self._cal_mode = bool(error_feedback), mode
         for r in range(len(self.ladder)):
             self._speed(r)
-
-    def prime(self, *, error_feedback: bool = False, mode: str = "auto") -> None:
-        """Run every rung's codec once through the transports' protocol on a small tensor
-        (:func:`gcodec.advise.prime_transport`, with the engine's error feedback and mode, as on 2
-        ranks), so that the kernels a rung's first step calls are loaded at setup: on the 2-core
-        machine the first step of a 4.35 M-element tensor through the protocol took 329, 164 and
-        233 ms unprimed (uniform 8, top-k 1 %, fp16, with error feedback) and 50, 28 and 93 ms
-        primed, its later steps 15-47 ms; without it the rung the warm-up or a trial takes pays
-        its kernels' first load inside the training. The router calls it after
-        :meth:`calibrate`. Local: no collectives."""
-        for c in self._codecs:
-            if c is not None:
-                prime_transport(c, 2, mode=mode, error_feedback=error_feedback)
 
     def load_factor(self, key: str, numel: int) -> float:
         """How much slower than its calibration the codec work of ``key`` runs in the job: the

@@ -61,12 +61,12 @@ __all__ = [
     "compute_seconds",
     "fit_link",
     "job_tensors",
+    "measure_protocol_speed",
     "measure_speed",
     "measure_steps",
     "measure_transport",
     "parse_bandwidth",
     "predict",
-    "prime_transport",
     "probe_link",
     "probe_links",
     "transport_sizes",
@@ -494,10 +494,17 @@ def measure_transport(
 
 
 def _mirror_step(
-    codec: Codec, comm: MirrorComm, x: np.ndarray, error_feedback: bool, mode: str, threads: int | None
+    codec: Codec,
+    comm: MirrorComm,
+    x: np.ndarray,
+    error_feedback: bool,
+    mode: str,
+    threads: int | None,
+    with_state: bool = False,
 ) -> Any:
     """A function that runs one step of the transports' protocol for ``codec`` on ``x`` over
-    ``comm`` (one state: the residual carries from step to step)."""
+    ``comm`` (one state: the residual carries from step to step; key ``"t"``), and with
+    ``with_state`` the state, whose ``stats()`` holds each step's figures."""
     from .transports import TransportState, allreduce_protocol, run_blocking
 
     state = TransportState(codec, error_feedback=error_feedback, mode=mode, num_threads=threads)
@@ -506,28 +513,47 @@ def _mirror_step(
     def once() -> None:
         run_blocking(allreduce_protocol(comm, state, x, out, "t", "mean", mode))
 
-    return once
+    return (once, state) if with_state else once
 
 
-def prime_transport(
-    codec: Codec | str | Mapping[str, Any], workers: int = 2, *, mode: str = "auto", error_feedback: bool = False
-) -> None:
-    """Run two steps of the transports' protocol for ``codec`` on a small tensor over a
-    :class:`MirrorComm` (the first without a residual, the second with one): every kernel a job's
-    step with this codec calls is loaded from Numba's cache, or compiled, here. On the 2-core
-    machine that took 120-280 ms off the first step of a 4.35 M-element tensor (uniform 8 with
-    error feedback: 329 ms unprimed, 50 primed; later steps 35-47); an engine that primes its
-    codecs at setup keeps that out of the training step that first takes the codec."""
+def measure_protocol_speed(
+    codec: Codec | str | Mapping[str, Any] | None,
+    workers: int = 2,
+    *,
+    mode: str = "auto",
+    error_feedback: bool = False,
+    sizes: tuple[int, int] = (1 << 16, 1 << 22),
+    repeats: int = 2,
+) -> CodecSpeed:
+    """Encode and decode seconds and payload bytes as the transports' protocol records them in a
+    job (the ``encode_s``, ``decode_s`` and ``payload_bytes`` of its step statistics: the encode
+    with the residual's passes, the decode of the ``workers`` payloads and the mean's scaling), at
+    two sizes over a :class:`MirrorComm`, best of ``repeats`` after an untimed step, a line through
+    them as :func:`measure_speed`. The figures an adaptive controller sets against what the job's
+    steps record: the codec's own encode and decode (:func:`measure_speed`) leave out the
+    protocol's passes (top-k 1 % + EF at 4.35 M elements: 5 ms by the codec alone, 13 ms through
+    the protocol). Loads every kernel the protocol calls, so that a job's first step with the codec
+    does not. ``None``
+    (dense) costs nothing and sends 4 bytes per element."""
+    if codec is None:
+        return _ZERO
     c = get_codec(codec)  # type: ignore[arg-type]
     comm = MirrorComm(max(2, int(workers)))
-    if c.low_rank:
-        x = np.random.default_rng(0).standard_normal((128, 128), dtype=np.float32)
-    else:
-        n = 1 << 14  # a multiple of every group size, and of the mirror's two-phase chunks
-        x = _sample(c, n)
-    once = _mirror_step(c, comm, x, error_feedback, mode, None)
-    once()
-    once()
+    pts = []
+    for n in sizes:
+        x = _sample(c, int(n))
+        once, state = _mirror_step(c, comm, x, error_feedback, mode, None, with_state=True)
+        once()  # untimed: buffers, the residual's first step
+        enc = dec = math.inf
+        for _ in range(max(1, repeats)):
+            once()
+            rec = state.stats()["t"]
+            enc, dec = min(enc, float(rec["encode_s"])), min(dec, float(rec["decode_s"]))
+        pts.append((x.size, enc, dec, float(rec["payload_bytes"])))
+    (n0, e0, d0, b0), (n1, e1, d1, b1) = pts
+    (et, es), (dt, ds) = _line(n0, e0, n1, e1), _line(n0, d0, n1, d1)
+    db = (b1 - b0) / (n1 - n0)
+    return CodecSpeed(et, es, dt, ds, b0 - db * n0, db)
 
 
 def collective_of(codec: Codec | Mapping[str, Any] | None, workers: int, mode: str = "auto") -> str:

@@ -494,53 +494,53 @@ def test_a_probe_that_cannot_fit_leaves_the_exchanges_measure() -> None:
 
 
 def test_the_router_calibrates_a_controller_when_it_is_installed(monkeypatch) -> None:
-    """The codecs are timed once, when an engine's router takes the controller (its setup), not at
-    the first decision inside a training step; installing it again times nothing more."""
+    """The codecs are timed once, through the transports' protocol with the engine's error
+    feedback and mode, when an engine's router takes the controller (its setup), not at the first
+    decision inside a training step; installing it again times nothing more."""
     import gcodec.adaptive as adaptive
+    from gcodec.transports.router import Router
 
     timed: list = []
 
-    def fake(codec, **kw):
-        timed.append(codec)
+    def fake(codec, workers, **kw):
+        timed.append((codec, workers, kw["error_feedback"], kw["mode"]))
         return CodecSpeed(0.0, 1e-9, 0.0, 1e-9, 0.0, 1.0)
 
-    monkeypatch.setattr(adaptive, "measure_speed", fake)
+    monkeypatch.setattr(adaptive, "measure_protocol_speed", fake)
     ctl = AdaptiveController(ladder=[None, "fp16", {"id": "uniform", "bits": 8}])
     assert timed == []
-    PolicyState(ctl)
-    assert timed == ctl.ladder  # every rung once, in ladder order
+    Router(ctl, error_feedback=True, mode="gather")
+    assert timed == [(c, 2, True, "gather") for c in ctl.ladder]  # every rung once, in ladder order
     PolicyState(ctl)
     assert len(timed) == 3
 
 
-def test_the_router_primes_the_controllers_rungs_with_its_error_feedback_and_mode(monkeypatch) -> None:
-    """After the calibration the router has every rung run through the transports' protocol once
-    (:func:`gcodec.advise.prime_transport`), with the engine's error feedback and mode."""
-    import gcodec.adaptive as adaptive
-    from gcodec.transports.router import Router
+def test_the_protocol_calibration_reads_the_steps_own_figures() -> None:
+    """measure_protocol_speed fits its line through what the protocol's step statistics recorded:
+    fp16's payload grows by exactly 2 bytes per element (a constant header), its encode and decode
+    seconds are positive, and dense is free at 4 bytes per element."""
+    from gcodec.advise import measure_protocol_speed
 
-    primed: list = []
-    monkeypatch.setattr(adaptive, "prime_transport", lambda c, w, **kw: primed.append((c.get_config(), w, kw)))
-    ladder = [None, "fp16", {"id": "uniform", "bits": 8}]
-    ctl = AdaptiveController(ladder=ladder, speeds=SPEEDS)
-    Router(ctl, error_feedback=True, mode="gather")
-    cfgs = [c for c in ctl.ladder if c is not None]
-    assert primed == [(c, 2, {"mode": "gather", "error_feedback": True}) for c in cfgs]
+    sp = measure_protocol_speed("fp16", 2, error_feedback=True, sizes=(1 << 12, 1 << 14), repeats=1)
+    assert sp.payload_per_element == 2.0 and sp.payload_t0 > 0
+    assert sp.encode_seconds(1 << 14) > 0 and sp.decode_seconds(1 << 14) > 0
+    dense = measure_protocol_speed(None)
+    assert dense.payload_per_element == 4.0 and dense.encode_seconds(1 << 20) == 0.0
 
 
-def test_prime_transport_loads_the_kernels_a_step_calls() -> None:
+def test_the_calibration_loads_the_kernels_a_step_calls() -> None:
     """In a fresh process no signature of the fused fp16 error-feedback kernel is loaded; after
-    ``prime_transport(fp16, error_feedback=True)`` one is, so a job's first fp16 step does not load
-    it."""
+    the protocol's calibration of fp16 with error feedback one is, so a job's first fp16 step does
+    not load it."""
     import subprocess
     import sys
 
     code = (
         "import gcodec.kernels.cpu.cast as K\n"
-        "from gcodec.advise import prime_transport\n"
+        "from gcodec.advise import measure_protocol_speed\n"
         "ks = (K._feedback_f16_range, K._feedback_f16_range_v)\n"
         "before = sum(len(k.signatures) for k in ks)\n"
-        "prime_transport('fp16', 2, error_feedback=True)\n"
+        "measure_protocol_speed('fp16', 2, error_feedback=True, sizes=(1024, 4096))\n"
         "print(before, sum(len(k.signatures) for k in ks))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)

@@ -197,11 +197,8 @@ class Router:
         self._policy = value
         self.chooser = as_policy(value, **self._shorthand)
         calibrate = getattr(self.chooser, "calibrate", None)
-        if callable(calibrate):  # a controller times its codecs at setup, not inside a training step
-            calibrate()
-        prime = getattr(self.chooser, "prime", None)
-        if callable(prime):  # and loads the kernels its rungs' protocols call, for the same reason
-            prime(error_feedback=self.error_feedback, mode=self.mode)
+        if callable(calibrate):  # a controller times its codecs (as this engine runs them) at setup,
+            calibrate(error_feedback=self.error_feedback, mode=self.mode)  # not inside a training step
 
     def configure(self, **shorthand: Any) -> None:
         """Change the shorthand's ``codec``, ``min_numel`` or ``dense_1d`` (see :class:`Router`)."""
