@@ -115,10 +115,11 @@ class AdaptiveController:
             costs ``trial_steps`` steps instead of ``interval``. Once per key and rung; None:
             no trials.
         prior_load: how much slower than its calibration a codec is taken to run in the job until
-            a rung of the key has run and measured it (:meth:`load_factor`). In jobs on the 2-core
-            machine the codecs ran 3-10x their calibration; with 1, a warm-up that starts dense
-            on the unlimited loopback took fp16 or uniform 8 (priced 10 % under dense) at its first
-            step, and they ran twice as long as dense.
+            a rung of the key has run and measured it (:meth:`load_factor`). In the DDP hook on the
+            2-core machine, where the ranks' threads and the backward pass share the cores, a
+            codec's protocol ran about twice its calibration (top-k 1 % + EF at 4.35 M elements:
+            8 ms of encode and decode calibrated, 16 ms in the hook's step), and the codec's own
+            encode and decode, the calibration before the protocol's, 3-10x.
         min_norm_ratio: the telemetry bound without error feedback (default 0.9).
         max_residual_ratio: the bound with error feedback: residual norm / gradient norm.
         hysteresis: switch only when the predicted step time falls by more than this fraction.
