@@ -151,16 +151,28 @@ def test_fused_16_bit_feedback_refuses_a_residual_that_is_not_finite_and_keeps_t
         ef.encode(np.ones(100, np.float32), "k")
 
 
-@pytest.mark.parametrize("params", [{"ratio": 0.01}, {"ratio": 0.3}, {"k": 1}, {"ratio": 0.01, "index_coding": "raw"}])
+@pytest.mark.parametrize(
+    "cid,params",
+    [
+        ("topk", {"ratio": 0.01}),
+        ("topk", {"ratio": 0.3}),
+        ("topk", {"k": 1}),
+        ("topk", {"ratio": 0.01, "index_coding": "raw"}),
+        ("threshold", {"threshold": 1.5}),
+        ("threshold", {"threshold": 0.0}),
+        ("threshold", {"threshold": 100.0, "index_coding": "raw"}),
+    ],
+)
 @pytest.mark.parametrize("decay", [1.0, 0.95])
 @pytest.mark.parametrize("n", [1, 17, 3001, 70_003])
-def test_fused_topk_feedback_is_bit_identical_to_the_generic_path(params, decay, n):
-    """Top-k's feedback without a decode (the kept elements of c = x + e zeroed in place) against
-    the generic path's decode and subtraction: the same payload bytes and the same residual bits
-    at every step, zeros of both signs and ties of magnitude included (a tie is kept by the lowest
-    index on both paths, and -0 stays -0 in the residual where it is not kept)."""
-    fused = gcodec.ErrorFeedback(gcodec.get_codec("topk", **params), decay=decay)
-    plain_codec = gcodec.get_codec("topk", **params)
+def test_fused_sparse_feedback_is_bit_identical_to_the_generic_path(cid, params, decay, n):
+    """Top-k's and threshold's feedback without a decode (the kept elements of c = x + e zeroed in
+    place) against the generic path's decode and subtraction: the same payload bytes and the same
+    residual bits at every step, zeros of both signs and ties of magnitude included (a tie is kept
+    by the lowest index on both paths, and -0 stays -0 in the residual where it is not kept; a
+    threshold of 0 keeps every element, one of 100 none)."""
+    fused = gcodec.ErrorFeedback(gcodec.get_codec(cid, **params), decay=decay)
+    plain_codec = gcodec.get_codec(cid, **params)
     plain_codec.plan_feedback = None  # forces the generic path
     plain = gcodec.ErrorFeedback(plain_codec, decay=decay)
     rng = np.random.default_rng(n)
@@ -182,7 +194,7 @@ def test_fused_topk_feedback_is_bit_identical_to_the_generic_path(params, decay,
     assert fused.residual("w").tobytes() == before.tobytes() == plain.residual("w").tobytes()
 
 
-def test_fused_topk_feedback_leaves_hybrids_and_other_dtypes_to_the_generic_path():
+def test_fused_sparse_feedback_leaves_hybrids_and_other_dtypes_to_the_generic_path():
     """A nested value codec decodes the kept values to something else than c, and float64 work
     keeps float64 residuals: neither takes the shortcut (plan_feedback answers None)."""
     from gcodec.codecs.base import EncodeContext

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import alloc, kernels
-from ..arrays import DTYPES
+from ..arrays import DTYPES, backend_of, dtype_name
 from ..errors import ConfigError, HeaderError, PayloadValueError
 from ..layout import sparse as slayout
 from ..sections import SectionSpec, TensorEntry, numel
@@ -226,7 +226,51 @@ class SparseIndexCodec(ValuesHost):
         self._nested = nested
         self._params["values"] = None if nested is None else nested.get_config()
 
-    # ---- encoding helpers ----------------------------------------------------------------
+    # ---- encoding ----------------------------------------------------------------------------
+    def _select(self, flat: np.ndarray, dtype_name: str) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """The kept indices (increasing), their elements' bit patterns and the header params the
+        selection adds; PayloadValueError on non-finite input. Each codec's own."""
+        raise NotImplementedError
+
+    def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
+        flat = x.reshape(-1)
+        dname = dtype_name(flat.dtype)
+        idx, vbits, extra = self._select(flat, dname)
+        return self._plan_selected(flat, dname, idx, extra, ctx, vbits)
+
+    def plan_feedback(self, x: Any, residual: Any, new_residual: Any, ctx: EncodeContext) -> EncodePlan | None:
+        """Error feedback without decoding (:class:`gcodec.ErrorFeedback`'s fused path): with raw
+        float32 values a kept element decodes to itself, so the new residual is ``c = x + residual``
+        with the kept elements set to +0 (what ``c - decode(c)`` gives: ``c - c`` is +0 for a finite
+        ``c``, ``c - 0`` is ``c``, -0 included). ``c`` is written into ``new_residual`` and the
+        selection reads it there; the kept elements are zeroed after the payload's values are
+        written. The generic path's three passes over the tensor after the encode (zeroing a
+        scratch array, scattering the decoded values into it, subtracting) become one write of k
+        zeros. Host float32 work with raw values only (None otherwise: the generic path)."""
+        if self._nested is not None or backend_of(x) != "cpu":
+            return None
+        flat = x.reshape(-1)
+        out_e = new_residual.reshape(-1)
+        if flat.dtype != np.float32 or out_e.dtype != np.float32:
+            return None
+        if residual is None:
+            np.copyto(out_e, flat)
+        else:
+            e = residual.reshape(-1)
+            if e.dtype != np.float32:
+                return None
+            np.add(flat, e, out=out_e)  # the generic path's float32 addition, element for element
+        with kernels.of(flat).threads_for(flat.shape[0]):  # as the API runs a plan: small tensors on this thread
+            idx, vbits, extra = self._select(out_e, "float32")
+            plan = self._plan_selected(out_e, "float32", idx, extra, ctx, vbits)
+        inner = plan.fill
+
+        def fill(views: Mapping[str, np.ndarray]) -> None:
+            inner(views)
+            out_e[idx] = 0.0
+
+        return EncodePlan(plan.params, plan.sections, fill)
+
     def _plan_selected(
         self,
         flat: np.ndarray,

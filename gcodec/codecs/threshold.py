@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
-from ..arrays import dtype_name as _dtype_name
 from ..errors import PayloadValueError
-from .base import EncodeContext, EncodePlan, Param
+from .base import Param
 from .registry import register_codec
 from .sparse import SparseIndexCodec, key_bits, smallest_key
 
@@ -74,9 +73,9 @@ class Threshold(SparseIndexCodec):
     def wire_schema(cls) -> dict[str, Param]:
         return cls.WIRE
 
-    def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
-        flat = x.reshape(-1)
-        dname = _dtype_name(flat.dtype)
+    def _select(self, flat: np.ndarray, dname: str) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """The indices (increasing) and bit patterns of the elements at or above the threshold in
+        magnitude; PayloadValueError on non-finite input."""
         t = self._params["threshold"]
         bits, mask, infkey = key_bits(flat, dname)
         kt = bits.dtype.type(threshold_key(t, dname))
@@ -91,7 +90,7 @@ class Threshold(SparseIndexCodec):
         vbits = K.memory.empty(count + slack, bits.dtype)
         c = K.sparse.collect_ge(bits, mask, kt, idx, vbits)
         assert c == count
-        return self._plan_selected(flat, dname, idx[:count], {"threshold": t}, ctx, vbits[:count])
+        return idx[:count], vbits[:count], {"threshold": t}
 
     @classmethod
     def _check_decoded_values(cls, params: dict[str, Any], vals: np.ndarray) -> None:

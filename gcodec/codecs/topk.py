@@ -15,15 +15,13 @@ kept index at 1 % density, against 32 for raw uint32 indices.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .. import kernels
-from ..arrays import backend_of
 from ..errors import PayloadValueError
-from .base import EncodeContext, EncodePlan, Param
+from .base import Param
 from .registry import register_codec
 from .sparse import SparseIndexCodec, check_ratio_k, k_for, key_bits
 
@@ -103,16 +101,8 @@ class TopK(SparseIndexCodec):
         """The number of elements kept from a tensor of ``n`` elements."""
         return k_for(self._params, n)
 
-    def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
-        from ..arrays import dtype_name as _dn
-
-        flat = x.reshape(-1)
-        dname = _dn(flat.dtype)
-        idx, vbits = self._select(flat, dname)
-        return self._plan_selected(flat, dname, idx, {}, ctx, vbits)
-
-    def _select(self, flat: np.ndarray, dname: str) -> tuple[np.ndarray, np.ndarray]:
-        """The kept indices (increasing) and their elements' bit patterns; PayloadValueError on
+    def _select(self, flat: np.ndarray, dname: str) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """The k largest magnitudes' indices (increasing) and bit patterns; PayloadValueError on
         non-finite input (section 2 of the spec)."""
         n = flat.shape[0]
         k = self.k_for(n)
@@ -126,40 +116,7 @@ class TopK(SparseIndexCodec):
             raise PayloadValueError(
                 f"topk: input has NaN or infinite values ({bad} found); see specs/codecs/topk.md section 2"
             )
-        return idx, vbits
-
-    def plan_feedback(self, x: Any, residual: Any, new_residual: Any, ctx: EncodeContext) -> EncodePlan | None:
-        """Error feedback without decoding (:class:`gcodec.ErrorFeedback`'s fused path): with raw
-        float32 values a kept element decodes to itself, so the new residual is ``c = x + residual``
-        with the kept elements set to +0 (what ``c - decode(c)`` gives: ``c - c`` is +0 for a finite
-        ``c``, ``c - 0`` is ``c``, -0 included). ``c`` is written into ``new_residual`` and the
-        selection reads it there; the kept elements are zeroed after the payload's values are
-        written. The generic path's three passes over the tensor after the encode (zeroing a
-        scratch array, scattering the decoded values into it, subtracting) become one write of k
-        zeros. Host float32 work with raw values only (None otherwise: the generic path)."""
-        if self._nested is not None or backend_of(x) != "cpu":
-            return None
-        flat = x.reshape(-1)
-        out_e = new_residual.reshape(-1)
-        if flat.dtype != np.float32 or out_e.dtype != np.float32:
-            return None
-        if residual is None:
-            np.copyto(out_e, flat)
-        else:
-            e = residual.reshape(-1)
-            if e.dtype != np.float32:
-                return None
-            np.add(flat, e, out=out_e)  # the generic path's float32 addition, element for element
-        with kernels.of(flat).threads_for(flat.shape[0]):  # as the API runs a plan: small tensors on this thread
-            idx, vbits = self._select(out_e, "float32")
-            plan = self._plan_selected(out_e, "float32", idx, {}, ctx, vbits)
-        inner = plan.fill
-
-        def fill(views: Mapping[str, np.ndarray]) -> None:
-            inner(views)
-            out_e[idx] = 0.0
-
-        return EncodePlan(plan.params, plan.sections, fill)
+        return idx, vbits, {}
 
     @classmethod
     def _check_decoded_values(cls, params: dict[str, Any], vals: np.ndarray) -> None:
