@@ -161,16 +161,19 @@ def test_fused_16_bit_feedback_refuses_a_residual_that_is_not_finite_and_keeps_t
         ("threshold", {"threshold": 1.5}),
         ("threshold", {"threshold": 0.0}),
         ("threshold", {"threshold": 100.0, "index_coding": "raw"}),
+        ("randomk", {"ratio": 0.1}),
+        ("randomk", {"k": 1, "seed": 7}),
     ],
 )
 @pytest.mark.parametrize("decay", [1.0, 0.95])
 @pytest.mark.parametrize("n", [1, 17, 3001, 70_003])
 def test_fused_sparse_feedback_is_bit_identical_to_the_generic_path(cid, params, decay, n):
-    """Top-k's and threshold's feedback without a decode (the kept elements of c = x + e zeroed in
-    place) against the generic path's decode and subtraction: the same payload bytes and the same
-    residual bits at every step, zeros of both signs and ties of magnitude included (a tie is kept
-    by the lowest index on both paths, and -0 stays -0 in the residual where it is not kept; a
-    threshold of 0 keeps every element, one of 100 none)."""
+    """Top-k's, threshold's and random-k's feedback without a decode (the kept elements of
+    c = x + e zeroed in place) against the generic path's decode and subtraction: the same payload
+    bytes and the same residual bits at every step, zeros of both signs and ties of magnitude
+    included (a tie is kept by the lowest index on both paths, and -0 stays -0 in the residual
+    where it is not kept; a threshold of 0 keeps every element, one of 100 none); after a refused
+    step both paths draw random-k's next stream alike."""
     fused = gcodec.ErrorFeedback(gcodec.get_codec(cid, **params), decay=decay)
     plain_codec = gcodec.get_codec(cid, **params)
     plain_codec.plan_feedback = None  # forces the generic path
@@ -192,6 +195,9 @@ def test_fused_sparse_feedback_is_bit_identical_to_the_generic_path(cid, params,
         with pytest.raises(gcodec.PayloadValueError):
             ef.encode(x, "w")
     assert fused.residual("w").tobytes() == before.tobytes() == plain.residual("w").tobytes()
+    x = rng.standard_normal(n).astype(np.float32)
+    assert bytes(fused.encode(x, "w")) == bytes(plain.encode(x, "w"))
+    assert fused.residual("w").tobytes() == plain.residual("w").tobytes()
 
 
 def test_fused_sparse_feedback_leaves_hybrids_and_other_dtypes_to_the_generic_path():
@@ -206,6 +212,8 @@ def test_fused_sparse_feedback_leaves_hybrids_and_other_dtypes_to_the_generic_pa
     plain = gcodec.get_codec("topk", ratio=0.1)
     assert plain.plan_feedback(x64, None, np.empty_like(x64), EncodeContext("w", None, None)) is None
     assert plain.plan_feedback(x, None, np.empty_like(x), EncodeContext("w", None, None)) is not None
+    rk = gcodec.get_codec("randomk", ratio=0.1, values={"id": "fp16"})
+    assert rk.plan_feedback(x, None, np.empty_like(x), EncodeContext("w", None, None)) is None
 
 
 @pytest.mark.parametrize("cid", ["sign", "uniform", "qsgd"])

@@ -43,6 +43,7 @@ from .sparse import (
     nested_overflow,
     nested_overflow_key,
     plan_values,
+    zeroed_feedback_plan,
 )
 
 __all__ = ["RandomK", "randomk_indices", "value_codec"]
@@ -117,7 +118,16 @@ class RandomK(ValuesHost):
         return k_for(self._params, n)
 
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
-        flat = x.reshape(-1)
+        return self._plan_drawn(x.reshape(-1), ctx)[0]
+
+    def plan_feedback(self, x: Any, residual: Any, new_residual: Any, ctx: EncodeContext) -> EncodePlan | None:
+        """Error feedback without decoding (:func:`gcodec.codecs.sparse.zeroed_feedback_plan`): the
+        drawn elements' raw values decode to themselves. The stream is taken once, as the generic
+        path takes it."""
+        return zeroed_feedback_plan(self._nested, x, residual, new_residual, lambda c: self._plan_drawn(c, ctx))
+
+    def _plan_drawn(self, flat: np.ndarray, ctx: EncodeContext) -> tuple[EncodePlan, Any]:
+        """The plan for ``flat`` and the indices it drew."""
         dname = _dtype_name(flat.dtype)
         n = flat.shape[0]
         k = self.k_for(n)
@@ -146,7 +156,7 @@ class RandomK(ValuesHost):
         idx = randomk_indices(n, k, seed, stream, backend=backend_of(flat))
         vwire, sections, vfill = plan_values(self._nested, flat, idx, dname, ctx)
         params = {"k": k, "seed": seed, "stream": stream, "values": vwire}
-        return EncodePlan(params, sections, vfill)
+        return EncodePlan(params, sections, vfill), idx
 
     # ---- header ----------------------------------------------------------------------------
     @classmethod

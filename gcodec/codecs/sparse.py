@@ -182,6 +182,43 @@ def check_nested_values_finite(vals: np.ndarray, rule: str) -> None:
         raise PayloadValueError(f"{rule}: {bad} value(s) decoded by the nested codec are NaN or infinite")
 
 
+def zeroed_feedback_plan(
+    nested: Any, x: Any, residual: Any, new_residual: Any, plan_of: Callable[[np.ndarray], tuple[EncodePlan, Any]]
+) -> EncodePlan | None:
+    """The fused error-feedback plan of a codec that sends some elements' values raw
+    (:class:`gcodec.ErrorFeedback`'s fast path; ``topk``, ``threshold``, ``randomk``): a kept
+    float32 element decodes to itself and every other one to +0, so the new residual is
+    ``c = x + residual`` with the kept elements set to +0, bit for bit what ``c - decode(c)``
+    gives (``c - c`` is +0 for a finite ``c``, ``c - 0`` is ``c``, -0 included). ``c`` is written
+    into ``new_residual``; ``plan_of(c)`` plans the codec's encode of it and names the kept
+    indices, which are zeroed after the payload's values are written. The generic path's three
+    passes over the tensor after the encode (zeroing a scratch array, scattering the decoded values
+    into it, subtracting) become one write of k zeros. Host float32 work with raw values only
+    (None otherwise, and for a ``nested`` value codec: the generic path)."""
+    if nested is not None or backend_of(x) != "cpu":
+        return None
+    flat = x.reshape(-1)
+    out_e = new_residual.reshape(-1)
+    if flat.dtype != np.float32 or out_e.dtype != np.float32:
+        return None
+    if residual is None:
+        np.copyto(out_e, flat)
+    else:
+        e = residual.reshape(-1)
+        if e.dtype != np.float32:
+            return None
+        np.add(flat, e, out=out_e)  # the generic path's float32 addition, element for element
+    with kernels.of(flat).threads_for(flat.shape[0]):  # as the API runs a plan: small tensors on this thread
+        plan, idx = plan_of(out_e)
+    inner = plan.fill
+
+    def fill(views: Mapping[str, np.ndarray]) -> None:
+        inner(views)
+        out_e[idx] = 0.0
+
+    return EncodePlan(plan.params, plan.sections, fill)
+
+
 class ValuesHost(Codec):
     """Base of the codecs that send ``k`` values of the tensor (``topk``, ``threshold``, ``randomk``):
     raw in the tensor's dtype, or through the nested codec declared in ``params["values"]``."""
@@ -239,37 +276,13 @@ class SparseIndexCodec(ValuesHost):
         return self._plan_selected(flat, dname, idx, extra, ctx, vbits)
 
     def plan_feedback(self, x: Any, residual: Any, new_residual: Any, ctx: EncodeContext) -> EncodePlan | None:
-        """Error feedback without decoding (:class:`gcodec.ErrorFeedback`'s fused path): with raw
-        float32 values a kept element decodes to itself, so the new residual is ``c = x + residual``
-        with the kept elements set to +0 (what ``c - decode(c)`` gives: ``c - c`` is +0 for a finite
-        ``c``, ``c - 0`` is ``c``, -0 included). ``c`` is written into ``new_residual`` and the
-        selection reads it there; the kept elements are zeroed after the payload's values are
-        written. The generic path's three passes over the tensor after the encode (zeroing a
-        scratch array, scattering the decoded values into it, subtracting) become one write of k
-        zeros. Host float32 work with raw values only (None otherwise: the generic path)."""
-        if self._nested is not None or backend_of(x) != "cpu":
-            return None
-        flat = x.reshape(-1)
-        out_e = new_residual.reshape(-1)
-        if flat.dtype != np.float32 or out_e.dtype != np.float32:
-            return None
-        if residual is None:
-            np.copyto(out_e, flat)
-        else:
-            e = residual.reshape(-1)
-            if e.dtype != np.float32:
-                return None
-            np.add(flat, e, out=out_e)  # the generic path's float32 addition, element for element
-        with kernels.of(flat).threads_for(flat.shape[0]):  # as the API runs a plan: small tensors on this thread
-            idx, vbits, extra = self._select(out_e, "float32")
-            plan = self._plan_selected(out_e, "float32", idx, extra, ctx, vbits)
-        inner = plan.fill
+        """Error feedback without decoding (:func:`zeroed_feedback_plan`)."""
 
-        def fill(views: Mapping[str, np.ndarray]) -> None:
-            inner(views)
-            out_e[idx] = 0.0
+        def plan_of(c: np.ndarray) -> tuple[EncodePlan, np.ndarray]:
+            idx, vbits, extra = self._select(c, "float32")
+            return self._plan_selected(c, "float32", idx, extra, ctx, vbits), idx
 
-        return EncodePlan(plan.params, plan.sections, fill)
+        return zeroed_feedback_plan(self._nested, x, residual, new_residual, plan_of)
 
     def _plan_selected(
         self,
