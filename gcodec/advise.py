@@ -312,6 +312,14 @@ def _line(n0: int, t0: float, n1: int, t1: float) -> tuple[float, float]:
     return t0 - slope * n0, slope
 
 
+def _speed_line(pts: Sequence[tuple[int, float, float, float]]) -> CodecSpeed:
+    """The :class:`CodecSpeed` through two timings ``(elements, encode s, decode s, payload bytes)``."""
+    (n0, e0, d0, b0), (n1, e1, d1, b1) = pts
+    (et, es), (dt, ds) = _line(n0, e0, n1, e1), _line(n0, d0, n1, d1)
+    db = (b1 - b0) / (n1 - n0)
+    return CodecSpeed(et, es, dt, ds, b0 - db * n0, db)
+
+
 def measure_speed(
     codec: Codec | str | Mapping[str, Any] | None,
     *,
@@ -329,10 +337,7 @@ def measure_speed(
         for n in sizes:
             x = _sample(c, n)
             pts.append((x.size, *_time_codec(c, x, repeats)))
-    (n0, e0, d0, b0), (n1, e1, d1, b1) = pts
-    (et, es), (dt, ds) = _line(n0, e0, n1, e1), _line(n0, d0, n1, d1)
-    db = (b1 - b0) / (n1 - n0)
-    return CodecSpeed(et, es, dt, ds, b0 - db * n0, db)
+    return _speed_line(pts)
 
 
 def probe_links(
@@ -460,7 +465,7 @@ def measure_transport(
     comm = MirrorComm(max(2, int(workers)))
 
     def timed(x: np.ndarray) -> tuple[float, tuple[int, int]]:
-        once = _mirror_step(c, comm, x, error_feedback, mode, threads)
+        once, _ = _mirror_step(c, comm, x, error_feedback, mode, threads)
         once()
         comm.calls.clear()
         t = _best(once, repeats)
@@ -500,11 +505,10 @@ def _mirror_step(
     error_feedback: bool,
     mode: str,
     threads: int | None,
-    with_state: bool = False,
-) -> Any:
+) -> tuple[Any, Any]:
     """A function that runs one step of the transports' protocol for ``codec`` on ``x`` over
-    ``comm`` (one state: the residual carries from step to step; key ``"t"``), and with
-    ``with_state`` the state, whose ``stats()`` holds each step's figures."""
+    ``comm`` (one state: the residual carries from step to step; key ``"t"``), and that state,
+    whose ``stats()`` holds each step's figures."""
     from .transports import TransportState, allreduce_protocol, run_blocking
 
     state = TransportState(codec, error_feedback=error_feedback, mode=mode, num_threads=threads)
@@ -513,7 +517,7 @@ def _mirror_step(
     def once() -> None:
         run_blocking(allreduce_protocol(comm, state, x, out, "t", "mean", mode))
 
-    return (once, state) if with_state else once
+    return once, state
 
 
 def measure_protocol_speed(
@@ -542,7 +546,7 @@ def measure_protocol_speed(
     pts = []
     for n in sizes:
         x = _sample(c, int(n))
-        once, state = _mirror_step(c, comm, x, error_feedback, mode, None, with_state=True)
+        once, state = _mirror_step(c, comm, x, error_feedback, mode, None)
         once()  # untimed: buffers, the residual's first step
         enc = dec = math.inf
         for _ in range(max(1, repeats)):
@@ -550,10 +554,7 @@ def measure_protocol_speed(
             rec = state.stats()["t"]
             enc, dec = min(enc, float(rec["encode_s"])), min(dec, float(rec["decode_s"]))
         pts.append((x.size, enc, dec, float(rec["payload_bytes"])))
-    (n0, e0, d0, b0), (n1, e1, d1, b1) = pts
-    (et, es), (dt, ds) = _line(n0, e0, n1, e1), _line(n0, d0, n1, d1)
-    db = (b1 - b0) / (n1 - n0)
-    return CodecSpeed(et, es, dt, ds, b0 - db * n0, db)
+    return _speed_line(pts)
 
 
 def collective_of(codec: Codec | Mapping[str, Any] | None, workers: int, mode: str = "auto") -> str:
