@@ -168,20 +168,26 @@ def _probed(bandwidth_bps: float, **kw) -> AdaptiveController:
 def _ran(ctl: AdaptiveController, rung: int, held_s: float, steps: range) -> None:
     """Records of ``steps`` steps on ``rung`` whose codec seconds are SPEEDS' (so the load factor
     stays 1) and whose bucket was held ``held_s``."""
+    for step in steps:
+        ctl.observe("w", _record(ctl, rung, held_s, step), error_feedback=True)
+
+
+def _record(ctl: AdaptiveController, rung: int, held_s: float, step: int) -> dict:
+    """An engine's record of one step of key "w" on ``rung``: SPEEDS' codec seconds and bytes for
+    SHAPE, the bucket held ``held_s``."""
     n = int(np.prod(SHAPE))
     sp = SPEEDS[ctl._keys[rung]]
-    for step in steps:
-        rec = {
-            "codec": "dense" if ctl.ladder[rung] is None else ctl.ladder[rung],
-            "step": step,
-            "encode_s": sp.encode_seconds(n),
-            "decode_s": sp.decode_seconds(n),
-            "payload_bytes": sp.payload_bytes(n),
-            "wire_bytes": sp.payload_bytes(n),
-            "comm_s": 0.01,
-            "held_s": held_s,
-        }
-        ctl.observe("w", rec, error_feedback=True)
+    return {
+        "codec": "dense" if ctl.ladder[rung] is None else ctl.ladder[rung],
+        "step": step,
+        "mode": "summable",
+        "encode_s": sp.encode_seconds(n),
+        "decode_s": sp.decode_seconds(n),
+        "payload_bytes": sp.payload_bytes(n),
+        "wire_bytes": sp.payload_bytes(n),
+        "comm_s": 0.01,
+        "held_s": held_s,
+    }
 
 
 def test_a_rung_measured_slower_than_dense_goes_back_to_dense_and_stays() -> None:
@@ -330,20 +336,7 @@ def test_unmeasured_codec_seconds_are_the_calibration_times_the_prior_load_until
 def _ran_one(ctl: AdaptiveController, ps: PolicyState, rung: int, held_s: float, step: int) -> None:
     """Record one step of key "w" on ``rung`` in ``ps`` as an engine does (the controller reads it
     at the next select)."""
-    n = int(np.prod(SHAPE))
-    sp = SPEEDS[ctl._keys[rung]]
-    rec = {
-        "codec": "dense" if ctl.ladder[rung] is None else ctl.ladder[rung],
-        "step": step,
-        "mode": "summable",
-        "encode_s": sp.encode_seconds(n),
-        "decode_s": sp.decode_seconds(n),
-        "payload_bytes": sp.payload_bytes(n),
-        "wire_bytes": sp.payload_bytes(n),
-        "comm_s": 0.01,
-        "held_s": held_s,
-    }
-    ps.record("w", rec)
+    ps.record("w", _record(ctl, rung, held_s, step))
 
 
 def test_controller_state_round_trips() -> None:
