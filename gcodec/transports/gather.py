@@ -28,7 +28,7 @@ from .state import TransportState
 from .stats import StepStats
 from .threads import kernel_threads
 
-__all__ = ["allgather_protocol", "decode_sum", "gather_protocol"]
+__all__ = ["allgather_protocol", "decode_sum", "finish_into", "gather_protocol"]
 
 
 def decode_sum(codec: object, parts: list[Any], acc: Any, what: str) -> None:
@@ -37,6 +37,19 @@ def decode_sum(codec: object, parts: list[Any], acc: Any, what: str) -> None:
         if part.shape[0] == 0:
             raise GcodecError(f"{what}: rank {r} sent no payload")
         codec.decode(part, out=acc, accumulate=True)  # type: ignore[attr-defined]
+
+
+def finish_into(out: Any, acc: Any, op: str, p: int) -> None:
+    """``out`` (flat) = the sum ``acc``, divided by ``p`` for a mean: the division writes straight
+    into ``out`` where it has ``acc``'s type (one pass; ``out`` may be ``acc``), else it runs in
+    ``acc`` and a copy rounds once into ``out``'s type."""
+    if out.dtype != acc.dtype:
+        finish_into(acc, acc, op, p)
+        xp.copy(out, acc)
+    elif op == "mean":
+        xp.scale(out, acc, 1.0 / p)
+    elif out is not acc:
+        xp.copy(out, acc)
 
 
 def gather_protocol(
@@ -67,12 +80,11 @@ def gather_protocol(
     with kernel_threads(state.threads), st.timing("decode_s"):
         try:
             decode_sum(codec, parts, acc, what)
-            if op == "mean":
-                xp.scale(acc, acc, 1.0 / p)
         except GcodecError as e:  # a peer's payload failed its checks here: tell every rank
             err = e
-    yield from ex.agree(err)
-    xp.copy(xp.flat(out), acc)
+    yield from ex.agree(err)  # out is written only once every rank has decoded every payload
+    with st.timing("decode_s"):
+        finish_into(xp.flat(out), acc, op, p)
     return out
 
 

@@ -24,7 +24,7 @@ from ..errors import GcodecError
 from .collectives import as_bytes, empty_like
 from .comm import Protocol
 from .control import Exchange
-from .gather import decode_sum
+from .gather import decode_sum, finish_into
 from .protocol_helpers import gather_stream, nbytes_from_others, work_dtype
 from .sendbuf import encode_into
 from .state import TransportState
@@ -88,8 +88,7 @@ def two_phase_protocol(
         try:
             acc = xp.zeros(x, b[me + 1] - b[me], work_dtype(x.dtype))
             decode_sum(codec, recv, acc, what)
-            if op == "mean":
-                xp.scale(acc, acc, 1.0 / p)
+            finish_into(acc, acc, op, p)
         except GcodecError as e:
             err = e
     if err is None:
