@@ -214,13 +214,26 @@ class FutureQueue:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._held: list[Work] = []  # the collectives of the last completed protocol (see _serve)
+        self._pending = 0  # protocols submitted and not yet finished (under _lock)
         _live.add(self)
 
-    def submit(self, proto: Protocol, device: Any = None) -> torch.futures.Future:
+    def submit(self, proto: Protocol, device: Any = None, *, start_here: bool = False) -> torch.futures.Future:
         """Queue ``proto``; for tensors on a CUDA ``device`` its work goes on the stream that is
         current *now* (the caller's: DDP's, when DDP calls the hook) and the future is made for that
         device, so a consumer waits on the stream (torch records an event when the value is set),
-        not on the host."""
+        not on the host.
+
+        ``start_here``: when the queue is idle (nothing submitted is unfinished), ``proto`` runs on
+        the calling thread up to its first collective, which it thus starts at once; the queue's
+        thread waits for that collective and runs the rest. No other protocol can start a
+        collective in between (the queue is idle and the lock is held), so the order of the
+        collectives on every rank is the submission order, as before. What it saves is the wake-up
+        of the queue's thread before the first collective: on the 2-core machine of
+        docs/benchmarks.md, about 2 ms of a DDP step whose bucket goes dense (the BEGIN round trip
+        then starts while DDP's thread is still in the hook, as torch's own ``allreduce_hook``
+        starts its allreduce). A protocol that has heavy local work before its first collective
+        (an encode) should yield a completed work (``DoneWork``) before it, so that the work runs
+        on the queue's thread and still overlaps the caller's."""
         stream = None
         if device is not None and torch.device(device).type == "cuda":
             stream = torch.cuda.current_stream(device)
@@ -231,6 +244,9 @@ class FutureQueue:
             if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
                 self._thread = threading.Thread(target=self._serve, name="gcodec-torch-queue", daemon=True)
                 self._thread.start()
+            if start_here and self._pending == 0:
+                proto = _started(proto)
+            self._pending += 1
             self._jobs.put((proto, result, stream))
         return result
 
@@ -285,6 +301,8 @@ class FutureQueue:
                 # after it completed, is released by its last holder: this thread.
                 self._held = held
                 del job, held
+                with self._lock:
+                    self._pending -= 1
                 if error is None:
                     result.set_result(value)
                 else:
@@ -306,6 +324,39 @@ class FutureQueue:
         except BaseException as e:
             proto.close()
             return None, e
+
+
+def _started(proto: Protocol) -> Protocol:
+    """Run ``proto`` here up to its first collective; return the protocol that goes on from there
+    (yielding that collective first), or that returns or raises what ``proto`` did before any."""
+    try:
+        first = next(proto)
+    except StopIteration as stop:
+        return _finished(stop.value, None)
+    except BaseException as e:  # the queue's thread raises it, where every error of a protocol goes
+        return _finished(None, e)
+    return _resumed(proto, first)
+
+
+def _finished(value: Any, error: BaseException | None) -> Protocol:
+    if error is not None:
+        raise error
+    return value
+    yield  # a generator that starts no collective
+
+
+def _resumed(proto: Protocol, first: Work) -> Protocol:
+    """``proto`` after its first collective ``first``: what the queue's thread runs of it."""
+    work = first
+    try:
+        while True:
+            yield work
+            try:
+                work = proto.send(None)
+            except StopIteration as stop:
+                return stop.value
+    finally:
+        proto.close()  # the queue closes this one on an error: close the protocol it runs
 
 
 _STOP = object()  # what close() puts on a queue: its thread returns

@@ -50,7 +50,7 @@ from ..deprecation import renamed_names
 from ..errors import ConfigError, GcodecError
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
-from ..transports import DENSE, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
+from ..transports import DENSE, DoneWork, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import gather_protocol
 from ..transports.handshake import Agreement, fingerprint
@@ -312,6 +312,9 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             router.record_step(ckey, None, DENSE, [st], held_s=time.perf_counter() - t_decided)
         report([st])
         return buf
+    # Hand over to the queue's thread before the encodes: when the queue started this bucket on
+    # DDP's thread (comm_hook), the rest runs on the queue's and overlaps DDP's backward pass.
+    yield DoneWork(None)
     grads, names = plan.grads, plan.names
     # Dense tensors: their concatenation (in float32) is summed uncompressed, riding with the
     # bucket's first summable or PowerSGD group when it has one (no round of their own; see
@@ -532,7 +535,11 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     it = state.iter
     if bucket.is_last():
         state.iter += 1
-    return queue_for(state.process_group).submit(_bucket_protocol(state, bucket, it), bucket.buffer().device)
+    # Started here while the queue is idle: a dense bucket's BEGIN goes out before DDP's thread
+    # returns, as torch's allreduce hook starts its allreduce (FutureQueue.submit).
+    return queue_for(state.process_group).submit(
+        _bucket_protocol(state, bucket, it), bucket.buffer().device, start_here=True
+    )
 
 
 # DDP checks the hook's annotations against the real classes; postponed (string) annotations fail.
