@@ -233,6 +233,23 @@ def test_fit_link_is_not_moved_by_a_noisy_middle_size() -> None:
     assert fit.worst_residual == pytest.approx(0.8, rel=1e-9)  # |t - 5t| / 5t
 
 
+def test_fit_link_does_not_read_a_small_size_slower_than_a_larger_one_as_latency() -> None:
+    """The probe of bench/link.py's 10 Gbit/s link (2026-12-06, medians of 5): 4 KiB in 3.677 ms,
+    64 KiB in 0.347, 1 MiB in 1.926, 16 MiB in 28.903. The smallest size counts at the least time of
+    any size from it up (0.347 ms), so alpha is 0.17 ms a message, not the 1.8 that the 4 KiB time
+    alone gives; beta is the line from there to 16 MiB."""
+    mib = 1 << 20
+    samples = [(4096, 3.677e-3), (65536, 0.347e-3), (mib, 1.926e-3), (16 * mib, 28.903e-3)]
+    fit = fit_link(samples, 2)
+    b = (28.903e-3 - 0.347e-3) / (16 * mib - 4096)  # seconds per byte (2(p-1)/p = 1 at p = 2)
+    assert fit.link.bandwidth_bps == pytest.approx(8 / b, rel=1e-9)
+    assert fit.link.latency_s == pytest.approx((0.347e-3 - b * 4096) / 2, rel=1e-9)
+    assert 0.17e-3 < fit.link.latency_s < 0.175e-3
+    # a link whose times grow with the size is fitted as before: through its smallest size
+    mono = [(4096, 0.347e-3), (65536, 0.5e-3), (mib, 1.926e-3), (16 * mib, 28.903e-3)]
+    assert fit_link(mono, 2).link.latency_s == pytest.approx(fit.link.latency_s, rel=1e-9)
+
+
 @pytest.mark.parametrize(
     "samples, p, what",
     [
