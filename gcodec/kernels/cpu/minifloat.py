@@ -221,16 +221,21 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL
     LLVM then picks a vector loop without a remainder, where a run-time count of 16 or 32 ran
     only its narrow epilogue."""
 
-    def _scales(xb, sc32, sc8, mbuf, g0, g1, G, tscale):  # pragma: no cover - jitted
+    def _scales(xb, sc32, sc8, mbuf, gmax, g0, g1, G, tscale):  # pragma: no cover - jitted
         """The scales of groups [g0, g1) (fp8.md §4, mx.md §5 step 3, nvfp4.md §3 step 3); returns
         how many hold NaN or infinity plus 2^32 times how many have a scale whose product with the
         largest element is infinite (rules E1, NV2; binary32 and NVFP4 scales). Two loops: the
-        groups' largest magnitudes (an integer max over ``bits & 0x7FFFFFFF``), then their scales, a
-        loop over groups that LLVM vectorises."""
+        groups' largest magnitudes (an integer max over ``bits & 0x7FFFFFFF``; given in ``gmax``
+        when the tensor pass kept them, else computed here), then their scales, a loop over groups
+        that LLVM vectorises."""
         n = xb.shape[0]
         bad = 0
         over = 0
         g = g0
+        if gmax.shape[0]:  # NVFP4: the tensor pass kept every block's largest magnitude
+            for j in range(g1 - g0):
+                mbuf[np.uint64(j)] = gmax[np.uint64(g0 + j)]
+            g = g1
         if AMAX16 is not None:  # noqa: F821 - 16 whole groups at a time (simd.block_amax16)
             while g + 16 <= g1 and (g + 16) * GL <= n:
                 AMAX16(xb, np.uint64(g * GL), mbuf, np.uint64(g - g0))  # noqa: F821
@@ -269,7 +274,7 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL
             return _sto32(t.view(np.uint32), r, MB, EMIN, MAXC, INT, BITS)
         return _near32(t.view(np.uint32), MB, EMIN, MAXB, BITS)
 
-    def _encode_range(x, xb, sc32, sc8, codes, G, L, fused, tscale, seeds, c0, c1):  # pragma: no cover - jitted
+    def _encode_range(x, xb, sc32, sc8, gmax, codes, G, L, fused, tscale, seeds, c0, c1):  # pragma: no cover - jitted
         setting = (BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL)  # noqa: F841 - the cache key
         bad = 0
         mbuf = np.empty((L if fused else c1 - c0) // G + 2, np.uint32)
@@ -280,7 +285,7 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL
                     sc8[gi] = 0
                     sc32[gi] = np.float32(0.0)
             else:
-                bad += SCALES(xb, sc32, sc8, mbuf, c0 // G, (c1 + G - 1) // G, G, tscale)  # noqa: F821
+                bad += SCALES(xb, sc32, sc8, mbuf, gmax, c0 // G, (c1 + G - 1) // G, G, tscale)  # noqa: F821
         rb = np.empty(L // 2 + 4, np.uint32)
         r16 = rb.view(np.uint16)
         cb = np.zeros(L + 8, np.uint8)
@@ -298,7 +303,7 @@ def _make_encode(BITS, MB, EMIN, EMAX, MAXC, INT, SCALE, STOCH, MAXVAL, MAXB, GL
                         sc8[gi] = 0
                         sc32[gi] = np.float32(0.0)
                 else:
-                    bad += SCALES(xb, sc32, sc8, mbuf, g0, g1, G, tscale)  # noqa: F821
+                    bad += SCALES(xb, sc32, sc8, mbuf, gmax, g0, g1, G, tscale)  # noqa: F821
             if STOCH:
                 fill_blocks(rb, b0 // 8, (b1 - b0 + 7) // 8, seeds[2], seeds[3], ks)
             gs = g0
@@ -467,6 +472,43 @@ def _amax_range(xb, part, C, c0, c1):  # pragma: no cover - jitted
     return 0
 
 
+_AMAX16_OF_16 = block_amax16(16)
+
+
+@njit(cache=True, nogil=True)
+def _amax_groups16_range(xb, gmax, part, C, c0, c1):  # pragma: no cover - jitted
+    # gmax[g] = the largest magnitude (as bits) of each group of 16 in [c0, c1), 16 groups at a time
+    # where whole (simd.block_amax16); part[c0 // C] = the largest of them
+    n = xb.shape[0]
+    g0 = c0 // 16
+    g1 = (c1 + 15) // 16
+    g = g0
+    while g + 16 <= g1 and (g + 16) * 16 <= n:
+        _AMAX16_OF_16(xb, np.uint64(g * 16), gmax, np.uint64(g))
+        g += 16
+    for gi in range(g, g1):
+        gmax[np.uint64(gi)] = _group_amax(xb, gi * 16, min(gi * 16 + 16, n))
+    m = np.uint32(0)
+    for gi in range(g1 - g0):
+        m = max(m, gmax[np.uint64(g0 + gi)])
+    part[c0 // C] = m
+    return 0
+
+
+def tensor_group_amax(flat: np.ndarray) -> tuple[float, bool, np.ndarray]:
+    """:func:`tensor_amax`, and every group of 16's largest magnitude as binary32 bits (what the
+    block pass of NVFP4 would compute again: one read of the tensor fewer per block)."""
+    n = flat.size
+    xb = flat.view(np.uint32)
+    gmax = np.empty(-(-n // 16), np.uint32)
+    part = np.zeros(-(-n // CHUNK), np.uint32)
+    run_chunks(_amax_groups16_range, n, CHUNK, xb, gmax, part, CHUNK)
+    m = int(part.max())
+    if m >= 0x7F800000:
+        return 0.0, False, gmax
+    return float(np.uint32(m).view(np.float32)), True, gmax
+
+
 def tensor_amax(flat: np.ndarray) -> tuple[float, bool]:
     """(largest magnitude, whether every value is finite) of a flat float32 array."""
     n = flat.size
@@ -484,6 +526,8 @@ def tensor_amax(flat: np.ndarray) -> tuple[float, bool]:
 #: NVIDIA's two-level scheme (nvfp4.md §3): the tensor scale maps the tensor's largest magnitude to
 #: 448 (E4M3's largest) times 6 (E2M1's largest).
 NV_TENSOR_DIVISOR = 448.0 * 6.0
+
+_NO_GMAX = np.empty(0, np.uint32)  # the blocks' maxima are computed by the block pass
 
 
 def encode(
@@ -509,7 +553,14 @@ def encode(
         return 0, 0
     el = ELEMENTS[element]
     tscale = np.float32(0.0)
-    if scale_rule == SCALE_E4M3:
+    gmax = _NO_GMAX
+    if scale_rule == SCALE_E4M3 and group_size == 16:  # the tensor pass keeps the blocks' maxima
+        amax, finite, gmax = tensor_group_amax(flat)
+        if not finite:
+            return 1, 0
+        tscale = np.float32(amax) / np.float32(NV_TENSOR_DIVISOR)  # one binary32 division
+        tensor_scale[0] = tscale
+    elif scale_rule == SCALE_E4M3:
         amax, finite = tensor_amax(flat)
         if not finite:
             return 1, 0
@@ -547,6 +598,7 @@ def encode(
         flat.view(np.uint32),
         sc32,
         sc8,
+        gmax,
         codes,
         int(group_size),
         L,
