@@ -200,7 +200,7 @@ def fit_link(
     x = np.array([k * b for b, _ in pts])
     t = np.array([tt for _, tt in pts])
     lo, hi = int(np.argmin(x)), int(np.argmax(x))
-    t_lo = float(t[x >= x[lo]].min())  # no size costs more than a larger one (docstring)
+    t_lo = float(t.min())  # the smallest size at the least time of any size (docstring)
     b = (t[hi] - t_lo) / (x[hi] - x[lo])
     if not b > 0:
         raise ConfigError(

@@ -501,12 +501,19 @@ def tensor_group_amax(flat: np.ndarray) -> tuple[float, bool, np.ndarray]:
     n = flat.size
     xb = flat.view(np.uint32)
     gmax = np.empty(-(-n // 16), np.uint32)
+    if n == 0:
+        return 0.0, True, gmax
     part = np.zeros(-(-n // CHUNK), np.uint32)
     run_chunks(_amax_groups16_range, n, CHUNK, xb, gmax, part, CHUNK)
+    return (*_largest(part), gmax)
+
+
+def _largest(part: np.ndarray) -> tuple[float, bool]:
+    """(the largest of the chunks' maxima ``part`` as a float, whether it is finite: 0.0 if not)."""
     m = int(part.max())
     if m >= 0x7F800000:
-        return 0.0, False, gmax
-    return float(np.uint32(m).view(np.float32)), True, gmax
+        return 0.0, False
+    return float(np.uint32(m).view(np.float32)), True
 
 
 def tensor_amax(flat: np.ndarray) -> tuple[float, bool]:
@@ -517,10 +524,7 @@ def tensor_amax(flat: np.ndarray) -> tuple[float, bool]:
     xb = flat.view(np.uint32)
     part = np.zeros(-(-n // CHUNK), np.uint32)
     run_chunks(_amax_range, n, CHUNK, xb, part, CHUNK)
-    m = int(part.max())
-    if m >= 0x7F800000:
-        return 0.0, False
-    return float(np.uint32(m).view(np.float32)), True
+    return _largest(part)
 
 
 #: NVIDIA's two-level scheme (nvfp4.md §3): the tensor scale maps the tensor's largest magnitude to
@@ -554,14 +558,11 @@ def encode(
     el = ELEMENTS[element]
     tscale = np.float32(0.0)
     gmax = _NO_GMAX
-    if scale_rule == SCALE_E4M3 and group_size == 16:  # the tensor pass keeps the blocks' maxima
-        amax, finite, gmax = tensor_group_amax(flat)
-        if not finite:
-            return 1, 0
-        tscale = np.float32(amax) / np.float32(NV_TENSOR_DIVISOR)  # one binary32 division
-        tensor_scale[0] = tscale
-    elif scale_rule == SCALE_E4M3:
-        amax, finite = tensor_amax(flat)
+    if scale_rule == SCALE_E4M3:
+        if group_size == 16:  # the tensor pass keeps the blocks' maxima for the block pass
+            amax, finite, gmax = tensor_group_amax(flat)
+        else:
+            amax, finite = tensor_amax(flat)
         if not finite:
             return 1, 0
         tscale = np.float32(amax) / np.float32(NV_TENSOR_DIVISOR)  # one binary32 division
