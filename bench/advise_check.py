@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gcodec.advise import (  # noqa: E402
+    CacheEvictor,
     CodecSpeed,
     Link,
     TransportSpeed,
@@ -309,7 +310,7 @@ DDP_CODECS = [
 ]
 
 
-def ddp_rank(rank: int, port: int, params_m: float, steps: int, out: str) -> None:
+def ddp_rank(rank: int, port: int, params_m: float, steps: int, out: str, cold: bool = True) -> None:
     """DDP steps of bench/transports.py's MLP (3 square layers with biases, about ``params_m``
     million parameters, one bucket so that the exchange is exposed, as the model prices it) on
     2 gloo ranks: the step with no communication at all (a hook that returns the bucket), with
@@ -366,20 +367,23 @@ def ddp_rank(rank: int, port: int, params_m: float, steps: int, out: str) -> Non
         return got
 
     fit, gfit, glink = _gloo_links(min(n_all, 1 << 22), 5, slowest)
+    # the codecs timed with the caches read over before each step, as advise times them for a
+    # training step (its forward and backward passes run between two exchanges); --warm-caches: not
+    evict = CacheEvictor() if cold else None
     base = measure(lambda ddp: ddp.register_comm_hook(None, noop))["measured"]
     dense_row = measure(lambda ddp: None)
     pred_dense = predict(None, measure_speed(None), [(n_all,)], p, fit.link)
     rows = [{"codec": None, **dense_row, "predicted": base + pred_dense["step_seconds"], "no_comm_s": base}]
     for cfg in DDP_CODECS:
         low = cfg["id"] == "powersgd"
-        sp = measure_speed(cfg, threads=1)
+        sp = measure_speed(cfg, threads=1, evict=evict)
         tensors = comp if low else [(n_comp,)]
         e = torch.tensor([sum(sp.encode_seconds(int(np.prod(s))) for s in tensors), 0.0], dtype=torch.float64)
         e[1] = sum(sp.decode_seconds(int(np.prod(s))) for s in tensors)
         dist.all_reduce(e, op=dist.ReduceOp.MAX)
         # the transports' protocol on the tensors the hook sends (PowerSGD: each matrix), the
         # slowest rank's figure
-        ms = measure_transport(cfg, p, threads=1, sizes=transport_sizes([n_comp]), shapes=tensors)
+        ms = measure_transport(cfg, p, threads=1, sizes=transport_sizes([n_comp]), shapes=tensors, evict=evict)
         if ms.per_shape is not None:
             tr = TransportSpeed(0.0, 0.0, ms.rounds, per_shape=tuple((s, slowest(t)) for s, t in ms.per_shape))
         else:
@@ -491,12 +495,12 @@ def _print_rows(res: dict) -> None:
         )
 
 
-def ddp_check(sizes: list[float], steps: int, out: str | None) -> None:
+def ddp_check(sizes: list[float], steps: int, out: str | None, cold: bool = True) -> None:
     """The DDP check at each model size; the verdicts and factors, and a JSON file if asked."""
     print("== DDP on 2 gloo ranks (127.0.0.1), one bucket: advise's predicted step against the measured one")
     res = []
     for m in sizes:
-        r = _spawn_gloo(["--steps", str(steps), "--ddp-rank", str(m)])
+        r = _spawn_gloo(["--steps", str(steps), *([] if cold else ["--warm-caches"]), "--ddp-rank", str(m)])
         _print_ddp(r)
         res.append(r)
     f = [r["factor"] for x in res for r in x["rows"]]
@@ -511,7 +515,7 @@ def ddp_check(sizes: list[float], steps: int, out: str | None) -> None:
         Path(out).write_text(json.dumps({"ddp": res, "factor_max": max(f), "wrong": wrong}, indent=2))
 
 
-def link_check(path: str, out: str | None) -> None:
+def link_check(path: str, out: str | None, cold: bool = True) -> None:
     """Part 5: advise against ``bench/link.py``'s contenders at every rate (its ``advise_check``,
     with the codecs timed again here)."""
     from bench import link
@@ -519,7 +523,7 @@ def link_check(path: str, out: str | None) -> None:
     res = json.loads(Path(path).read_text())
     if not any((res.get("local_step_ms") or {}).values()):
         raise SystemExit(f"{path}: no no-communication step times (run bench/link.py again: it times them now)")
-    chk = link.advise_check(res)
+    chk = link.advise_check(res, cold=cold)
     print("\n".join(link.advise_check_lines(chk)))
     if out:
         Path(out).write_text(json.dumps(chk, indent=2))
@@ -544,6 +548,11 @@ def main() -> None:
     ap.add_argument(
         "--link-json", metavar="FILE", help="only the shaped-link check, on an earlier `bench/link.py --json FILE`"
     )
+    ap.add_argument(
+        "--warm-caches",
+        action="store_true",
+        help="--ddp, --link-json: time the codecs back to back with warm caches, not after reading the caches over",
+    )
     ap.add_argument("--ddp-rank", nargs=3, metavar=("PARAMS", "RANK", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -554,13 +563,14 @@ def main() -> None:
         gloo_rank(int(args.gloo_rank[0]), args.port, args.numel, args.rounds, args.gloo_rank[1])
         return
     if args.ddp_rank:
-        ddp_rank(int(args.ddp_rank[1]), args.port, float(args.ddp_rank[0]), args.steps, args.ddp_rank[2])
+        params_m, rank, out = float(args.ddp_rank[0]), int(args.ddp_rank[1]), args.ddp_rank[2]
+        ddp_rank(rank, args.port, params_m, args.steps, out, not args.warm_caches)
         return
     if args.link_json:
-        link_check(args.link_json, args.json)
+        link_check(args.link_json, args.json, not args.warm_caches)
         return
     if args.ddp:
-        ddp_check([float(v) for v in args.ddp.split(",")], args.steps, args.json)
+        ddp_check([float(v) for v in args.ddp.split(",")], args.steps, args.json, not args.warm_caches)
         return
     print(f"== codec speed: the advise line against timings at other sizes ({os.cpu_count()} cores)")
     speed = [] if args.skip_speed else speed_check(args.numel)

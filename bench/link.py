@@ -405,7 +405,9 @@ def crossover_factor(measured: dict[str, Any], predicted: dict[str, Any]) -> flo
     return max(gaps)
 
 
-def advise_check(res: dict[str, Any], contenders: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+def advise_check(
+    res: dict[str, Any], contenders: list[dict[str, Any]] | None = None, cold: bool = True
+) -> dict[str, Any] | None:
     """``gcodec advise`` against the run, on the link the ranks measured at each rate: per contender
     it can price (one codec, plain DDP, the all-dense hook) and rate, the predicted step (the
     no-communication contender's measured step, :data:`LOCAL`, plus advise's exchange of the
@@ -417,7 +419,9 @@ def advise_check(res: dict[str, Any], contenders: list[dict[str, Any]] | None = 
     contender advise picked (``advise_choice``) measured slower than the uncompressed step.
 
     None where advise is not installed, or no rate has both a probed link and the compute floor.
-    Its codec timings are taken here, after the runs, so they see an idle machine."""
+    Its codec timings are taken here, after the runs, so they see an idle machine, each step after
+    the caches are read over (:class:`gcodec.advise.CacheEvictor`), as advise takes them (``cold``;
+    False: back to back, the caches warm)."""
     adv = _advise_module()
     local, links = res.get("local_step_ms") or {}, res.get("links") or {}
     rates = [q for q in res["rates"] if local.get(q) is not None and links.get(q)]
@@ -430,6 +434,9 @@ def advise_check(res: dict[str, Any], contenders: list[dict[str, Any]] | None = 
     sizes = adv.transport_sizes(math.prod(t) for t in tensors)
     workers = int(res["workers"])
     base = res["rows"][0]
+    # timed with the caches read over before each step, as advise times them: the job's forward and
+    # backward passes run between two exchanges (gcodec.advise.CacheEvictor)
+    evict = adv.CacheEvictor() if cold and hasattr(adv, "CacheEvictor") else None
     dense_pred: dict[str, float] = {}
     rows = []
     for r in res["rows"]:
@@ -438,10 +445,10 @@ def advise_check(res: dict[str, Any], contenders: list[dict[str, Any]] | None = 
             continue
         cfg = c["codec"] if _priced(c) else None
         ef = bool(c["error_feedback"]) and cfg is not None
-        speed = adv.measure_speed(cfg)
+        speed = adv.measure_speed(cfg, evict=evict)
         tspeed = None
         if cfg is not None:
-            tspeed = adv.measure_transport(cfg, workers, error_feedback=ef, sizes=sizes, shapes=tensors)
+            tspeed = adv.measure_transport(cfg, workers, error_feedback=ef, sizes=sizes, shapes=tensors, evict=evict)
         per: dict[str, dict[str, Any]] = {}
         for q in rates:
             link = _probed_link(adv, links[q])

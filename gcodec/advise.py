@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -50,6 +51,7 @@ from .transports.threads import kernel_threads
 
 __all__ = [
     "DEFAULT_CANDIDATES",
+    "CacheEvictor",
     "CodecSpeed",
     "Link",
     "LinkFit",
@@ -57,6 +59,7 @@ __all__ = [
     "TransportSpeed",
     "advise",
     "break_even_bps",
+    "cache_bytes",
     "comm_seconds",
     "compute_seconds",
     "fit_link",
@@ -283,22 +286,82 @@ class CodecSpeed:
 _ZERO = CodecSpeed(0.0, 0.0, 0.0, 0.0, 0.0, 4.0)
 
 
-def _best(f: Any, repeats: int) -> float:
+#: The most an eviction pass reads (:class:`CacheEvictor`): 1 GiB.
+EVICT_MAX_BYTES = 1 << 30
+#: What :func:`cache_bytes` assumes where the machine does not say.
+CACHE_BYTES_DEFAULT = 32 << 20
+
+
+def cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The size of the largest CPU cache of this machine (Linux's sysfs, ``index*/size``), or
+    :data:`CACHE_BYTES_DEFAULT` where it cannot be read."""
+    import glob
+
+    best = 0
+    for path in glob.glob(f"{root}/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        m = re.fullmatch(r"(\d+)\s*([KMG]?)B?", text)
+        if m:
+            best = max(best, int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)])
+    return best or CACHE_BYTES_DEFAULT
+
+
+class CacheEvictor:
+    """Reads a buffer of twice the largest cache (:func:`cache_bytes`, at most
+    :data:`EVICT_MAX_BYTES`) when called, so that the next timed step finds the caches holding
+    other data, as a training step finds them: its forward and backward passes run between two
+    exchanges and leave the caches holding the model and its activations.
+
+    Timed with warm caches (the same buffers step after step, nothing between), the transports'
+    protocol under-priced a training job's exchange: uniform 8-bit at 4.19 M elements on the 2-core
+    VM (a 480 MiB last-level cache) took 13.8 ms a step warm and 20.7 after reading 1 GiB between
+    steps, where the job's hook spent 11-13 ms decoding alone (decode 8.6 -> 12.8 ms); reading 64
+    MiB between steps changed nothing, 512 MiB nearly all of it. Reading suffices: the lines it
+    brings in replace the step's. The buffer is allocated on the first call and dropped with the
+    evictor. ``nbytes`` sets its size; where it is not given, the environment variable
+    ``GCODEC_EVICT_BYTES`` does (a machine short of memory, a test suite), else twice the cache."""
+
+    def __init__(self, nbytes: int | None = None) -> None:
+        if nbytes is None:
+            env = os.environ.get("GCODEC_EVICT_BYTES", "").strip()
+            try:
+                nbytes = int(env) if env else 2 * cache_bytes()
+            except ValueError:
+                raise ConfigError(f"GCODEC_EVICT_BYTES must be a whole number of bytes, not {env!r}") from None
+        if int(nbytes) < 8:
+            raise ConfigError(f"an evictor reads at least 8 bytes, not {nbytes}")
+        self.nbytes = min(int(nbytes), EVICT_MAX_BYTES)
+        self._buf: np.ndarray | None = None
+
+    def __call__(self) -> None:
+        if self._buf is None:
+            self._buf = np.ones(self.nbytes // 8, np.float64)  # real pages, not the zero page
+        self._buf.sum()
+
+
+def _best(f: Any, repeats: int, before: Any = None) -> float:
+    """The least time of ``repeats`` calls of ``f``, each after ``before()`` (untimed) when given."""
     best = math.inf
     for _ in range(repeats):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         f()
         best = min(best, time.perf_counter() - t0)
     return best
 
 
-def _time_codec(codec: Codec, x: np.ndarray, repeats: int) -> tuple[float, float, int]:
+def _time_codec(codec: Codec, x: np.ndarray, repeats: int, evict: Any = None) -> tuple[float, float, int]:
     state = CodecState()
     buf = encode(x, codec, key="advise", state=state)  # warm-up: compile, page in
     out = np.empty_like(x)
     decode(buf, out=out)
-    enc = _best(lambda: encode(x, codec, key="advise", state=state), repeats)
-    dec = _best(lambda: decode(buf, out=out), repeats)
+    enc = _best(lambda: encode(x, codec, key="advise", state=state), repeats, evict)
+    dec = _best(lambda: decode(buf, out=out), repeats, evict)
     return enc, dec, len(memoryview(buf).cast("B"))
 
 
@@ -333,9 +396,11 @@ def measure_speed(
     sizes: tuple[int, int] = (1 << 14, 1 << 22),
     repeats: int = 3,
     threads: int | None = None,
+    evict: Any = None,
 ) -> CodecSpeed:
     """Fit ``t(n) = t0 + c·n`` for encode and decode on Gaussian float32 data of two sizes (best of
-    ``repeats``). ``None`` (dense) costs nothing and sends 4 bytes per element."""
+    ``repeats``; each timed call after ``evict()`` when given, a :class:`CacheEvictor`). ``None``
+    (dense) costs nothing and sends 4 bytes per element."""
     if codec is None:
         return _ZERO
     c = get_codec(codec)  # type: ignore[arg-type]
@@ -343,7 +408,7 @@ def measure_speed(
     with kernel_threads(threads):
         for n in sizes:
             x = _sample(c, n)
-            pts.append((x.size, *_time_codec(c, x, repeats)))
+            pts.append((x.size, *_time_codec(c, x, repeats, evict)))
     return _speed_line(pts)
 
 
@@ -456,6 +521,7 @@ def measure_transport(
     repeats: int = 3,
     threads: int | None = None,
     shapes: Sequence[Sequence[int]] | None = None,
+    evict: Any = None,
 ) -> TransportSpeed:
     """Time the transports' own protocol (``gcodec.mpi.allreduce``'s and ``gcodec.torch``'s, the
     hook's per group) for ``codec`` on ``workers`` ranks over a :class:`MirrorComm`, at two sizes,
@@ -467,7 +533,10 @@ def measure_transport(
 
     A low-rank codec (PowerSGD), whose cost depends on each matrix's sides and its rank, is timed
     on each of ``shapes`` (the job's matrices, 2-D or more) instead: ``per_shape`` holds them, and
-    the line is their total time over their total elements."""
+    the line is their total time over their total elements.
+
+    ``evict`` (a :class:`CacheEvictor`), when given, runs before each timed step: the caches as a
+    training step leaves them to its exchange, not as the previous timed step left them."""
     c = get_codec(codec)  # type: ignore[arg-type]
     comm = MirrorComm(max(2, int(workers)))
 
@@ -475,7 +544,7 @@ def measure_transport(
         once, _ = _mirror_step(c, comm, x, error_feedback, mode, threads)
         once()
         comm.calls.clear()
-        t = _best(once, repeats)
+        t = _best(once, repeats, evict)
         k, calls = max(1, repeats), comm.calls  # _best ran ``repeats`` steady steps, each alike
         return t, (calls.get("allreduce", 0) // k, sum(v for q, v in calls.items() if q != "allreduce") // k)
 
@@ -777,6 +846,7 @@ def measure_steps(
     mode: str = "auto",
     error_feedback: bool = False,
     threads: int | None = None,
+    evict: Any = None,
 ) -> dict[str, float]:
     """Each candidate's exchange of the job's gradients, measured on the job's own ranks and link
     (what ``gcodec advise --probe`` reports beside the model): ``{codec config as canonical JSON
@@ -787,8 +857,10 @@ def measure_steps(
     own key (``exchange(array, codec, key, state)``: the engine's compressed allreduce in place,
     ``state`` a :class:`~gcodec.transports.TransportState`) and the ``dense`` ones in one float32
     allreduce (``dense_allreduce(array)``); for the baseline, every byte in one such allreduce.
-    ``make(shape)`` makes an engine array of Gaussian float32 values. Every rank must call it with
-    the same arguments. The transport knows no engine: the caller's callables are the engine."""
+    ``make(shape)`` makes an engine array of Gaussian float32 values. ``evict()`` (a
+    :class:`CacheEvictor`), when given, runs before each step's barrier, as :func:`advise` times
+    the protocol. Every rank must call it with the same arguments. The transport knows no engine:
+    the caller's callables are the engine."""
     from statistics import median
 
     from .transports import TransportState
@@ -817,6 +889,8 @@ def measure_steps(
 
         ts = []
         for _ in range(max(1, repeats) + 1):
+            if evict is not None:
+                evict()
             barrier()
             t0 = time.perf_counter()
             step()
@@ -841,6 +915,7 @@ def advise(
     error_feedback: bool = False,
     transport: bool = True,
     gather_link: Link | None = None,
+    cold: bool = True,
 ) -> list[dict[str, Any]]:
     """One prediction per candidate codec (see :func:`predict`), measuring each codec's speed here.
 
@@ -851,18 +926,24 @@ def advise(
     (:attr:`Link.gather`). ``transport`` (default) times the transports' own protocol for each codec
     (:func:`measure_transport`) and prices compute with it; False uses the formula on the codec's
     encode and decode times alone, which leaves out the transports' passes.
+
+    ``cold`` (default) times every step after reading more memory than the caches hold
+    (:class:`CacheEvictor`), as a training step's forward and backward passes leave the caches to
+    its exchange; False times the same buffers step after step, as a loop of allreduces with
+    nothing between runs them. Each row's ``caches`` says which.
     """
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an int >= 1, not {workers!r}")
     link = Link(parse_bandwidth(bandwidth), latency_s, gather_link)
     tensors, dense = job_tensors(numel=numel, model=model, min_numel=min_numel)
+    evict = CacheEvictor() if cold else None
     out = []
     for cand in candidates:
         cfg = None if cand is None else get_codec(cand).get_config()
         if cfg is not None and get_codec(cfg).low_rank and (model is None or not tensors):
             continue
         key = json.dumps(cfg, sort_keys=True)
-        speed = (speeds or {}).get(key) or measure_speed(cfg, threads=threads, repeats=repeats)
+        speed = (speeds or {}).get(key) or measure_speed(cfg, threads=threads, repeats=repeats, evict=evict)
         tspeed = None
         if transport and cfg is not None and workers > 1:
             tspeed = measure_transport(
@@ -874,6 +955,7 @@ def advise(
                 repeats=repeats,
                 sizes=transport_sizes(int(np.prod(s)) for s in tensors),
                 shapes=tensors,  # a low-rank codec is timed on the job's own matrices
+                evict=evict,
             )
         row = predict(
             cfg,
@@ -886,6 +968,7 @@ def advise(
             error_feedback=error_feedback,
             transport=tspeed,
         )
+        row["caches"] = "cold" if cold else "warm"
         out.append(row)
     return out
 

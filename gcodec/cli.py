@@ -622,6 +622,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from .advise import (
         DEFAULT_CANDIDATES,
         PROBE_SIZES,
+        CacheEvictor,
         advise,
         format_table,
         job_tensors,
@@ -669,6 +670,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
             error_feedback=args.error_feedback,
             transport=not args.codec_only,
             gather_link=gather,
+            cold=not args.warm_caches,
         )
         if args.probe and not args.no_measure:  # and the job's exchange itself, on this link
             tensors, dense = job_tensors(numel=args.numel, model=model)
@@ -681,6 +683,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
                 mode=args.mode,
                 error_feedback=args.error_feedback,
                 threads=args.threads,
+                evict=None if args.warm_caches else CacheEvictor(),
             )
             base = got.get("null")
             for r in rows:
@@ -712,10 +715,18 @@ def cmd_advise(args: argparse.Namespace) -> int:
         )
         link_info = {"source": "assumed", "bandwidth_bps": parse_bandwidth(bandwidth), "latency_s": latency}
     threads = args.threads if args.threads is not None else "the default"
-    speed_note = f"codec speeds: measured on this machine now ({threads} kernel threads, best of {args.repeats}); " + (
-        "compute: the codec's encode and decode times in the model's formula (--codec-only)"
-        if args.codec_only
-        else f"compute: the transports' own protocol timed here for {workers} ranks (no network)"
+    speed_note = (
+        f"codec speeds: measured on this machine now ({threads} kernel threads, best of {args.repeats}); "
+        + (
+            "compute: the codec's encode and decode times in the model's formula (--codec-only)"
+            if args.codec_only
+            else f"compute: the transports' own protocol timed here for {workers} ranks (no network)"
+        )
+        + (
+            "; caches warm (--warm-caches: the same buffers step after step)"
+            if args.warm_caches
+            else "; caches cold (read over before each timed step, as a training step's forward and backward leave them)"
+        )
     )
     for r in rows:
         r["link"] = link_info
@@ -924,6 +935,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--codec-only",
         action="store_true",
         help="price compute from the codec's encode/decode times alone, not the transports' timed protocol",
+    )
+    p.add_argument(
+        "--warm-caches",
+        action="store_true",
+        help="time steps back to back, caches warm (a loop of allreduces), not after reading them over (training)",
     )
     p.add_argument("--json", metavar="PATH", help="also write one JSON object per codec to PATH")
     p.set_defaults(func=cmd_advise)

@@ -13,13 +13,16 @@ import pytest
 import gcodec
 import gcodec.transports
 from gcodec.advise import (
+    EVICT_MAX_BYTES,
     GATHER_COLLECTIVES,
+    CacheEvictor,
     CodecSpeed,
     Link,
     MirrorComm,
     TransportSpeed,
     advise,
     break_even_bps,
+    cache_bytes,
     comm_seconds,
     compute_seconds,
     fit_link,
@@ -105,6 +108,74 @@ def test_measured_speed_is_a_sensible_line() -> None:
     sp = measure_speed({"id": "uniform", "bits": 8}, sizes=(1 << 12, 1 << 20), repeats=2)
     assert sp.encode_per_element > 0 and sp.decode_per_element > 0
     assert sp.payload_per_element == pytest.approx(1 + 4 / 64, rel=0.05)  # 8 bits + one fp32 scale per 64
+
+
+def test_cache_bytes_reads_the_largest_cache_of_sysfs(tmp_path: Path) -> None:
+    for i, size in enumerate(["48K", "64K", "2048K", "491520K"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert cache_bytes(str(tmp_path)) == 491520 << 10
+    (tmp_path / "index4").mkdir()
+    (tmp_path / "index4" / "size").write_text("1M")  # other units, and a smaller one, are read too
+    assert cache_bytes(str(tmp_path)) == 491520 << 10
+    (tmp_path / "index5").mkdir()
+    (tmp_path / "index5" / "size").write_text("1G")
+    assert cache_bytes(str(tmp_path)) == 1 << 30
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert cache_bytes(str(empty)) == gcodec.advise.CACHE_BYTES_DEFAULT
+    (empty / "index0").mkdir()
+    (empty / "index0" / "size").write_text("a lot")  # unreadable: the default
+    assert cache_bytes(str(empty)) == gcodec.advise.CACHE_BYTES_DEFAULT
+
+
+def test_cache_evictor_sizes_and_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GCODEC_EVICT_BYTES", raising=False)
+    monkeypatch.setattr(gcodec.advise, "cache_bytes", lambda: 3 << 20)
+    assert CacheEvictor().nbytes == 6 << 20  # twice the largest cache
+    monkeypatch.setattr(gcodec.advise, "cache_bytes", lambda: 4 << 30)
+    assert CacheEvictor().nbytes == EVICT_MAX_BYTES  # and never more than 1 GiB
+    monkeypatch.setenv("GCODEC_EVICT_BYTES", "65536")
+    ev = CacheEvictor()
+    assert ev.nbytes == 65536 and ev._buf is None  # nothing allocated before the first call
+    ev()
+    assert ev._buf is not None and ev._buf.nbytes == 65536
+    assert CacheEvictor(1 << 20).nbytes == 1 << 20  # an explicit size wins over the variable
+    for bad in ("64k", "-5", "4"):
+        monkeypatch.setenv("GCODEC_EVICT_BYTES", bad)
+        with pytest.raises(ConfigError):
+            CacheEvictor()
+
+
+def test_eviction_runs_before_each_timed_step_and_outside_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that advances 1 ms per reading and 10 s per eviction: every timed step still reads
+    1 ms (two readings), so the eviction ran outside the timed window, once before each timed
+    encode, decode and protocol step."""
+    import types
+
+    now, evictions = [0.0], [0]
+
+    def clock() -> float:
+        now[0] += 1e-3
+        return now[0]
+
+    def evict() -> None:
+        evictions[0] += 1
+        now[0] += 10.0
+
+    monkeypatch.setattr(gcodec.advise, "time", types.SimpleNamespace(perf_counter=clock))
+    sp = measure_speed({"id": "uniform", "bits": 8}, sizes=(1 << 10, 1 << 12), repeats=3, evict=evict)
+    assert evictions[0] == 2 * 2 * 3  # two sizes, encode and decode, three repeats
+    assert sp.encode_seconds(1 << 10) == pytest.approx(1e-3) and sp.decode_seconds(1 << 12) == pytest.approx(1e-3)
+    evictions[0] = 0
+    tr = measure_transport({"id": "uniform", "bits": 8}, 2, sizes=(1 << 10, 1 << 12), repeats=2, evict=evict)
+    assert evictions[0] == 2 * 2 and tr.seconds(1 << 12) == pytest.approx(1e-3)
+
+
+def test_advise_says_whether_its_caches_were_cold() -> None:
+    cold = advise(numel=1 << 14, candidates=[None, "fp16"], workers=2, repeats=1)
+    warm = advise(numel=1 << 14, candidates=[None, "fp16"], workers=2, repeats=1, cold=False)
+    assert [r["caches"] for r in cold] == ["cold", "cold"] and [r["caches"] for r in warm] == ["warm", "warm"]
 
 
 def test_advise_numel_lists_every_candidate_and_none_first() -> None:
@@ -299,6 +370,7 @@ def check_probed(text: str, out: Path, transport: str) -> None:
     the four probe sizes, and rows priced on exactly that link."""
     assert f"link: measured by --probe over {transport}" in text, text
     assert "codec speeds: measured on this machine now" in text
+    assert "caches cold (read over before each timed step" in text
     rows = json.loads(out.read_text())
     link = rows[0]["link"]
     assert link["source"] == "probe" and link["workers"] == 2
@@ -584,3 +656,18 @@ def test_measure_steps_times_what_predict_prices() -> None:
     assert calls[:steps] == [("d", (64 * 32 + 100 + 12,))] * steps  # the baseline: one allreduce of everything
     one = [("x", "fp16", "t0", (64, 32)), ("x", "fp16", "t1", (100,)), ("d", (12,))]
     assert calls[steps:] == one * steps
+    # with an evictor: the caches read over before every step's barrier, untimed steps included
+    order: list[str] = []
+    measure_steps(
+        [None, "fp16"],
+        [(64, 32)],
+        [],
+        exchange=lambda *a: order.append("x"),
+        dense_allreduce=lambda a: order.append("d"),
+        make=lambda shape: np.zeros(shape, np.float32),
+        barrier=lambda: order.append("b"),
+        slowest=lambda t: t,
+        repeats=2,
+        evict=lambda: order.append("e"),
+    )
+    assert order == ["e", "b", "d"] * steps + ["e", "b", "x"] * steps
