@@ -6,11 +6,11 @@
 
 **The link.** A network namespace of our own (``ip netns add gcodec-link-<pid>``) whose loopback is
 set to MTU 1500 and brought up, with a token-bucket qdisc ``tc qdisc add dev lo root tbf rate R
-burst 256kb latency 100ms`` (the burst must exceed the MTU). The ranks start with ``ip netns exec``
-and talk over gloo/TCP to 127.0.0.1 inside that namespace only (``GLOO_SOCKET_IFNAME=lo``); the
-qdisc shapes both directions, since both cross the one loopback device. The namespace is deleted
-on exit, error or Ctrl-C. Needs root (``CAP_NET_ADMIN``) and iproute2; where a namespace cannot
-be created the benchmark says so and exits 0 without results.
+burst B latency 100ms``, B a millisecond of the rate and at least 16 KiB (:func:`burst_bytes`). The
+ranks start with ``ip netns exec`` and talk over gloo/TCP to 127.0.0.1 inside that namespace only
+(``GLOO_SOCKET_IFNAME=lo``); the qdisc shapes both directions, since both cross the one loopback
+device. The namespace is deleted on exit, error or Ctrl-C. Needs root (``CAP_NET_ADMIN``) and
+iproute2; where a namespace cannot be created the benchmark says so and exits 0 without results.
 
 **The training** is the demo's with the design guide's model: an MLP 64-2048-2048-10 (4.35 M
 parameters) on the bundled digits, 2 gloo workers, plain SGD with a cosine learning rate.
@@ -140,6 +140,17 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
+def burst_bytes(rate: str) -> int:
+    """The token bucket's burst at ``rate``: what the rate moves in a millisecond, and at least 16
+    KiB (above the loopback's 1500-byte MTU). A fixed 256 KiB let every message under it through
+    at the loopback's own speed once the bucket had refilled, which a step's pause does: at 100
+    Mbit/s a compressed payload of 0.23 MB then crossed in a fraction of the 37 ms the rate gives
+    it, so that the link the codecs saw was not the one the probe's large messages measured. A
+    millisecond of the rate is the least that still lets the kernel's timer keep the rate (1.25
+    MB at 10 Gbit/s)."""
+    return max(16 << 10, int(RATE_BITS[rate] / 8 / 1000))
+
+
 @contextlib.contextmanager
 def namespace(rate: str) -> Iterator[list[str]]:
     """A fresh namespace with lo at MTU 1500, up, shaped to ``rate`` ("unlimited": no qdisc).
@@ -157,7 +168,7 @@ def namespace(rate: str) -> Iterator[list[str]]:
             subprocess.run(
                 [
                     *("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate),
-                    *("burst", "256kb", "latency", "100ms"),
+                    *("burst", str(burst_bytes(rate)), "latency", "100ms"),
                 ],
                 capture_output=True,
                 text=True,

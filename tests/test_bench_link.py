@@ -37,7 +37,17 @@ def test_namespace_has_a_shaped_loopback_at_mtu_1500_and_is_removed():
         assert "mtu 1500" in lo and "UP" in lo
         qdisc = subprocess.run([*prefix, "tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
         assert "tbf" in qdisc and "100Mbit" in qdisc
+        assert "burst 16Kb" in qdisc, qdisc  # a millisecond of 100 Mbit/s is under the 16 KiB floor
     assert name not in _namespaces()
+
+
+def test_the_burst_is_a_millisecond_of_the_rate_and_at_least_16_kib():
+    """tbf passes a full bucket's burst at the device's own speed: a burst sized by the rate keeps
+    a compressed payload from crossing a slow link faster than the rate (bench/link.py's
+    ``burst_bytes``)."""
+    assert link.burst_bytes("100mbit") == 16 << 10  # 12,500 bytes a millisecond: the floor
+    assert link.burst_bytes("1gbit") == 125_000
+    assert link.burst_bytes("10gbit") == 1_250_000
 
 
 @needs_netns
