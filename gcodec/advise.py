@@ -232,6 +232,7 @@ def probe_link(
     array: Any = None,
     clock: Any = time.perf_counter,
     collective: str = "allreduce",
+    evict: Any = None,
 ) -> LinkFit:
     """Measure the link the job runs on: time ``allreduce(a)`` (a dense in-place sum over the job's
     ranks: ``torch.distributed.all_reduce``, ``MPI.Comm.Allreduce``) on float32 arrays of ``sizes``
@@ -243,7 +244,10 @@ def probe_link(
     device tensor for NCCL, say; NumPy by default). The transports know no link: this takes plain
     callables, so any engine can probe with its own collective. ``collective="gather"``:
     ``allreduce`` is an all-gather of the buffer instead (fitted as one, see :func:`fit_link`), and
-    a sample's bytes are the buffer's ``nbytes``."""
+    a sample's bytes are the buffer's ``nbytes``. ``evict()`` (a :class:`CacheEvictor`), when
+    given, runs before each timed run's barrier: on a link fast enough that the copies through the
+    engine's buffers and sockets cost as much as the wire, the caches matter as they do for the
+    codecs (a job's allreduce follows its backward pass, not another allreduce of the same buffer)."""
     make = array or (lambda n: np.ones(n, np.float32))
     samples = []
     for n in sizes:
@@ -251,6 +255,8 @@ def probe_link(
         allreduce(buf)
         ts = []
         for _ in range(max(1, int(repeats))):
+            if evict is not None:
+                evict()
             if barrier is not None:
                 barrier()
             t0 = clock()
@@ -916,6 +922,7 @@ def advise(
     transport: bool = True,
     gather_link: Link | None = None,
     cold: bool = True,
+    evictor: CacheEvictor | None = None,
 ) -> list[dict[str, Any]]:
     """One prediction per candidate codec (see :func:`predict`), measuring each codec's speed here.
 
@@ -930,13 +937,14 @@ def advise(
     ``cold`` (default) times every step after reading more memory than the caches hold
     (:class:`CacheEvictor`), as a training step's forward and backward passes leave the caches to
     its exchange; False times the same buffers step after step, as a loop of allreduces with
-    nothing between runs them. Each row's ``caches`` says which.
+    nothing between runs them. Each row's ``caches`` says which. ``evictor`` is the one to use
+    (a caller that probed the link with one), else a new one is made.
     """
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an int >= 1, not {workers!r}")
     link = Link(parse_bandwidth(bandwidth), latency_s, gather_link)
     tensors, dense = job_tensors(numel=numel, model=model, min_numel=min_numel)
-    evict = CacheEvictor() if cold else None
+    evict = (evictor or CacheEvictor()) if cold else None
     out = []
     for cand in candidates:
         cfg = None if cand is None else get_codec(cand).get_config()

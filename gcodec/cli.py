@@ -477,12 +477,13 @@ def cmd_tour(args: argparse.Namespace) -> int:
     return EXIT_INVALID if failed and len(failed) == len(result["codecs"]) else EXIT_OK
 
 
-def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any, dict[str, Any]]:
+def _probe(kind: str, sizes: Sequence[int], evict: Any = None) -> tuple[Any, int, int, Any, dict[str, Any]]:
     """Measure the link under a launcher: (the fit, this rank, the world size, what to call when
     done: it tears down a process group made here, the engine's callables that
     :func:`gcodec.advise.measure_steps` times the job's exchange with). ``torch`` reads
     torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and uses NCCL when this
-    process has a GPU, else gloo; ``mpi`` uses MPI.COMM_WORLD (mpiexec)."""
+    process has a GPU, else gloo; ``mpi`` uses MPI.COMM_WORLD (mpiexec). ``evict`` runs before
+    each timed collective (:func:`gcodec.advise.probe_link`)."""
     from .advise import probe_links
 
     if kind == "mpi":
@@ -504,6 +505,7 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any, dict[st
             slowest=lambda t: comm.allreduce(t, op=MPI.MAX),
             sizes=sizes,
             transport=f"MPI ({' '.join(MPI.Get_library_version().split()[:3])})",
+            evict=evict,
         )
         import gcodec.mpi
 
@@ -533,7 +535,7 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any, dict[st
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if gpu else "gloo")
     try:
-        fits, engine = _probe_torch(sizes)
+        fits, engine = _probe_torch(sizes, evict)
     except BaseException:
         if made:  # the group made here goes with the error
             dist.destroy_process_group()
@@ -552,7 +554,7 @@ def _probe(kind: str, sizes: Sequence[int]) -> tuple[Any, int, int, Any, dict[st
     return fits, dist.get_rank(), dist.get_world_size(), close, engine
 
 
-def _probe_torch(sizes: Sequence[int]) -> tuple[Any, dict[str, Any]]:
+def _probe_torch(sizes: Sequence[int], evict: Any = None) -> tuple[Any, dict[str, Any]]:
     """The allreduce and all-gather fits on torch.distributed's default group, and the engine's
     callables for :func:`gcodec.advise.measure_steps`."""
     import torch
@@ -598,6 +600,7 @@ def _probe_torch(sizes: Sequence[int]) -> tuple[Any, dict[str, Any]]:
         slowest=slowest,
         sizes=sizes,
         transport=f"torch.distributed ({backend})",
+        evict=evict,
     )
     import gcodec.torch
 
@@ -652,10 +655,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
             cands = [None] + [json.loads(c) if c.lstrip().startswith("{") else c for c in args.codec]
         bandwidth, workers = args.bandwidth or "1Gbit", args.workers
         latency = LATENCY_DEFAULT if args.latency is None else args.latency
+        evict = None if args.warm_caches else CacheEvictor()  # one buffer for the probe and the timings
         if args.probe:
             # at least the two smallest sizes: a line needs two points
             sizes = [n for i, n in enumerate(PROBE_SIZES) if i < 2 or 4 * n <= args.probe_max_bytes]
-            (fit, gfit), rank, workers, close, engine = _probe(args.probe, sizes)
+            (fit, gfit), rank, workers, close, engine = _probe(args.probe, sizes, evict)
             bandwidth, latency, gather = fit.link.bandwidth_bps, fit.link.latency_s, gfit.link
         rows = advise(
             numel=args.numel,
@@ -670,7 +674,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
             error_feedback=args.error_feedback,
             transport=not args.codec_only,
             gather_link=gather,
-            cold=not args.warm_caches,
+            cold=evict is not None,
+            evictor=evict,
         )
         if args.probe and not args.no_measure:  # and the job's exchange itself, on this link
             tensors, dense = job_tensors(numel=args.numel, model=model)
@@ -683,7 +688,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
                 mode=args.mode,
                 error_feedback=args.error_feedback,
                 threads=args.threads,
-                evict=None if args.warm_caches else CacheEvictor(),
+                evict=evict,
             )
             base = got.get("null")
             for r in rows:
@@ -725,7 +730,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
         + (
             "; caches warm (--warm-caches: the same buffers step after step)"
             if args.warm_caches
-            else "; caches cold (read over before each timed step, as a training step's forward and backward leave them)"
+            else "; caches cold (read over before each timed step, as a training step's forward and backward do)"
         )
     )
     for r in rows:
@@ -939,7 +944,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--warm-caches",
         action="store_true",
-        help="time steps back to back, caches warm (a loop of allreduces), not after reading them over (training)",
+        help="time steps (and --probe's allreduces) back to back, caches warm, not after reading them over",
     )
     p.add_argument("--json", metavar="PATH", help="also write one JSON object per codec to PATH")
     p.set_defaults(func=cmd_advise)

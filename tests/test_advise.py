@@ -359,6 +359,21 @@ def test_probe_link_times_every_size_after_a_barrier_and_fits_the_slowest_rank()
     assert [b for b, _ in fit.samples] == [4 * n for n in sizes]
     assert fit.link.latency_s == pytest.approx(2 * truth.latency_s, rel=1e-6)
     assert fit.link.bandwidth_bps == pytest.approx(truth.bandwidth_bps, rel=1e-6)
+    # an evictor runs before each timed run's barrier, outside the time (it moves the clock by 1 s)
+    order: list[str] = []
+
+    def evict() -> None:
+        order.append("e")
+        now[0] += 1.0
+
+    def barrier2() -> None:
+        order.append("b")
+
+    again = probe_link(
+        allreduce, p, barrier=barrier2, slowest=slowest, sizes=sizes, repeats=3, clock=lambda: now[0], evict=evict
+    )
+    assert order == ["e", "b"] * 9
+    assert again.link.bandwidth_bps == pytest.approx(truth.bandwidth_bps, rel=1e-6)
 
 
 PROBE_ARGS = ["advise", "--numel", "262144", "--codec", "fp16", "--codec", "uniform"]
