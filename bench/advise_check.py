@@ -218,9 +218,10 @@ def _gloo_start(rank: int, port: int):  # type: ignore[no-untyped-def]
     return slowest
 
 
-def _gloo_links(top: int, rounds: int, slowest):  # type: ignore[no-untyped-def]
+def _gloo_links(top: int, rounds: int, slowest, evict=None):  # type: ignore[no-untyped-def]
     """The gloo allreduce link and all-gather link, probed as ``--probe torch`` does (up to ``top``
-    float32 values): (allreduce fit, all-gather fit, the link pricing both)."""
+    float32 values; ``evict``, a CacheEvictor, before each timed collective as ``--probe`` does
+    for a training job): (allreduce fit, all-gather fit, the link pricing both)."""
     import torch
     import torch.distributed as dist
 
@@ -236,6 +237,7 @@ def _gloo_links(top: int, rounds: int, slowest):  # type: ignore[no-untyped-def]
         slowest=slowest,
         sizes=(1 << 10, 1 << 16, 1 << 20, top),
         repeats=rounds,
+        evict=evict,
     )
     return fit, gfit, Link(fit.link.bandwidth_bps, fit.link.latency_s, gfit.link)
 
@@ -366,10 +368,11 @@ def ddp_rank(rank: int, port: int, params_m: float, steps: int, out: str, cold: 
         del ddp, model, opt
         return got
 
-    fit, gfit, glink = _gloo_links(min(n_all, 1 << 22), 5, slowest)
-    # the codecs timed with the caches read over before each step, as advise times them for a
-    # training step (its forward and backward passes run between two exchanges); --warm-caches: not
+    # the link probed and the codecs timed with the caches read over before each step, as advise
+    # does for a training step (its forward and backward passes run between two exchanges);
+    # --warm-caches: not
     evict = CacheEvictor() if cold else None
+    fit, gfit, glink = _gloo_links(min(n_all, 1 << 22), 5, slowest, evict)
     base = measure(lambda ddp: ddp.register_comm_hook(None, noop))["measured"]
     dense_row = measure(lambda ddp: None)
     pred_dense = predict(None, measure_speed(None), [(n_all,)], p, fit.link)
