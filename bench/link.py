@@ -447,7 +447,7 @@ def advise_check(
     base = res["rows"][0]
     # timed with the caches read over before each step, as advise times them: the job's forward and
     # backward passes run between two exchanges (gcodec.advise.CacheEvictor)
-    evict = adv.CacheEvictor() if cold and hasattr(adv, "CacheEvictor") else None
+    evict = adv.CacheEvictor() if cold else None
     dense_pred: dict[str, float] = {}
     rows = []
     for r in res["rows"]:
