@@ -61,7 +61,11 @@ def gather_protocol(
     op: str,
     step: int,
     st: StepStats,
+    dense: Any = None,
 ) -> Protocol:
+    """Gather allreduce of ``x`` into ``out`` (module docstring). ``dense``: optional flat float
+    values of *uncompressed* tensors, summed in place by an allreduce that starts together with
+    the payloads' all-gather (:meth:`Exchange.allgather_bytes`): no round trip of their own."""
     p, me = ex.comm.size, ex.comm.rank
     codec = state.codec
     what = f"gather allreduce of {key!r}"
@@ -74,7 +78,7 @@ def gather_protocol(
         except GcodecError as e:
             err = e
     st.add("payload_bytes", buf.shape[0])
-    parts = yield from ex.allgather_bytes(buf, err)
+    parts = yield from ex.allgather_bytes(buf, err, dense)
     st.add("wire_bytes", nbytes_from_others(parts, me))
     acc = xp.zeros(x, x.size, work_dtype(x.dtype))
     with kernel_threads(state.threads), st.timing("decode_s"):

@@ -53,7 +53,11 @@ def two_phase_protocol(
     op: str,
     step: int,
     st: StepStats,
+    dense: Any = None,
 ) -> Protocol:
+    """Two-phase allreduce of ``x`` into ``out`` (module docstring). ``dense``: optional flat float
+    values of *uncompressed* tensors, summed in place by an allreduce that starts together with
+    the first phase's all-to-all (:meth:`Exchange.alltoall_bytes`): no round trip of their own."""
     p, me = ex.comm.size, ex.comm.rank
     codec = state.codec
     what = f"two-phase allreduce of {key!r}"
@@ -79,7 +83,7 @@ def two_phase_protocol(
         except GcodecError as e:
             err, sends = e, [empty] * p
     st.add("payload_bytes", sum(s.shape[0] for s in sends))
-    recv = yield from ex.alltoall_bytes(sends, err)
+    recv = yield from ex.alltoall_bytes(sends, err, dense)
     st.add("wire_bytes", nbytes_from_others(recv, me))
 
     # Phase 2: the owner sums its chunk and re-encodes it with the server residual.

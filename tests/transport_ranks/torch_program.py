@@ -250,11 +250,46 @@ def _local_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> li
     return [e.numpy() for e in every]
 
 
+class _Collectives:
+    """Counts the torch.distributed collectives started while installed (from any thread)."""
+
+    NAMES = ("all_reduce", "all_gather", "all_to_all_single")
+
+    def __init__(self) -> None:
+        self.calls = dict.fromkeys(self.NAMES, 0)
+        self._orig = {n: getattr(dist, n) for n in self.NAMES}
+
+    def __enter__(self) -> _Collectives:
+        for n, f in self._orig.items():
+
+            def counting(*a, _f=f, _n=n, **k):  # type: ignore[no-untyped-def]
+                self.calls[_n] += 1
+                return _f(*a, **k)
+
+            setattr(dist, n, counting)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for n, f in self._orig.items():
+            setattr(dist, n, f)
+
+
+# The collectives of one steady bucket whose dense biases ride with a uniform group: the size
+# exchange (which is the BEGIN), the payloads (two-phase: an all-to-all, a second size exchange and
+# the owners' all-gather), the error agreement, and the riders' one allreduce beside the payloads.
+_RIDER_ROUNDS = {"gather": {"all_reduce": 1, "all_gather": 3, "all_to_all_single": 0},
+                 "two_phase": {"all_reduce": 1, "all_gather": 4, "all_to_all_single": 1}}  # fmt: skip
+
+
 def scenario_riders(outdir: Path) -> None:
-    """Dense tensors ride in the collectives of the bucket's fp16 or PowerSGD group; the averaged
-    gradients must be exactly what the arithmetic says, for a group that lies back to back in the
-    bucket (biases only at its end) and for one interleaved with dense biases. (PowerSGD's riders go
-    through the engine's float32 allreduce: exact for 2 ranks, within p - 1 roundings beyond.)"""
+    """Dense tensors ride in the collectives of the bucket's first group, whatever its protocol
+    (fp16's summable sum, PowerSGD's P allreduce, beside the payloads of gather and two-phase); the
+    averaged gradients must be exactly what the arithmetic says, for a group that lies back to back
+    in the bucket (biases only at its end) and for one interleaved with dense biases. (Riders that
+    go through the engine's float32 allreduce, all but fp16's: exact for 2 ranks, within p - 1
+    roundings beyond.) Beside gather and two-phase payloads they cost no collective of their own,
+    and the bucket sends no BEGIN of its own: the size exchange is it."""
+    uniform = {"id": "uniform", "bits": 8}
     for interleaved in (False, True):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(32, 96, bias=interleaved), torch.nn.Tanh(), torch.nn.Linear(96, 8))
@@ -266,14 +301,24 @@ def scenario_riders(outdir: Path) -> None:
         sizes = [int(np.prod(s)) for s in shapes]
         dense = [n < 200 for n in sizes]  # biases (96, 8) stay dense with min_numel=200
         where = f"{'interleaved' if interleaved else 'back to back'}"
-        for cfg in ("fp16", {"id": "powersgd", "rank": 2}):
+        configs = [
+            ("fp16", "auto"),
+            ({"id": "powersgd", "rank": 2}, "auto"),
+            (uniform, "gather"),
+            (uniform, "two_phase"),
+        ]
+        for cfg, mode in configs:
             m = pickle.loads(pickle.dumps(model))
             ddp = DDP(m, bucket_cap_mb=25)
-            st = gcodec.torch.HookState(codec=cfg, start_iter=0, min_numel=200, error_feedback=False, module=m)
+            st = gcodec.torch.HookState(
+                codec=cfg, start_iter=0, min_numel=200, error_feedback=False, module=m, mode=mode
+            )
             ddp.register_comm_hook(st, gcodec.torch.comm_hook)
-            for it in range(3):  # the first step and two after DDP's bucket rebuild
+            for it in range(4):  # the first step, the one after DDP's bucket rebuild, two steady ones
                 ddp.zero_grad()
-                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                with _Collectives() as counted:
+                    torch.nn.functional.mse_loss(ddp(x), y).backward()
+                    gcodec.torch.synchronize()
                 got = torch.cat([q.grad.reshape(-1) for q in m.parameters()]).numpy()
                 pos, dense_ok, comp_ok, detail = 0, True, True, ""
                 for n, d in zip(sizes, dense):
@@ -293,14 +338,27 @@ def scenario_riders(outdir: Path) -> None:
                             acc += (q * np.float32(1.0 / WORLD)).astype(np.float16).astype(np.float32)
                         want = acc.astype(np.float16).astype(np.float32)
                         comp_ok &= bool(np.array_equal(got[pos : pos + n], want))
+                    elif cfg is uniform:
+                        # 8-bit nearest rounding moves an element by at most half a step of its
+                        # group, range / 255 / 2 <= max|x| / 255 for each rank's encode, averaged
+                        # over the ranks; two-phase re-encodes the mean once more (max|mean| / 255)
+                        bound = sum(float(np.abs(q).max()) for q in parts) / (255 * WORLD)
+                        bound += float(np.abs(mean).max()) / 255 + 1e-6
+                        err = float(np.abs(got[pos : pos + n] - mean).max())
+                        comp_ok &= err <= bound
+                        detail = f"max error {err:.3g}, bound {bound:.3g}"
                     else:  # PowerSGD: a projection of the mean, so never farther from it than the mean's norm
                         err = float(np.linalg.norm(got[pos : pos + n] - mean) / np.linalg.norm(mean))
                         comp_ok &= 0 < err <= 1.0 + 1e-5 and bool(np.isfinite(got[pos : pos + n]).all())
                         detail = f"relative error {err:.3f}"
                     pos += n
-                name = cfg if isinstance(cfg, str) else cfg["id"]
+                name = (cfg if isinstance(cfg, str) else cfg["id"]) + ("" if mode == "auto" else f" {mode}")
                 check(f"riders {name} {where} step {it}: dense tensors are the exact float32 mean", dense_ok)
                 check(f"riders {name} {where} step {it}: compressed tensors as the codec's arithmetic", comp_ok, detail)
+                if it == 3 and mode in _RIDER_ROUNDS:
+                    want = _RIDER_ROUNDS[mode]
+                    check(f"riders {name} {where}: the steady bucket's collectives", counted.calls == want,
+                          f"{counted.calls} != {want}")  # fmt: skip
 
 
 def scenario_shaped(outdir: Path) -> None:
