@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -327,6 +328,10 @@ def ddp_rank(rank: int, port: int, params_m: float, steps: int, out: str, cold: 
 
     slowest = _gloo_start(rank, port)
     p = 2
+    # at least 20 M parameter-steps a contender: a 0.2 M step takes a few milliseconds, and one
+    # that the machine delays moves the median of 10 by a third (the same on every rank: it
+    # decides how many collectives run)
+    steps = max(steps, min(200, math.ceil(20 / params_m)))
     width = int((params_m * 1e6 / 3) ** 0.5)
     x = torch.randn(64, width, generator=torch.Generator().manual_seed(rank))
 
@@ -384,11 +389,14 @@ def ddp_rank(rank: int, port: int, params_m: float, steps: int, out: str, cold: 
         e = torch.tensor([sum(sp.encode_seconds(int(np.prod(s))) for s in tensors), 0.0], dtype=torch.float64)
         e[1] = sum(sp.decode_seconds(int(np.prod(s))) for s in tensors)
         dist.all_reduce(e, op=dist.ReduceOp.MAX)
-        # the transports' protocol on the tensors the hook sends (PowerSGD: each matrix), the
-        # slowest rank's figure
-        ms = measure_transport(cfg, p, threads=1, sizes=transport_sizes([n_comp]), shapes=tensors, evict=evict)
+        # the transports' protocol on the tensors the hook sends (PowerSGD: all the matrices in
+        # one exchange, as the hook sends a bucket's), the slowest rank's figure
+        ms = measure_transport(
+            cfg, p, threads=1, sizes=transport_sizes([n_comp]), shapes=tensors, evict=evict, joined=low
+        )
         if ms.per_shape is not None:
-            tr = TransportSpeed(0.0, 0.0, ms.rounds, per_shape=tuple((s, slowest(t)) for s, t in ms.per_shape))
+            per_shape = tuple((s, slowest(t)) for s, t in ms.per_shape)
+            tr = TransportSpeed(0.0, 0.0, ms.rounds, per_shape=per_shape, joined=ms.joined)
         else:
             tr = TransportSpeed(slowest(ms.seconds(n_comp)), 0.0, ms.rounds)
         # the encode and decode lines as the slowest rank measured them (their sum is what counts)
@@ -547,7 +555,9 @@ def main() -> None:
         metavar="MILLIONS",
         help="only the DDP check, at these model sizes in million parameters (e.g. 0.2,4,25)",
     )
-    ap.add_argument("--steps", type=int, default=8, help="timed DDP steps per contender")
+    ap.add_argument(
+        "--steps", type=int, default=8, help="timed DDP steps per contender (at least 20 M parameter-steps)"
+    )
     ap.add_argument(
         "--link-json", metavar="FILE", help="only the shaped-link check, on an earlier `bench/link.py --json FILE`"
     )

@@ -494,6 +494,9 @@ class TransportSpeed:
     #: a low-rank codec's (shape, seconds) per matrix it was timed on: its cost depends on the
     #: matrix's sides and rank, not on the element count alone
     per_shape: tuple[tuple[tuple[int, ...], float], ...] | None = None
+    #: timed as one exchange of all the job's matrices (as the DDP hook sends a bucket's): ``rounds``
+    #: are the whole step's, and ``per_shape`` each matrix's share of that step's time
+    joined: bool = False
 
     def seconds(self, n: int) -> float:
         return max(0.0, self.t0 + self.per_element * n)
@@ -533,6 +536,7 @@ def measure_transport(
     threads: int | None = None,
     shapes: Sequence[Sequence[int]] | None = None,
     evict: Any = None,
+    joined: bool = False,
 ) -> TransportSpeed:
     """Time the transports' own protocol (``gcodec.mpi.allreduce``'s and ``gcodec.torch``'s, the
     hook's per group) for ``codec`` on ``workers`` ranks over a :class:`MirrorComm`, at two sizes,
@@ -544,7 +548,10 @@ def measure_transport(
 
     A low-rank codec (PowerSGD), whose cost depends on each matrix's sides and its rank, is timed
     on each of ``shapes`` (the job's matrices, 2-D or more) instead: ``per_shape`` holds them, and
-    the line is their total time over their total elements.
+    the line is their total time over their total elements. ``joined``: all of ``shapes`` timed
+    together as one exchange, as the DDP hook sends a bucket's matrices (one agreement, one
+    allreduce of every P, one of every Q); ``per_shape`` then splits that step's time between
+    the matrices by their element counts, and ``rounds`` are the whole step's.
 
     ``evict`` (a :class:`CacheEvictor`), when given, runs before each timed step: the caches as a
     training step leaves them to its exchange, not as the previous timed step left them."""
@@ -564,6 +571,22 @@ def measure_transport(
         if not mats or any(len(s) < 2 for s in mats):
             raise ConfigError(f"a low-rank codec is timed on the job's matrices (2-D or more), not {shapes!r}")
         rng = np.random.default_rng(0)
+        if joined:
+            every = [tuple(int(d) for d in s) for s in shapes or ()]
+            xs = [rng.standard_normal(s, dtype=np.float32) for s in every]
+            once = _mirror_lowrank_step(c, comm, xs, error_feedback, threads)
+            once()
+            comm.calls.clear()
+            t = _best(once, repeats, evict)
+            k, calls = max(1, repeats), comm.calls
+            total = sum(int(np.prod(s)) for s in every)
+            return TransportSpeed(
+                0.0,
+                t / total,
+                rounds=(calls.get("allreduce", 0) // k, sum(v for q, v in calls.items() if q != "allreduce") // k),
+                per_shape=tuple((s, t * int(np.prod(s)) / total) for s in mats),
+                joined=True,
+            )
         got = [(s, *timed(rng.standard_normal(s, dtype=np.float32))) for s in mats]
         total = sum(int(np.prod(s)) for s in mats)
         return TransportSpeed(
@@ -605,6 +628,28 @@ def _mirror_step(
         run_blocking(allreduce_protocol(comm, state, x, out, "t", "mean", mode))
 
     return once, state
+
+
+def _mirror_lowrank_step(
+    codec: Codec, comm: MirrorComm, xs: list[np.ndarray], error_feedback: bool, threads: int | None
+) -> Any:
+    """A function that runs one step of the low-rank protocol on all of ``xs`` as one exchange over
+    ``comm`` (what the DDP hook does with a bucket's matrices), each matrix decoded in place."""
+    from .transports import LowRankItem, TransportState, lowrank_protocol, run_blocking
+    from .transports.allreduce import exchange_for
+    from .transports.stats import StepStats
+
+    state = TransportState(codec, error_feedback=error_feedback, num_threads=threads)
+    items = [LowRankItem(f"t{i}", x, np.empty_like(x)) for i, x in enumerate(xs)]
+    shapes = [list(x.shape) for x in xs]
+
+    def once() -> None:
+        ex = exchange_for(comm, state, "t", "advise's timing", shapes=shapes, size=comm.size)
+        step = state.next_step("t")
+        st = StepStats("t", step, "powersgd", sum(x.nbytes for x in xs))
+        run_blocking(lowrank_protocol(ex, state, items, "mean", step, st))
+
+    return once
 
 
 def measure_protocol_speed(
@@ -759,9 +804,10 @@ def predict(
                 payload += 4.0 * (m + k) * min(r, m, k)
     dense_extra = 4.0 * sum(int(np.prod(s)) for s in dense_tensors)
     measured = transport is not None and cfg is not None and (coll != "powersgd" or transport.per_shape is not None)
-    rounds = None  # the protocol's counted collectives, one exchange per tensor
+    rounds = None  # the protocol's counted collectives: one exchange per tensor, or one for all (joined)
     if measured and transport is not None and transport.rounds is not None:
-        rounds = (transport.rounds[0] * len(numels), transport.rounds[1] * len(numels))
+        n_ex = 1 if transport.joined else len(numels)  # the exchanges of one step
+        rounds = (transport.rounds[0] * n_ex, transport.rounds[1] * n_ex)
     base = comm_seconds("allreduce", workers, raw + dense_extra, link)
     if cfg is None:
         comm = base

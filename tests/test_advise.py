@@ -510,6 +510,13 @@ def test_a_measured_transport_line_replaces_the_formula_and_says_so() -> None:
     assert low["compute_source"] == "transport" and low["compute_seconds"] == pytest.approx(0.023)
     assert low["rounds"] == [6, 0]  # 3 allreduces a matrix
     assert timed.seconds_of((10, 10)) == pytest.approx(100.0)  # not timed: the line
+    # timed as one exchange of all the matrices (the DDP hook's bucket): its rounds are the step's
+    joined = TransportSpeed(0.0, 1.0, (3, 0), per_shape=timed.per_shape, joined=True)
+    slow = Link(1e9, 1e-4)  # each allreduce's latency: 2 (p - 1) alpha = 0.6 ms
+    one = predict(psgd, sp, [(1000, 1000), (64, 2048)], 4, slow, transport=joined)
+    two = predict(psgd, sp, [(1000, 1000), (64, 2048)], 4, slow, transport=timed)
+    assert one["rounds"] == [3, 0] and one["compute_seconds"] == pytest.approx(0.023)
+    assert two["comm_seconds"] - one["comm_seconds"] == pytest.approx(3 * 6e-4)
     assert predict(None, sp, shapes, 4, GBIT, transport=tr)["compute_source"] == "none"
 
 
@@ -541,6 +548,25 @@ def test_powersgds_protocol_is_timed_on_each_of_the_jobs_matrices() -> None:
     assert tr.rounds is not None and tr.rounds[0] >= 2
     rows = advise(model={"a": [512, 512], "b": [64, 64]}, candidates=[psgd], workers=2, repeats=1)
     assert rows[0]["compute_source"] == "transport" and rows[0]["compute_seconds"] > 0
+
+
+def test_powersgds_matrices_are_timed_as_one_exchange_when_joined() -> None:
+    """``joined``: one protocol step over every matrix (duplicates included), as the DDP hook sends
+    a bucket's: one agreement and one P and one Q allreduce for all of them, where each matrix
+    timed alone counts its own; each matrix's share of the step follows its element count, so the
+    shares add up to the step, the 512 x 512 matrices' four times the 256 x 256 one's."""
+    psgd = {"id": "powersgd", "rank": 2}
+    shapes = [(512, 512), (256, 256), (512, 512)]
+    alone = measure_transport(psgd, 2, repeats=2, shapes=shapes)
+    tr = measure_transport(psgd, 2, repeats=2, shapes=shapes, joined=True)
+    assert tr.joined and not alone.joined
+    assert tr.rounds == alone.rounds  # one exchange's collectives, for the three matrices
+    got = dict(tr.per_shape or ())
+    assert sorted(got) == [(256, 256), (512, 512)]
+    assert got[(512, 512)] == pytest.approx(4 * got[(256, 256)])
+    step = sum(tr.seconds_of(s) for s in shapes)
+    assert step == pytest.approx(tr.per_element * sum(int(np.prod(s)) for s in shapes))
+    assert step > 0
 
 
 @pytest.mark.parametrize("p", [2, 5])
