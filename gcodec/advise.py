@@ -558,13 +558,16 @@ def measure_transport(
     c = get_codec(codec)  # type: ignore[arg-type]
     comm = MirrorComm(max(2, int(workers)))
 
-    def timed(x: np.ndarray) -> tuple[float, tuple[int, int]]:
-        once, _ = _mirror_step(c, comm, x, error_feedback, mode, threads)
+    def steady(once: Any) -> tuple[float, tuple[int, int]]:
+        """The best steady step of ``once`` after an untimed one, and its collectives."""
         once()
         comm.calls.clear()
         t = _best(once, repeats, evict)
         k, calls = max(1, repeats), comm.calls  # _best ran ``repeats`` steady steps, each alike
         return t, (calls.get("allreduce", 0) // k, sum(v for q, v in calls.items() if q != "allreduce") // k)
+
+    def timed(x: np.ndarray) -> tuple[float, tuple[int, int]]:
+        return steady(_mirror_step(c, comm, x, error_feedback, mode, threads)[0])
 
     if c.low_rank:
         mats = sorted({tuple(int(d) for d in s) for s in shapes or ()})
@@ -574,19 +577,10 @@ def measure_transport(
         if joined:
             every = [tuple(int(d) for d in s) for s in shapes or ()]
             xs = [rng.standard_normal(s, dtype=np.float32) for s in every]
-            once = _mirror_lowrank_step(c, comm, xs, error_feedback, threads)
-            once()
-            comm.calls.clear()
-            t = _best(once, repeats, evict)
-            k, calls = max(1, repeats), comm.calls
+            t, step_rounds = steady(_mirror_lowrank_step(c, comm, xs, error_feedback, threads))
             total = sum(int(np.prod(s)) for s in every)
-            return TransportSpeed(
-                0.0,
-                t / total,
-                rounds=(calls.get("allreduce", 0) // k, sum(v for q, v in calls.items() if q != "allreduce") // k),
-                per_shape=tuple((s, t * int(np.prod(s)) / total) for s in mats),
-                joined=True,
-            )
+            share = tuple((s, t * int(np.prod(s)) / total) for s in mats)
+            return TransportSpeed(0.0, t / total, rounds=step_rounds, per_shape=share, joined=True)
         got = [(s, *timed(rng.standard_normal(s, dtype=np.float32))) for s in mats]
         total = sum(int(np.prod(s)) for s in mats)
         return TransportSpeed(
