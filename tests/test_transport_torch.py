@@ -100,9 +100,9 @@ def test_all_reduce_modes_and_dtypes(tmp_path: Path) -> None:
 def test_dense_tensors_ride_with_the_compressed_group_exactly(tmp_path: Path, world: int) -> None:
     # 2 ranks: the one all-gather form of the summable sum; 3: reduce-scatter + all-gather
     assert run_ranks("riders", tmp_path, world=world) == [0] * world
-    # per rank: 2 layouts x 4 configurations x 4 steps x 2 checks, and the collectives counted
+    # per rank: 2 layouts x 5 configurations x 4 steps x 2 checks, and the collectives counted
     # in the steady step of the two uniform configurations
-    assert len(checks_of(tmp_path, list(range(world)))) == world * 2 * (4 * 4 * 2 + 2)
+    assert len(checks_of(tmp_path, list(range(world)))) == world * 2 * (5 * 4 * 2 + 2)
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -447,7 +447,9 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
             plan.dense.append(i)
         else:
             k = json.dumps(c.get_config(), sort_keys=True)
-            if c.reads_shape and not c.low_rank:  # its own group, exchanged in its shape
+            # a codec that reads shapes goes in a group of its own, exchanged in its shape; PowerSGD's
+            # matrices share one round of products, unless a flat mode (gather) sends each alone
+            if c.reads_shape and (not c.low_rank or resolve_mode(c, state.mode, p) != "powersgd"):
                 k += f"\0{i}"
             by_codec.setdefault(k, []).append(i)
             codecs[k] = c
