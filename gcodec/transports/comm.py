@@ -24,7 +24,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AllWork", "Communicator", "DoneWork", "Protocol", "Serial", "Task", "Work", "run_blocking"]
+__all__ = [
+    "AllWork",
+    "Communicator",
+    "DoneWork",
+    "Protocol",
+    "Serial",
+    "Task",
+    "Work",
+    "run_blocking",
+    "with_riders",
+]
 
 
 class Work(ABC):
@@ -124,6 +134,16 @@ class Communicator(ABC):
 
 #: A protocol: a generator that yields the works it waits for and returns its result.
 Protocol = Generator[Work, None, Any]
+
+
+def with_riders(comm: Communicator, riders: Any, data: Work) -> Work:
+    """The data collective ``data`` (already started), with ``riders`` (flat float values of
+    uncompressed tensors whose length the agreed configuration fixes, or None) summed in place by an
+    allreduce started right after it, both waited for as one: the riders cost no round trip of
+    their own. Every rank must call it at the same point, after the exchange's agreement."""
+    if riders is None or riders.shape[0] == 0:
+        return data
+    return AllWork([comm.allreduce(riders, "sum"), data])
 
 
 def run_blocking(proto: Protocol) -> Any:

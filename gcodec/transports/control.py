@@ -56,7 +56,7 @@ import numpy as np
 from ..errors import GcodecError, LimitExceededError, ProtocolOrderError
 from ..limits import get_limits
 from .collectives import error_code, raise_agreed
-from .comm import AllWork, Communicator, Protocol, Work
+from .comm import Communicator, Protocol, Work, with_riders
 from .handshake import Agreement, compare_fingerprints
 
 __all__ = ["AGREE", "BEGIN", "FINGERPRINT", "HEAD", "SIZES", "TAG", "Exchange", "digest_of", "failed_exchange"]
@@ -251,33 +251,22 @@ class Exchange:
 
     def allgather_bytes(self, buf: np.ndarray, local: BaseException | None = None, riders: Any = None) -> Protocol:
         """Every rank's byte buffer, rank order; sizes and error codes travel first (a rank that
-        failed locally sends no bytes and every rank raises before any data moves). ``riders``:
-        see :meth:`_with_riders`."""
+        failed locally sends no bytes and every rank raises before any data moves). ``riders``
+        are summed beside the bytes, once the sizes agreed (:func:`~.comm.with_riders`)."""
         table = yield from self.sizes([buf.shape[0]], local)
-        w = self._with_riders(riders, lambda: self.comm.allgatherv(buf, [int(c) for c in table[:, 0]]))
-        yield w
-        return w.result()[-1] if isinstance(w, AllWork) else w.result()
+        w = self.comm.allgatherv(buf, [int(c) for c in table[:, 0]])
+        yield with_riders(self.comm, riders, w)
+        return w.result()
 
     def alltoall_bytes(
         self, bufs: Sequence[np.ndarray], local: BaseException | None = None, riders: Any = None
     ) -> Protocol:
         """Send ``bufs[r]`` to rank r; return what each rank sent here (sizes and codes first).
-        ``riders``: see :meth:`_with_riders`."""
+        ``riders`` are summed beside the bytes, once the sizes agreed (:func:`~.comm.with_riders`)."""
         table = yield from self.sizes([b.shape[0] for b in bufs], local)  # table[src, dst]
-        w = self._with_riders(riders, lambda: self.comm.alltoallv(bufs, [int(c) for c in table[:, self.comm.rank]]))
-        yield w
-        return w.result()[-1] if isinstance(w, AllWork) else w.result()
-
-    def _with_riders(self, riders: Any, data: Callable[[], Work]) -> Work:
-        """The data collective ``data()``, with ``riders`` (flat float values of uncompressed tensors
-        whose size the agreed fingerprint fixes, or None) summed in place by an allreduce started
-        just before it and waited for together with it. Both start only after the size exchange
-        settled, that is after the agreement: the allreduce's length is then the same on every
-        rank, and it costs no round trip of its own."""
-        if riders is None or riders.shape[0] == 0:
-            return data()
-        summed = self.comm.allreduce(riders, "sum")
-        return AllWork([summed, data()])
+        w = self.comm.alltoallv(bufs, [int(c) for c in table[:, self.comm.rank]])
+        yield with_riders(self.comm, riders, w)
+        return w.result()
 
 
 def failed_exchange(comm: Communicator, error: GcodecError, what: str) -> Generator[Work, None, NoReturn]:

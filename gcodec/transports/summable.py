@@ -43,7 +43,7 @@ from .. import xp
 from ..aggregate import add_values, count_nonfinite, round_values, sum_pair, summable_section
 from ..errors import GcodecError, PayloadValueError
 from .collectives import as_bytes
-from .comm import AllWork, Communicator, Protocol
+from .comm import Communicator, Protocol, with_riders
 from .control import Exchange
 from .protocol_helpers import nbytes_from_others, work_dtype
 from .sendbuf import encode_into
@@ -184,8 +184,7 @@ def _sum_by_allgather(
     """
     vb = as_bytes(vals)
     gather = comm.allgatherv(vb, [vb.shape[0]] * comm.size)
-    w = gather if riders.shape[0] == 0 else AllWork([comm.allreduce(riders, "sum"), gather])
-    yield w
+    yield with_riders(comm, riders, gather)
     parts = gather.result()
     st.add("wire_bytes", nbytes_from_others(parts, comm.rank))
     with kernel_threads(state.threads), st.timing("decode_s"):
