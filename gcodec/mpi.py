@@ -28,7 +28,7 @@ from . import xp
 from .arrays import host_array
 from .codecs import Codec, get_codec
 from .deprecation import renamed_kwarg
-from .errors import ConfigError, GcodecError
+from .errors import ConfigError
 from .feedback import ErrorFeedback
 from .policy import Policy
 from .transports import Communicator, Serial, Task, TransportState, Work, allreduce_protocol
@@ -202,7 +202,7 @@ def iallreduce(
             return queue.submit(routed.protocol(adapter, arr, out, key or "tensor", op))
         c = given.codec if isinstance(given, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)  # type: ignore[arg-type]
         ts = _state_for(comm, c, mode, given)
-    except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+    except Exception as e:  # take part, so that the peers raise too instead of waiting
         return queue.submit(failed_exchange(adapter, e, f"allreduce of {key or 'tensor'!r}"))
     return queue.submit(allreduce_protocol(adapter, ts, arr, out, key or "tensor", op, mode))
 

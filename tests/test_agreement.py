@@ -285,7 +285,13 @@ def test_mpi_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int) -> 
 
 @pytest.mark.torch
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("engine, per_rank", [("all_reduce", 41), ("hook", 41), ("fsdp", 17)])
+@pytest.mark.parametrize(
+    "engine, per_rank",
+    # the changes of tests/transport_ranks/diverge.py (2 checks each), and a user's policy that
+    # raises a KeyError on the last rank: 4 DDP hook protocols and 2 FSDP codecs, 2 checks each
+    # (+1 each: the process group works afterwards)
+    [("all_reduce", 41), ("hook", 41), ("fsdp", 17), ("hook_policy_raises", 9), ("fsdp_policy_raises", 5)],
+)
 def test_gloo_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int, engine: str, per_rank: int) -> None:
     pytest.importorskip("torch")
     from tests.procs import run_ranks

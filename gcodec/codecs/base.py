@@ -252,6 +252,13 @@ class Codec(ABC):
         may sum payloads value by value without decoding them (fp16, bf16), else None."""
         return None
 
+    def summable_values(self, shape: tuple[int, ...], dtype: Any) -> tuple[int, np.dtype] | None:
+        """(count, number type) of the values a summable payload of a tensor of ``shape`` and
+        ``dtype`` carries, the section the ranks sum: fixed by the configuration, whatever the
+        data; None where the codec is not summable. The summable transport sends that many NaN in
+        place of a payload it failed to encode (every rank then refuses the sum)."""
+        return None
+
     def encode_values(self, flat: Any, out: Any) -> None:
         """Write the values section an encode of the flat float array ``flat`` would carry into
         ``out`` (of :attr:`values_dtype`'s width), without a header. Only where ``values_dtype`` is set."""

@@ -72,6 +72,9 @@ class _Cast16(Codec):
     def values_dtype(self) -> np.dtype:
         return self._values
 
+    def summable_values(self, shape: tuple[int, ...], dtype: Any) -> tuple[int, np.dtype]:
+        return math.prod(shape), self._values
+
     def encode_values(self, flat: Any, out: Any) -> None:
         """The ``data`` section of an encode of ``flat`` (float32/float64), written into ``out``
         (any 2-byte type: the kernels write the bits)."""

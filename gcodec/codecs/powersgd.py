@@ -376,6 +376,16 @@ class PowerSGD(Codec):
         m, n = mn
         return m * n / ((m + n) * min(self._params["rank"], m, n))
 
+    def factor_sizes(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """The elements of P (m x r) and of Q (n x r) for a compressed tensor of ``shape``: what the
+        protocol's two allreduces carry for it, fixed by the configuration and the shape."""
+        mn = matrix_shape(tuple(shape))
+        if mn is None:
+            raise ConfigError(f"powersgd: shape {tuple(shape)} is not a matrix")
+        m, n = mn
+        r = min(self._params["rank"], m, n)
+        return m * r, n * r
+
     def begin(
         self, x: Any, *, key: str | None = None, step: int | None = None, state: CodecState | None = None
     ) -> LowRankRound:

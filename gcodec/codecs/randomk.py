@@ -117,6 +117,13 @@ class RandomK(ValuesHost):
         """The number of elements kept from a tensor of ``n`` elements."""
         return k_for(self._params, n)
 
+    def summable_values(self, shape: tuple[int, ...], dtype: Any) -> tuple[int, np.dtype] | None:
+        """k values, raw in the tensor's dtype or in the nested cast codec's type (else not summable)."""
+        if self.aggregation is not Aggregation.SUMMABLE:
+            return None
+        got = None if self._nested is None else self._nested.summable_values((1,), dtype)
+        return self.k_for(numel(shape)), np.dtype(dtype) if got is None else got[1]
+
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         return self._plan_drawn(x.reshape(-1), ctx)[0]
 

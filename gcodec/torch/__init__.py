@@ -19,7 +19,7 @@ import torch
 
 from ..codecs import Codec, get_codec
 from ..deprecation import renamed_names
-from ..errors import ConfigError, GcodecError
+from ..errors import ConfigError
 from ..policy import Policy as CodecPolicy
 from ..transports import Router, TransportState, allreduce_protocol
 from ..transports.control import failed_exchange
@@ -99,7 +99,7 @@ def all_reduce(
                 got = _routers[(id(group), id(codec))] = Router(codec, error_feedback=False, mode=mode)
             router = got
             arr = as_array(tensor)
-        except GcodecError as e:
+        except Exception as e:
             queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
             raise
         fut = queue_for(group).submit(router.protocol(comm, arr, arr, key or "tensor", op), tensor.device)
@@ -120,7 +120,7 @@ def all_reduce(
         elif state.codec != c:
             raise ConfigError(f"state holds codec {state.codec!r}, not {c!r}")
         arr = as_array(tensor)  # a NumPy view (CPU) or a device array (CUDA), never a copy
-    except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+    except Exception as e:  # take part, so that the peers raise too instead of waiting
         queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
         raise
     fut = queue_for(group).submit(allreduce_protocol(comm, state, arr, arr, key or "tensor", op, mode), tensor.device)

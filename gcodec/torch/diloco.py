@@ -207,7 +207,7 @@ class DiLoCo:
                 self._raw += delta.numel() * delta.element_size()
         try:
             items = [(name, as_array(d), as_array(d)) for name, d in deltas.items()]
-        except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+        except Exception as e:  # take part, so that the peers raise too instead of waiting
             queue.run(failed_exchange(comm, e, f"DiLoCo exchange of fragment {f}"))
             raise
         # one protocol for the fragment: the router joins the keys that go dense into one exchange

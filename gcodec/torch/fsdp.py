@@ -35,7 +35,7 @@ import torch.distributed as dist
 from .. import xp
 from ..codecs import Codec, get_codec
 from ..deprecation import renamed_names
-from ..errors import ConfigError, GcodecError
+from ..errors import ConfigError
 from ..policy import Policy as CodecPolicy
 from ..transports import Piece, Router, TransportState
 from ..transports.control import Exchange, failed_exchange
@@ -490,7 +490,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             x = as_array(input_tensor).reshape(p, n // p)  # the tensors' memory, host or device
             out = xp.flat(as_array(output_tensor))
             groups = self._groups(layout, it, x, rung)
-        except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+        except Exception as e:  # take part, so that the peers raise too instead of waiting
             queue_for(group).run(failed_exchange(comm, e, f"compressed reduce-scatter of {self.name!r}"))
             raise
         fields = {

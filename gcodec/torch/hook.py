@@ -47,7 +47,7 @@ from .. import xp
 from ..arrays import tensors_from_arrays
 from ..codecs import Codec, get_codec
 from ..deprecation import renamed_names
-from ..errors import ConfigError, GcodecError
+from ..errors import ConfigError
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
 from ..transports import DENSE, DoneWork, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
@@ -289,7 +289,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     # and as a digest in the first message of every later step (see gcodec.transports.control).
     try:
         plan = _plan(state, bucket, it, p, rung)
-    except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+    except Exception as e:  # take part, so that the peers raise too instead of waiting
         yield from failed_exchange(comm, e, what)
     ex = Exchange(comm, plan.fingerprint, state._agreed, f"bucket{bucket.index()}", what, plan.on_agree)
     if plan.warmup or not plan.groups:
@@ -297,9 +297,12 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         # bucket, in its own dtype, as torch's allreduce hook (and DDP itself) averages: each rank
         # divides its own gradients by p, then they are summed. The division runs while the
         # BEGIN's round trip is in flight; the sum still waits for the agreement.
-        if plan.carried:
+        try:  # a residual a parameter kept from a codec it has left goes with it
             for i, r in plan.carried.items():
                 xp.add(xp.flat(as_array(plan.grads[i])), r)
+        except Exception as e:  # take part, so that the peers raise too
+            yield from ex.begin(e)
+            raise
         ex.start()
         buf.div_(p)
         yield from ex.begin()
@@ -319,58 +322,29 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     # fp16 5.5 -> 5.0 ms).
     if not last:
         yield DoneWork(None)
-    grads, names = plan.grads, plan.names
-    # Dense tensors: their concatenation (in float32) is summed uncompressed, riding with the
-    # bucket's first group (no round of their own: in or beside the first data collective of
-    # every protocol; see summable_protocol, lowrank_protocol and Exchange.allgather_bytes; a
-    # bucket with no compressed group went dense as a whole above). A residual a parameter kept
-    # from a codec it has left goes with it.
-    flat, dense_bytes = None, 0
-    if plan.dense:
-        dense_bytes = sum(grads[i].numel() * 4 for i in plan.dense)  # they travel in float32
-        parts = [xp.flat(as_array(grads[i])) for i in plan.dense]
-        flat = xp.concat(parts, parts[0], np.float32)
-        pos = 0
-        for i, part in zip(plan.dense, parts):
-            if i in plan.carried:
-                xp.add(flat[pos : pos + part.shape[0]], plan.carried[i])
-            pos += part.shape[0]
+    grads = plan.grads
+    # Everything local that the groups need (the dense riders, each group's input) is made before
+    # the bucket's first collective: a failure there, of any kind, goes out in that first control
+    # message (the exchange's BEGIN), so that every rank raises instead of the peers waiting.
+    try:
+        flat, dense_bytes = _dense_riders(plan)
+        for g in plan.groups:
+            _prepare(state, buf, plan, g, it)
+    except Exception as e:
+        yield from ex.begin(e)  # raises e here, and the agreed error on the peers
+        raise
     for g in plan.groups:
-        ts, mode, idx = g.state, g.mode, g.idx
+        ts, gs = g.state, g.stats
+        assert gs is not None
         riders = flat if g is plan.carrier else None
-        if mode == "powersgd":
-            items = [LowRankItem(names[i], as_array(grads[i]), as_array(grads[i])) for i in idx]
-            if g.flush is not None:
-                for item, owed in zip(items, g.flush):
-                    if owed is not None:
-                        xp.add(xp.flat(item.x), owed)
-            for item in items:
-                sample_quality(ts, item.key, it, item.x)
-            st = StepStats(g.key, it, mode, sum(i.x.nbytes for i in items))
-            yield from timed(st, lowrank_protocol(ex, ts, items, "mean", it, st, riders))
-            ts.record(st)
-            g.stats = st
-            continue
-        span = _span(buf, grads, idx)
-        whole = span is not None  # the group lies back to back in the bucket: work on it in place
-        if span is not None:
-            x = span
+        if g.mode == "powersgd":
+            yield from timed(gs, lowrank_protocol(ex, ts, g.items, "mean", it, gs, riders))
         else:
-            x = xp.concat([xp.flat(as_array(grads[i])) for i in idx], as_array(grads[idx[0]]))
-        if g.flush is not None and g.flush[0] is not None:  # no feedback in this codec: send it now
-            xp.add(x, g.flush[0])
-        step = ts.next_step(g.key)
-        sample_quality(ts, g.key, step, x)
-        st = StepStats(g.key, step, mode, x.nbytes)
-        out = x if whole else xp.empty(x, x.shape[0], x.dtype)
-        # a codec that reads shapes has a group of one tensor, sent in that tensor's shape
-        shape = tuple(grads[idx[0]].shape) if ts.codec.reads_shape else (-1,)
-        proto = _FLAT[mode](ex, ts, x.reshape(shape), out.reshape(shape), g.key, "mean", step, st, dense=riders)
-        yield from timed(st, proto)
-        ts.record(st)
-        g.stats = st
-        if not whole:
-            _scatter(grads, idx, out)
+            proto = _FLAT[g.mode](ex, ts, g.x, g.out, g.key, "mean", gs.step, gs, dense=riders)
+            yield from timed(gs, proto)
+        ts.record(gs)
+        if g.scatter:
+            _scatter(grads, g.idx, xp.flat(g.out))
     if flat is not None:
         _write_dense(grads, plan.dense, flat, p)
     if ckey is not None and rung is not None:
@@ -381,6 +355,53 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
 
 def _one(work: Any) -> Any:
     yield work
+
+
+def _dense_riders(plan: _Plan) -> tuple[np.ndarray | None, int]:
+    """The dense tensors' concatenation in float32, which rides with the bucket's first group (no
+    round of its own: in or beside the first data collective of every protocol; see
+    summable_protocol, lowrank_protocol and Exchange.allgather_bytes; a bucket with no compressed
+    group goes dense as a whole), with the residual a parameter kept from a codec it has left; and
+    its bytes."""
+    if not plan.dense:
+        return None, 0
+    grads = plan.grads
+    parts = [xp.flat(as_array(grads[i])) for i in plan.dense]
+    flat = xp.concat(parts, parts[0], np.float32)
+    pos = 0
+    for i, part in zip(plan.dense, parts):
+        if i in plan.carried:
+            xp.add(flat[pos : pos + part.shape[0]], plan.carried[i])
+        pos += part.shape[0]
+    return flat, sum(grads[i].numel() * 4 for i in plan.dense)  # they travel in float32
+
+
+def _prepare(state: HookState, buf: torch.Tensor, plan: _Plan, g: _Group, it: int) -> None:
+    """Group ``g``'s input (with a residual it must send now), its output and its statistics."""
+    ts, grads, idx = g.state, plan.grads, g.idx
+    if g.mode == "powersgd":
+        g.items = [LowRankItem(plan.names[i], as_array(grads[i]), as_array(grads[i])) for i in idx]
+        if g.flush is not None:
+            for item, owed in zip(g.items, g.flush):
+                if owed is not None:
+                    xp.add(xp.flat(item.x), owed)
+        for item in g.items:
+            sample_quality(ts, item.key, it, item.x)
+        g.stats = StepStats(g.key, it, g.mode, sum(i.x.nbytes for i in g.items))
+        return
+    span = _span(buf, grads, idx)
+    # the group lies back to back in the bucket: work on it in place; else on a joined copy
+    x = span if span is not None else xp.concat([xp.flat(as_array(grads[i])) for i in idx], as_array(grads[idx[0]]))
+    if g.flush is not None and g.flush[0] is not None:  # no feedback in this codec: send it now
+        xp.add(x, g.flush[0])
+    step = ts.next_step(g.key)
+    sample_quality(ts, g.key, step, x)
+    g.stats = StepStats(g.key, step, g.mode, x.nbytes)
+    out = x if span is not None else xp.empty(x, x.shape[0], x.dtype)
+    g.scatter = span is None
+    # a codec that reads shapes has a group of one tensor, sent in that tensor's shape
+    shape = tuple(grads[idx[0]].shape) if ts.codec.reads_shape else (-1,)
+    g.x, g.out = x.reshape(shape), out.reshape(shape)
 
 
 def _record_rung(router: Router, ckey: str, rung: Codec, plan: _Plan, held_s: float) -> None:
@@ -406,6 +427,12 @@ class _Group:
     idx: list[int]
     flush: list[np.ndarray | None] | None = None  # residual to send now (a codec without feedback)
     stats: StepStats | None = None
+    # made by _prepare before the bucket's first collective: the flat modes' input and output (in
+    # the shape they are sent in), whether the output goes back to the gradients; PowerSGD's items
+    x: Any = None
+    out: Any = None
+    scatter: bool = False
+    items: list[LowRankItem] = field(default_factory=list)
 
 
 @dataclass

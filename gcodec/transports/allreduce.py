@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import xp
 from ..arrays import dtype_name
-from ..errors import ConfigError, GcodecError
+from ..errors import ConfigError
 from .comm import Communicator, Protocol
 from .control import Exchange, failed_exchange
 from .gather import gather_protocol
@@ -80,7 +80,7 @@ def allreduce_protocol(
         if xp.backend(out) != xp.backend(x):
             raise ConfigError(f"out lives in {xp.backend(out)} memory and x in {xp.backend(x)}: give both on one")
         resolved = resolve_mode(state.codec, mode, comm.size)
-    except GcodecError as e:  # take part, so that the peers raise too instead of waiting
+    except Exception as e:  # take part, so that the peers raise too instead of waiting
         yield from failed_exchange(comm, e, what)
     fields = {"shape": list(x.shape), "dtype": dtype_name(x.dtype), "mode": resolved, "op": op, "size": comm.size}
     ex = exchange_for(comm, state, key, what, **fields)

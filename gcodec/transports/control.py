@@ -269,9 +269,12 @@ class Exchange:
         return w.result()
 
 
-def failed_exchange(comm: Communicator, error: GcodecError, what: str) -> Generator[Work, None, NoReturn]:
-    """Take part in an exchange this rank could not even set up (bad arguments): a BEGIN with the
-    error code, so that the peers raise too instead of waiting for this rank forever."""
+def failed_exchange(comm: Communicator, error: Exception, what: str) -> Generator[Work, None, NoReturn]:
+    """Take part in an exchange this rank could not even set up (bad arguments, a policy that
+    raised, any local failure before the first collective): a BEGIN with the error code, so that
+    the peers raise too instead of waiting for this rank forever. This rank raises ``error``
+    itself; the peers raise the :class:`~gcodec.GcodecError` subclass of its code (any exception
+    that is not a gcodec error travels as :class:`~gcodec.GcodecError`)."""
     ex = Exchange(comm, {"error": type(error).__name__}, None, "", what)
     yield from ex.begin(error)
     raise error  # not reached: begin raises the local error

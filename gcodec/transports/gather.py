@@ -75,7 +75,7 @@ def gather_protocol(
         try:
             payload = encode_into(state.worker or codec, x, key, gather_stream(step, me, 0, p), state.send_buffers, 0)
             buf = as_bytes(payload)
-        except GcodecError as e:
+        except Exception as e:
             err = e
     st.add("payload_bytes", buf.shape[0])
     parts = yield from ex.allgather_bytes(buf, err, dense)
@@ -84,7 +84,7 @@ def gather_protocol(
     with kernel_threads(state.threads), st.timing("decode_s"):
         try:
             decode_sum(codec, parts, acc, what)
-        except GcodecError as e:  # a peer's payload failed its checks here: tell every rank
+        except Exception as e:  # a peer's payload failed its checks here: tell every rank
             err = e
     yield from ex.agree(err)  # out is written only once every rank has decoded every payload
     with st.timing("decode_s"):
@@ -133,7 +133,7 @@ def _allgather(
     with kernel_threads(threads), st.timing("encode_s"):
         try:
             buf = as_bytes(codec.encode(x, key=key, step=gather_stream(step, me, 0, p)))  # type: ignore[attr-defined]
-        except GcodecError as e:
+        except Exception as e:
             err = e
     st.add("payload_bytes", buf.shape[0])
     parts = yield from ex.allgather_bytes(buf, err)

@@ -52,6 +52,16 @@ def _flat_concat(arrays: list[Any], dtype: np.dtype, like: Any) -> Any:
     return xp.concat([xp.flat(a) for a in arrays], like, dtype)
 
 
+def _poisoned(like: Any, size: int) -> Any:
+    """A factor buffer of the agreed ``size`` (float32, on ``like``'s memory) filled with NaN: what a
+    rank whose own work failed sends in place of its factors. The sum of every rank's buffers is
+    then NaN, so every peer refuses it (:func:`_check_finite`) instead of waiting for a rank that
+    raised; this rank raises its own error."""
+    buf = xp.empty(like, size, np.float32)
+    xp.fill(buf, np.nan, np.float32)
+    return buf
+
+
 def _check_finite(arr: Any, what: str) -> None:
     bad = count_nonfinite(arr) if arr.shape[0] else 0
     if bad:
@@ -120,23 +130,30 @@ def lowrank_protocol(
 
     # Round 1: P = M Q for every tensor (M with its residual), summed in one allreduce.
     rounds, mats = [], []
-    with kernel_threads(state.threads), st.timing("encode_s"):
-        for i in comp:
-            wd = work_dtype(i.x.dtype)
-            m = xp.empty(i.x, i.x.size, wd)  # this rank's M, a copy in the work dtype
-            xp.copy(m, xp.flat(i.x))
-            if state.error_feedback:
-                e = state.lowrank_residuals.get(i.key)
-                if e is not None and e.shape == i.x.shape and xp.backend(e) == xp.backend(m):
-                    xp.add(m, xp.flat(e))
-            m = m.reshape(i.x.shape)
-            rounds.append(codec.begin(m, key=i.key, step=step, state=state.codec_state))  # type: ignore[attr-defined]
-            mats.append(m)
-        pbuf = _flat_concat([*head, *(r.p for r in rounds)], np.dtype(np.float32), like)
     nhead = sum(h.size for h in head)
+    err: Exception | None = None
+    with kernel_threads(state.threads), st.timing("encode_s"):
+        try:
+            for i in comp:
+                wd = work_dtype(i.x.dtype)
+                m = xp.empty(i.x, i.x.size, wd)  # this rank's M, a copy in the work dtype
+                xp.copy(m, xp.flat(i.x))
+                if state.error_feedback:
+                    e = state.lowrank_residuals.get(i.key)
+                    if e is not None and e.shape == i.x.shape and xp.backend(e) == xp.backend(m):
+                        xp.add(m, xp.flat(e))
+                m = m.reshape(i.x.shape)
+                rounds.append(codec.begin(m, key=i.key, step=step, state=state.codec_state))  # type: ignore[attr-defined]
+                mats.append(m)
+            pbuf = _flat_concat([*head, *(r.p for r in rounds)], np.dtype(np.float32), like)
+        except Exception as e:  # take part, so that the peers raise too (see _poisoned)
+            err = e
+            pbuf = _poisoned(like, nhead + sum(codec.factor_sizes(i.x.shape)[0] for i in comp))  # type: ignore[attr-defined]
     st.add("payload_bytes", pbuf.nbytes - 4 * nhead)
     yield from ex.begin()
     yield comm.allreduce(pbuf, "sum")
+    if err is not None:
+        raise err
     st.add("wire_bytes", 2 * (p - 1) * (pbuf.nbytes - 4 * nhead) // p)
     pos = 0
     if riders is not None:
@@ -150,12 +167,18 @@ def lowrank_protocol(
 
     # Round 2: orthogonalise each summed P, Q = M^T P, summed in one allreduce.
     with kernel_threads(state.threads), st.timing("encode_s"):
-        for r in rounds:
-            xp.copy(xp.flat(r.p), pbuf[pos : pos + r.p.size])
-            pos += r.p.size
-        qbuf = _flat_concat([r.compute_q() for r in rounds], np.dtype(np.float32), like)
+        try:
+            for r in rounds:
+                xp.copy(xp.flat(r.p), pbuf[pos : pos + r.p.size])
+                pos += r.p.size
+            qbuf = _flat_concat([r.compute_q() for r in rounds], np.dtype(np.float32), like)
+        except Exception as e:  # take part, so that the peers raise too (see _poisoned)
+            err = e
+            qbuf = _poisoned(like, sum(codec.factor_sizes(i.x.shape)[1] for i in comp))  # type: ignore[attr-defined]
     st.add("payload_bytes", qbuf.nbytes)
     yield comm.allreduce(qbuf, "sum")
+    if err is not None:
+        raise err
     st.add("wire_bytes", 2 * (p - 1) * qbuf.nbytes // p)
     _check_finite(qbuf, what)
 

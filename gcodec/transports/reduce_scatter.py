@@ -183,7 +183,7 @@ def _values_protocol(
                 try:
                     # the values straight into the send buffer: no payload, header or copy
                     _cast_values(ts, xj, f"{g.key}[{j}/{p}]", dst.view(np.uint16))
-                except GcodecError as e:  # take part with zeros; the error code below tells every rank
+                except Exception as e:  # take part with zeros; the error code below tells every rank
                     err = err or e
                     xp.fill(dst, 0)
         st.add("encode_s", time.perf_counter() - t0)
@@ -292,7 +292,7 @@ def _payload_protocol(
                             j,
                         )
                         sends[j][gi] = as_bytes(payload)
-        except GcodecError as e:
+        except Exception as e:
             err = e
         st.add("encode_s", time.perf_counter() - t0)
         st.add("payload_bytes", sum(sends[j][gi].shape[0] for j in range(p)))
@@ -313,7 +313,7 @@ def _payload_protocol(
     try:
         for r in range(p):
             sizes[r] = _part_sizes(recv[r], ng, r, what)
-    except GcodecError as e:  # a lying peer: tell every rank in the final agreement
+    except Exception as e:  # a lying peer: tell every rank in the final agreement
         err = e
     total_wire = int(sizes.sum() - sizes[me].sum())
     for gi, g in enumerate(groups):
@@ -343,7 +343,7 @@ def _payload_protocol(
                             raise GcodecError(f"{what}: rank {r} sent no payload for {g.key!r}")
                         g.state.codec.decode(part, out=acc, accumulate=True)
                 _scatter_cols(acc, out, g.segments, scale)
-            except GcodecError as e:
+            except Exception as e:
                 err = e
     yield from ex.agree(err)
     return out

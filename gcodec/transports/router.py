@@ -46,7 +46,7 @@ from ..errors import ConfigError
 from ..policy import Rules, as_policy
 from .allreduce import allreduce_protocol
 from .comm import Communicator, Protocol, Work
-from .control import Exchange
+from .control import Exchange, failed_exchange
 from .handshake import fingerprint
 from .protocol_helpers import timed, work_dtype
 from .state import MODES, TransportState, resolve_mode
@@ -259,9 +259,13 @@ class Router:
         select = getattr(self.chooser, "select", None)
         if select is not None:
             choice = yield from select(comm, self, key, shape, step, shapes)
-        else:
-            choice = self.chooser.codec_for(key, shape, step)
-        return self.codec(choice)
+            return self.codec(choice)
+        try:
+            # a policy answers locally (a user's callable may raise, or name a codec that does not
+            # exist): take part in the exchange with the error, so that the peers raise too
+            return self.codec(self.chooser.codec_for(key, shape, step))
+        except Exception as e:
+            yield from failed_exchange(comm, e, f"codec choice for {key!r} at step {step}")
 
     def decide(
         self, comm: Communicator, key: str, shape: tuple[int, ...], shapes: Sequence[tuple[int, ...]] | None = None

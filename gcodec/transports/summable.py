@@ -41,7 +41,8 @@ import numpy as np
 
 from .. import xp
 from ..aggregate import add_values, count_nonfinite, round_values, sum_pair, summable_section
-from ..errors import GcodecError, PayloadValueError
+from ..codecs import Codec
+from ..errors import ConfigError, PayloadValueError
 from .collectives import as_bytes
 from .comm import Communicator, Protocol, with_riders
 from .control import Exchange
@@ -98,15 +99,16 @@ def summable_protocol(
             # after the sum), so it carries no payload CRC: no CRC pass on encode, reseal or decode.
             payload = encode_into(state.worker or codec, xs, key, step, state.send_buffers, 0, checksum=False)
             vals, vdt = summable_section(payload, verify_checksum=False)  # our own fresh payload
-        except GcodecError as e:
-            # e.g. NaN input for randomk: take part with a payload of NaN values. NaN survives the
-            # sum, so every rank sees it and refuses the result; no size exchange is needed.
-            err = e
-            zero = xp.zeros(xs, xs.size, xs.dtype).reshape(xs.shape)
-            payload = codec.encode(zero, key=key, step=step, checksum=False)
-            vals, vdt = summable_section(payload, verify_checksum=False)
+        except Exception as e:
+            # e.g. NaN input for randomk, or any failure of this rank's own work: take part with
+            # NaN in place of the values (as many as the configuration fixes, encoding nothing, so
+            # that an encoder that cannot run at all still takes part). NaN survives the sum, so
+            # every rank sees it and refuses the result; no size exchange is needed.
+            err, payload = e, None
+            count, vdt = _values_layout(codec, xs)
+            vals = xp.empty(xs, count, np.uint16 if xp.on_device(xs) and vdt.itemsize == 2 else vdt)
             xp.fill(vals, np.nan, vdt)
-    st.add("payload_bytes", len(payload))
+    st.add("payload_bytes", vals.nbytes if payload is None else len(payload))
     yield from ex.begin()
     # Every rank has the same number of values (the handshake agreed on codec and shape) and of
     # riders (the caller's layout is the same on every rank), so the chunk sizes are known
@@ -138,6 +140,14 @@ def summable_protocol(
         # need none, and a reseal would only parse the payload again.
         codec.decode(payload, out=out)
     return out
+
+
+def _values_layout(codec: Codec, xs: Any) -> tuple[int, np.dtype]:
+    """(count, number type) of ``codec``'s summable values for ``xs`` (Codec.summable_values)."""
+    got = codec.summable_values(tuple(xs.shape), xs.dtype)
+    if got is None:  # resolve_mode sends only summable codecs here
+        raise ConfigError(f"codec {codec.codec_id!r} declares no summable values")
+    return got
 
 
 def _refuse_nonfinite(bad: int, what: str, vdt: np.dtype) -> None:

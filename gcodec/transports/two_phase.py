@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 from .. import xp
-from ..errors import GcodecError
 from .collectives import as_bytes, empty_like
 from .comm import Protocol
 from .control import Exchange
@@ -80,7 +79,7 @@ def two_phase_protocol(
                     j,
                 )
                 sends[j] = as_bytes(payload)
-        except GcodecError as e:
+        except Exception as e:
             err, sends = e, [empty] * p
     st.add("payload_bytes", sum(s.shape[0] for s in sends))
     recv = yield from ex.alltoall_bytes(sends, err, dense)
@@ -93,7 +92,7 @@ def two_phase_protocol(
             acc = xp.zeros(x, b[me + 1] - b[me], work_dtype(x.dtype))
             decode_sum(codec, recv, acc, what)
             finish_into(acc, acc, op, p)
-        except GcodecError as e:
+        except Exception as e:
             err = e
     if err is None:
         with kernel_threads(state.threads), st.timing("encode_s"):
@@ -102,7 +101,7 @@ def two_phase_protocol(
                     state.server or codec, acc, f"{key}[{me}/{p}]", gather_stream(step, me, p, p), state.send_buffers, p
                 )
                 mine = as_bytes(payload)
-            except GcodecError as e:
+            except Exception as e:
                 err = e
     st.add("payload_bytes", mine.shape[0])
     parts = yield from ex.allgather_bytes(mine, err)
@@ -114,7 +113,7 @@ def two_phase_protocol(
         try:
             for j in range(p):
                 codec.decode(parts[j], out=oflat[b[j] : b[j + 1]])
-        except GcodecError as e:
+        except Exception as e:
             err = e
     yield from ex.agree(err)
     return out

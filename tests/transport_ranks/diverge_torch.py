@@ -138,6 +138,55 @@ def scenario_hook() -> None:
                 check(f"{key}: the hook works again afterwards", False, repr(e)[:400])
 
 
+class RaisingChooser:
+    """A user's per-tensor policy (``policy(name, grad)``) with a bug on the last rank: it raises a
+    KeyError, not a gcodec error, once ``armed``."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg, self.armed = cfg, False
+
+    def __call__(self, name: str, grad: torch.Tensor) -> dict[str, Any]:
+        if self.armed and RANK == WORLD - 1:
+            raise KeyError(f"no rule for {name}")
+        return self.cfg
+
+
+def _raised_alike(key: str, msg: str) -> None:
+    """The check of a step where the last rank's policy raised: it names its own error, every peer
+    the failing rank (DDP and FSDP re-raise the engine's error with its text)."""
+    changer = WORLD - 1
+    want = "no rule for" if RANK == changer else f"rank {changer} failed"
+    check(f"{key}: every rank raises, the failing rank its own error", want in msg, msg[:400])
+
+
+def scenario_hook_policy_raises() -> None:
+    """A policy that raises on one rank after agreed steps: every rank raises, none waits."""
+    for name, cfg, mode in BASES[:4]:
+        key = f"hook {name}/policy raises"
+        model, x, y = model_and_data()
+        ddp = DDP(model)
+        chooser = RaisingChooser(cfg)
+        st = gcodec.torch.HookState(
+            codec=cfg, start_iter=0, min_numel=64, mode=mode, error_feedback=False, policy=chooser, module=model
+        )
+        ddp.register_comm_hook(st, gcodec.torch.comm_hook)
+        try:
+            for _ in range(2):
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+            chooser.armed = True
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            check(f"{key}: the failing policy raises", False, "no error")
+        except Exception as e:  # DDP re-raises the hook's error from backward
+            _raised_alike(key, str(e))
+        st2 = gcodec.torch.HookState(codec="fp16", start_iter=0, min_numel=64, error_feedback=False)
+        try:
+            got, exact = hook_bucket_mean(st2, torch.float32, 11)
+            err = float((got - exact).abs().max())
+            check(f"{key}: the hook works again afterwards", err < 2.0**-8, f"max err {err:.3g}")
+        except Exception as e:
+            check(f"{key}: the hook works again afterwards", False, repr(e)[:400])
+
+
 def scenario_fsdp() -> None:
     changer = WORLD - 1
     fields = {"codec": "codec", "length": "numel", "dtype": "dtype", "mode": "op"}
@@ -195,6 +244,41 @@ def scenario_fsdp() -> None:
                 check(f"{key}: the agreed configuration works again afterwards", err <= bound, f"max err {err:.3g}")
             except gcodec.GcodecError as e:
                 check(f"{key}: the agreed configuration works again afterwards", False, repr(e)[:400])
+
+
+def scenario_fsdp_policy_raises() -> None:
+    """FSDP2's reduce-scatter with a policy that raises on one rank after agreed steps."""
+    S = 3072
+    for name, cfg in (("fp16", {"id": "fp16"}), ("uniform", {"id": "uniform", "bits": 8})):
+        key = f"fsdp {name}/policy raises"
+        chooser = RaisingChooser(cfg)
+        st = gcodec.torch.FSDPState(cfg, policy=chooser, start_iter=0, min_numel=64, error_feedback=False)
+        rs = gcodec.torch.ReduceScatter(st, None, name=key)
+
+        def call(seed: int, rs: Any = rs) -> torch.Tensor:
+            inp = torch.from_numpy(np.random.default_rng(seed + RANK).standard_normal(WORLD * S).astype(np.float32))
+            out = torch.empty(S)
+            rs(out, inp, None, dist.ReduceOp.AVG)
+            return out
+
+        try:
+            for step in range(2):
+                call(step)
+            chooser.armed = True
+            call(2)
+            check(f"{key}: the failing policy raises", False, "no error")
+        except Exception as e:
+            _raised_alike(key, str(e))
+        chooser.armed = False
+        try:
+            got = call(3)
+            rows = [np.random.default_rng(3 + r).standard_normal(WORLD * S).astype(np.float32) for r in range(WORLD)]
+            exact = np.mean(rows, axis=0)[RANK * S : (RANK + 1) * S]
+            bound = 2.0**-8 if name == "fp16" else max(float(np.abs(r).max()) for r in rows) / 127 * 0.51 + 1e-7
+            err = float(np.max(np.abs(got.numpy() - exact)))
+            check(f"{key}: the agreed configuration works again afterwards", err <= bound, f"max err {err:.3g}")
+        except gcodec.GcodecError as e:
+            check(f"{key}: the agreed configuration works again afterwards", False, repr(e)[:400])
 
 
 def main() -> None:
