@@ -336,6 +336,7 @@ def advise_choices(
         for c in cands:
             if measured and "null" in measured and key(c) in measured:
                 got = measured["null"] - measured[key(c)]
+                close = adv.verdict(got, measured["null"]) != "pays"
             else:
                 row = adv.advise(
                     model=_shapes(hidden),
@@ -346,7 +347,8 @@ def advise_choices(
                     speeds=speeds,
                 )[0]
                 got = float(row["saving_seconds"])
-            if got > saving:
+                close = row.get("verdict", "pays") != "pays"
+            if got > saving and not close:  # a close call recommends nothing (advise.CLOSE_FRACTION)
                 best, saving = c["label"], got
         out[rate] = best
     return out
@@ -785,7 +787,8 @@ def choice_lines(res: dict[str, Any]) -> list[str]:
     links = res.get("links") or {}
     how = (
         "each rate's pick the largest saving that `gcodec advise --probe torch` measured for the model's "
-        "exchange on the link the ranks see there"
+        "exchange on the link the ranks see there, if more than a quarter of the dense exchange "
+        "(a closer call picks none)"
         if any((lk or {}).get("measured") for lk in links.values())
         else "each rate priced on the link the ranks measured there with `gcodec advise --probe torch`"
         if any(links.values())

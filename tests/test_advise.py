@@ -13,6 +13,7 @@ import pytest
 import gcodec
 import gcodec.transports
 from gcodec.advise import (
+    CLOSE_FRACTION,
     EVICT_MAX_BYTES,
     GATHER_COLLECTIVES,
     CacheEvictor,
@@ -32,6 +33,7 @@ from gcodec.advise import (
     predict,
     probe_link,
     transport_sizes,
+    verdict,
 )
 from gcodec.cli import main
 from gcodec.errors import ConfigError
@@ -192,6 +194,19 @@ def test_slow_links_favour_strong_codecs_and_fast_links_none() -> None:
     best = lambda rows: min(rows, key=lambda r: r["step_seconds"])  # noqa: E731
     assert best(slow)["codec"] is not None and best(slow)["ratio"] < 0.3
     assert best(fast)["codec"] is None or best(fast)["codec"]["id"] in ("fp16", "bf16")
+
+
+def test_a_saving_within_the_models_error_is_a_close_call_not_a_recommendation() -> None:
+    # the uncompressed exchange takes 10 ms: a codec must save more than CLOSE_FRACTION of it
+    base = 0.010
+    assert verdict(CLOSE_FRACTION * base * 1.01, base) == "pays"
+    assert verdict(CLOSE_FRACTION * base * 0.99, base) == "close"
+    assert verdict(0.0, base) == "costs" and verdict(-0.001, base) == "costs"
+    # the rows carry it, from their own saving and baseline; the dense row has none
+    rows = advise(numel=1 << 20, bandwidth="1Gbit", workers=2, repeats=1)
+    assert rows[0]["verdict"] == "-"
+    for r in rows[1:]:
+        assert r["verdict"] == verdict(r["saving_seconds"], r["baseline_seconds"])
 
 
 def test_advise_model_keeps_small_and_1d_tensors_dense_and_prices_powersgd(tmp_path: Path) -> None:
