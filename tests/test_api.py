@@ -69,6 +69,19 @@ def test_aggregation_declared():
     assert gcodec.codec_class("uniform").aggregation is gcodec.Aggregation.GATHER
 
 
+def test_config_key_is_the_canonical_json_of_the_config_and_names_equal_codecs_alike():
+    # the engines key states and groups by it (made once per instance): it must be what the
+    # configuration's sorted JSON is, for every codec, nested ones included
+    for cid in gcodec.list_codecs():
+        c = gcodec.get_codec(cid)
+        assert c.config_key == json.dumps(c.get_config(), sort_keys=True), cid
+        twin = gcodec.get_codec(c.get_config())
+        assert twin.config_key == c.config_key and hash(twin) == hash(c) and twin == c
+    a = gcodec.get_codec("randomk", ratio=0.1, values={"id": "fp16"})
+    b = gcodec.get_codec("randomk", ratio=0.2, values={"id": "fp16"})
+    assert a.config_key != b.config_key and json.loads(a.config_key)["values"] == {"id": "fp16"}
+
+
 def test_entry_point_registration(tmp_path, monkeypatch):
     (tmp_path / "gcodec_fake_plugin.py").write_text(
         textwrap.dedent(

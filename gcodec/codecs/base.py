@@ -195,6 +195,16 @@ class Codec(ABC):
         """A JSON-safe dict ``{"id": ..., **params}`` that :meth:`from_config` turns back into an equal codec."""
         return {"id": self.codec_id, **self._params}
 
+    @property
+    def config_key(self) -> str:
+        """The configuration as canonical JSON (sorted keys): equal codecs, equal keys. Made once
+        per instance (a codec's configuration does not change after construction), since the
+        engines key states and groups by it for every tensor at every step."""
+        key = self.__dict__.get("_config_key")
+        if key is None:
+            key = self.__dict__["_config_key"] = json.dumps(self.get_config(), sort_keys=True)
+        return key  # type: ignore[no-any-return]
+
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Codec:
         cfg = dict(config)
@@ -207,7 +217,7 @@ class Codec(ABC):
         return isinstance(other, Codec) and self.get_config() == other.get_config()
 
     def __hash__(self) -> int:
-        return hash(json.dumps(self.get_config(), sort_keys=True))
+        return hash(self.config_key)
 
     def __repr__(self) -> str:
         args = "".join(f", {k}={v!r}" for k, v in self._params.items())

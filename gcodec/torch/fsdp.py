@@ -233,7 +233,7 @@ class FSDPState:
         residuals = {k: torch.from_numpy(v.astype(np.float32)) for k, v in self.router.ranges().items()}
         return {
             "format": FORMAT,
-            "codec": json.dumps(self.codec.get_config(), sort_keys=True),
+            "codec": self.codec.config_key,
             "error_feedback": self.error_feedback,
             "iters": dict(self.iters),
             "shapes": {k: list(v) for k, v in self._shapes.items()},
@@ -522,7 +522,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             if c is None:
                 dense.append(i)
             else:
-                k = json.dumps(c.get_config(), sort_keys=True)
+                k = c.config_key
                 by_codec.setdefault(k, []).append(i)
                 codecs[k] = c
         groups: list[RSGroup] = []

@@ -32,7 +32,6 @@ rank; the size rules (``min_numel``, a codec that would pass a shape through) ke
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -473,7 +472,7 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
         if c is None:
             plan.dense.append(i)
         else:
-            k = json.dumps(c.get_config(), sort_keys=True)
+            k = c.config_key
             # a codec that reads shapes goes in a group of its own, exchanged in its shape; PowerSGD's
             # matrices share one round of products, unless a flat mode (gather) sends each alone
             if c.reads_shape and (not c.low_rank or resolve_mode(c, state.mode, p) != "powersgd"):

@@ -61,7 +61,7 @@ FORMS = ("flat", "split", "rows", "lowrank")
 
 def codec_key(codec: Codec) -> str:
     """A codec's configuration as canonical JSON: one state and one instance per key."""
-    return json.dumps(codec.get_config(), sort_keys=True)
+    return codec.config_key
 
 
 @dataclass(frozen=True)
