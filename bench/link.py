@@ -347,7 +347,7 @@ def advise_choices(
                     speeds=speeds,
                 )[0]
                 got = float(row["saving_seconds"])
-                close = row.get("verdict", "pays") != "pays"
+                close = row["verdict"] != "pays"
             if got > saving and not close:  # a close call recommends nothing (advise.CLOSE_FRACTION)
                 best, saving = c["label"], got
         out[rate] = best

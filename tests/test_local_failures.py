@@ -13,6 +13,7 @@ user's policy that raises on one rank: tests/transport_ranks/diverge_torch.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,18 @@ def inputs(rank: int, step: int) -> np.ndarray:
     return np.random.default_rng(100 * step + rank).standard_normal(SHAPE).astype(np.float32)
 
 
+def three_steps(step: Callable[[int], Any]) -> list[Any]:
+    """``step(0)``, ``step(1)``, ``step(2)`` on one rank: each one's result or the exception it
+    raised (every rank's outcome is checked by the test, whatever it is)."""
+    outcome: list[Any] = []
+    for i in range(3):
+        try:
+            outcome.append(step(i))
+        except Exception as e:
+            outcome.append(e)
+    return outcome
+
+
 @pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("cfg, mode", CASES, ids=[f"{c['id']}-{m}" for c, m in CASES])
 def test_a_rank_whose_encode_raises_any_error_makes_every_rank_raise(cfg: dict[str, Any], mode: str, size: int) -> None:
@@ -75,17 +88,15 @@ def test_a_rank_whose_encode_raises_any_error_makes_every_rank_raise(cfg: dict[s
         fail = [False]
         codec = faulty(cfg, fail) if comm.rank == bad else get_codec(cfg)
         st = TransportState(codec, error_feedback=False, mode=mode)
-        outcome: list[Any] = []
-        for step in range(3):
-            fail[0] = step == 1
-            x = inputs(comm.rank, step)
+
+        def step(i: int) -> np.ndarray:
+            fail[0] = i == 1
+            x = inputs(comm.rank, i)
             out = np.empty_like(x)
-            try:
-                run_blocking(allreduce_protocol(comm, st, x, out, "w", "mean", mode))
-                outcome.append(out)
-            except Exception as e:  # every rank's outcome is checked below, whatever it is
-                outcome.append(e)
-        return outcome
+            run_blocking(allreduce_protocol(comm, st, x, out, "w", "mean", mode))
+            return out
+
+        return three_steps(step)
 
     got = run_threads(size, rank)
     for r, outcome in enumerate(got):
@@ -129,14 +140,12 @@ def test_a_policy_that_raises_on_one_rank_makes_every_rank_raise(size: int) -> N
 
     def rank(comm: ThreadComm) -> Any:
         router = Router(RaisingPolicy(1 if comm.rank == bad else None), error_feedback=False)
-        outcome: list[Any] = []
-        for step in range(3):
-            x = inputs(comm.rank, step)
-            try:
-                outcome.append(run_blocking(router.protocol(comm, x, np.empty_like(x), "w", "mean")))
-            except Exception as e:  # every rank's outcome is checked below, whatever it is
-                outcome.append(e)
-        return outcome
+
+        def step(i: int) -> Any:
+            x = inputs(comm.rank, i)
+            return run_blocking(router.protocol(comm, x, np.empty_like(x), "w", "mean"))
+
+        return three_steps(step)
 
     got = run_threads(size, rank)
     for r, outcome in enumerate(got):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 from abc import ABC, abstractmethod
@@ -195,15 +196,12 @@ class Codec(ABC):
         """A JSON-safe dict ``{"id": ..., **params}`` that :meth:`from_config` turns back into an equal codec."""
         return {"id": self.codec_id, **self._params}
 
-    @property
+    @functools.cached_property
     def config_key(self) -> str:
         """The configuration as canonical JSON (sorted keys): equal codecs, equal keys. Made once
         per instance (a codec's configuration does not change after construction), since the
         engines key states and groups by it for every tensor at every step."""
-        key = self.__dict__.get("_config_key")
-        if key is None:
-            key = self.__dict__["_config_key"] = json.dumps(self.get_config(), sort_keys=True)
-        return key  # type: ignore[no-any-return]
+        return json.dumps(self.get_config(), sort_keys=True)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Codec:

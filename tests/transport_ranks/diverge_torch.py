@@ -7,6 +7,8 @@ torch engine: ``all_reduce``, the DDP hook and FSDP2's reduce-scatter. Writes ``
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,18 @@ def hook_bucket_mean(state: gcodec.torch.HookState, dtype: torch.dtype, seed: in
     return gcodec.torch.comm_hook(state, b).wait(), torch.cat([e.reshape(-1) for e in exact])  # type: ignore[arg-type]
 
 
+def hook_works_again(key: str) -> None:
+    """After a step where every rank raised: a fresh hook (fp16, stand-in bucket) on the same
+    process group gives the mean within fp16's rounding (|x| < 8: half an ulp of 2**-7 twice)."""
+    st = gcodec.torch.HookState(codec="fp16", start_iter=0, min_numel=64, error_feedback=False)
+    try:
+        got, exact = hook_bucket_mean(st, torch.float32, 11)
+        err = float((got - exact).abs().max())
+        check(f"{key}: the hook works again afterwards", err < 2.0**-8, f"max err {err:.3g}")
+    except Exception as e:
+        check(f"{key}: the hook works again afterwards", False, repr(e)[:400])
+
+
 def scenario_hook() -> None:
     changer = WORLD - 1
     fields = {"codec": "codec", "length": "tensors", "dtype": "dtype", "mode": "mode"}
@@ -128,14 +142,7 @@ def scenario_hook() -> None:
                     "ranks disagree on" in msg and field in msg and f"[{changer}]" in msg,
                     msg[:400],
                 )
-            # afterwards: the hook (agreed configuration, stand-in bucket) and the group work
-            st2 = gcodec.torch.HookState(codec="fp16", start_iter=0, min_numel=64, error_feedback=False)
-            try:
-                got, exact = hook_bucket_mean(st2, torch.float32, 11)
-                err = float((got - exact).abs().max())
-                check(f"{key}: the hook works again afterwards", err < 2.0**-8, f"max err {err:.3g}")
-            except Exception as e:
-                check(f"{key}: the hook works again afterwards", False, repr(e)[:400])
+            hook_works_again(key)
 
 
 class RaisingChooser:
@@ -178,13 +185,23 @@ def scenario_hook_policy_raises() -> None:
             check(f"{key}: the failing policy raises", False, "no error")
         except Exception as e:  # DDP re-raises the hook's error from backward
             _raised_alike(key, str(e))
-        st2 = gcodec.torch.HookState(codec="fp16", start_iter=0, min_numel=64, error_feedback=False)
-        try:
-            got, exact = hook_bucket_mean(st2, torch.float32, 11)
-            err = float((got - exact).abs().max())
-            check(f"{key}: the hook works again afterwards", err < 2.0**-8, f"max err {err:.3g}")
-        except Exception as e:
-            check(f"{key}: the hook works again afterwards", False, repr(e)[:400])
+        hook_works_again(key)
+
+
+def reduce_scatter_works_again(key: str, name: str, S: int, run: Callable[[], torch.Tensor]) -> None:
+    """After a step where every rank raised: ``run()``, the agreed reduce-scatter (mean of every
+    rank's ``WORLD * S`` Gaussian inputs of seed 3 + rank, codec ``name``), gives this rank's chunk
+    of the mean within the codec's rounding: fp16 as above, uniform 8 bits half a step max|x| / 127
+    per term (the mean keeps it)."""
+    try:
+        got = run()
+        rows = [np.random.default_rng(3 + r).standard_normal(WORLD * S).astype(np.float32) for r in range(WORLD)]
+        exact = np.mean(rows, axis=0)[RANK * S : (RANK + 1) * S]
+        bound = 2.0**-8 if name == "fp16" else max(float(np.abs(r).max()) for r in rows) / 127 * 0.51 + 1e-7
+        err = float(np.max(np.abs(got.numpy() - exact)))
+        check(f"{key}: the agreed configuration works again afterwards", err <= bound, f"max err {err:.3g}")
+    except gcodec.GcodecError as e:
+        check(f"{key}: the agreed configuration works again afterwards", False, repr(e)[:400])
 
 
 def scenario_fsdp() -> None:
@@ -233,17 +250,7 @@ def scenario_fsdp() -> None:
                 )
             if RANK == changer and change == "codec":
                 st.policy = {"*": cfg}
-            try:
-                got = call(S, torch.float32, avg, 3)
-                rows = [
-                    np.random.default_rng(3 + r).standard_normal(WORLD * S).astype(np.float32) for r in range(WORLD)
-                ]
-                exact = np.mean(rows, axis=0)[RANK * S : (RANK + 1) * S]
-                bound = 2.0**-8 if name == "fp16" else max(float(np.abs(r).max()) for r in rows) / 127 * 0.51 + 1e-7
-                err = float(np.max(np.abs(got.numpy() - exact)))
-                check(f"{key}: the agreed configuration works again afterwards", err <= bound, f"max err {err:.3g}")
-            except gcodec.GcodecError as e:
-                check(f"{key}: the agreed configuration works again afterwards", False, repr(e)[:400])
+            reduce_scatter_works_again(key, name, S, partial(call, S, torch.float32, avg, 3))
 
 
 def scenario_fsdp_policy_raises() -> None:
@@ -270,15 +277,7 @@ def scenario_fsdp_policy_raises() -> None:
         except Exception as e:
             _raised_alike(key, str(e))
         chooser.armed = False
-        try:
-            got = call(3)
-            rows = [np.random.default_rng(3 + r).standard_normal(WORLD * S).astype(np.float32) for r in range(WORLD)]
-            exact = np.mean(rows, axis=0)[RANK * S : (RANK + 1) * S]
-            bound = 2.0**-8 if name == "fp16" else max(float(np.abs(r).max()) for r in rows) / 127 * 0.51 + 1e-7
-            err = float(np.max(np.abs(got.numpy() - exact)))
-            check(f"{key}: the agreed configuration works again afterwards", err <= bound, f"max err {err:.3g}")
-        except gcodec.GcodecError as e:
-            check(f"{key}: the agreed configuration works again afterwards", False, repr(e)[:400])
+        reduce_scatter_works_again(key, name, S, partial(call, 3))
 
 
 def main() -> None:
