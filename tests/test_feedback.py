@@ -163,17 +163,26 @@ def test_fused_16_bit_feedback_refuses_a_residual_that_is_not_finite_and_keeps_t
         ("threshold", {"threshold": 100.0, "index_coding": "raw"}),
         ("randomk", {"ratio": 0.1}),
         ("randomk", {"k": 1, "seed": 7}),
+        # kept values through a nested codec: decoded from the payload, only where kept
+        ("topk", {"ratio": 0.05, "values": {"id": "uniform", "bits": 8}}),
+        ("threshold", {"threshold": 1.0, "values": {"id": "sign"}}),
+        ("randomk", {"ratio": 0.1, "values": {"id": "fp16"}}),
+        ("chunktopk", {"chunk": 256, "k": 16}),
+        ("chunktopk", {"chunk": 4096, "k": 256, "values": {"id": "uniform", "bits": 2, "group_size": 64}}),
+        ("chunktopk", {"chunk": 100, "k": 7, "index_coding": "packed", "values": {"id": "uniform", "bits": 4}}),
+        ("chunktopk", {"chunk": 64, "k": 64, "values": {"id": "sign"}}),
     ],
 )
 @pytest.mark.parametrize("decay", [1.0, 0.95])
 @pytest.mark.parametrize("n", [1, 17, 3001, 70_003])
 def test_fused_sparse_feedback_is_bit_identical_to_the_generic_path(cid, params, decay, n):
-    """Top-k's, threshold's and random-k's feedback without a decode (the kept elements of
-    c = x + e zeroed in place) against the generic path's decode and subtraction: the same payload
-    bytes and the same residual bits at every step, zeros of both signs and ties of magnitude
-    included (a tie is kept by the lowest index on both paths, and -0 stays -0 in the residual
-    where it is not kept; a threshold of 0 keeps every element, one of 100 none); after a refused
-    step both paths draw random-k's next stream alike."""
+    """Top-k's, threshold's, random-k's and chunked top-k's feedback without a decode of the whole
+    tensor (c = x + e, the kept elements set to c - v for the value v the receiver decodes: +0 for
+    raw values) against the generic path's decode and subtraction: the same payload bytes and the
+    same residual bits at every step, zeros of both signs and ties of magnitude included (a tie is
+    kept by the lowest index on both paths, and -0 stays -0 in the residual where it is not kept; a
+    threshold of 0 keeps every element, one of 100 none); after a refused step both paths draw
+    random-k's next stream alike."""
     fused = gcodec.ErrorFeedback(gcodec.get_codec(cid, **params), decay=decay)
     plain_codec = gcodec.get_codec(cid, **params)
     plain_codec.plan_feedback = None  # forces the generic path
@@ -200,20 +209,51 @@ def test_fused_sparse_feedback_is_bit_identical_to_the_generic_path(cid, params,
     assert fused.residual("w").tobytes() == plain.residual("w").tobytes()
 
 
-def test_fused_sparse_feedback_leaves_hybrids_and_other_dtypes_to_the_generic_path():
-    """A nested value codec decodes the kept values to something else than c, and float64 work
-    keeps float64 residuals: neither takes the shortcut (plan_feedback answers None)."""
+def test_fused_sparse_feedback_leaves_other_dtypes_and_the_dct_to_the_generic_path():
+    """float64 work keeps float64 residuals, and the DCT selects coefficients while its residual
+    lives in the tensor's domain: neither takes the shortcut (plan_feedback answers None); float32
+    work with nested values does."""
     from gcodec.codecs.base import EncodeContext
+    from gcodec.codecs.state import CodecState
+
+    def ctx():
+        return EncodeContext("w", None, CodecState())
 
     x = np.ones(100, np.float32)
-    hybrid = gcodec.get_codec("topk", ratio=0.1, values={"id": "uniform", "bits": 8})
-    assert hybrid.plan_feedback(x, None, np.empty_like(x), EncodeContext("w", None, None)) is None
     x64 = np.ones(100, np.float64)
     plain = gcodec.get_codec("topk", ratio=0.1)
-    assert plain.plan_feedback(x64, None, np.empty_like(x64), EncodeContext("w", None, None)) is None
-    assert plain.plan_feedback(x, None, np.empty_like(x), EncodeContext("w", None, None)) is not None
-    rk = gcodec.get_codec("randomk", ratio=0.1, values={"id": "fp16"})
-    assert rk.plan_feedback(x, None, np.empty_like(x), EncodeContext("w", None, None)) is None
+    assert plain.plan_feedback(x64, None, np.empty_like(x64), ctx()) is None
+    assert plain.plan_feedback(x, None, np.empty_like(x), ctx()) is not None
+    hybrid = gcodec.get_codec("chunktopk", chunk=64, k=4, values={"id": "uniform", "bits": 2})
+    assert hybrid.plan_feedback(x64, None, np.empty_like(x64), ctx()) is None
+    assert hybrid.plan_feedback(x, None, np.empty_like(x), ctx()) is not None
+    dct = gcodec.get_codec("dct", chunk=64, k=4)
+    assert dct.plan_feedback(x, None, np.empty_like(x), ctx()) is None
+
+
+@pytest.mark.parametrize("decay", [1.0, 0.95])
+def test_fused_nested_feedback_agrees_with_the_generic_path_at_the_float32_limit(decay):
+    """Kept values near the float32 limit through a nested codec: the fused path refuses exactly
+    what the generic path refuses (a value the nested codec would overflow, or a residual that is
+    not finite) and keeps the old residual, or writes the same bytes and bits."""
+    rng = np.random.default_rng(3)
+    for values in ({"id": "uniform", "bits": 2}, {"id": "fp16"}, {"id": "sign"}):
+        codec = gcodec.get_codec("chunktopk", chunk=64, k=8, values=values)
+        plain_codec = gcodec.get_codec("chunktopk", chunk=64, k=8, values=values)
+        plain_codec.plan_feedback = None
+        fused, plain = gcodec.ErrorFeedback(codec, decay=decay), gcodec.ErrorFeedback(plain_codec, decay=decay)
+        for step in range(3):
+            x = rng.standard_normal(640).astype(np.float32)
+            x[rng.choice(640, 20, replace=False)] = np.float32(3.4e38) * rng.choice([-1, 1], 20)
+            outcomes = []
+            for ef in (fused, plain):
+                try:
+                    outcomes.append(bytes(ef.encode(x, "w")))
+                except gcodec.PayloadValueError:
+                    outcomes.append("refused")
+            assert outcomes[0] == outcomes[1], (values, step)
+            r = [ef.residual("w") for ef in (fused, plain)]
+            assert (r[0] is None and r[1] is None) or r[0].tobytes() == r[1].tobytes()
 
 
 @pytest.mark.parametrize("cid", ["sign", "uniform", "qsgd"])

@@ -41,6 +41,7 @@ from .sparse import (
     check_nested_values_finite,
     decode_values,
     expected_values,
+    kept_feedback_plan,
     key_bits,
     nested_overflow,
     nested_overflow_key,
@@ -148,10 +149,17 @@ class ChunkTopK(ValuesHost):
 
     # ---- encoding --------------------------------------------------------------------------
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
-        return self._plan_flat(x.reshape(-1), ctx)
+        return self._plan_flat(x.reshape(-1), ctx)[0]
 
-    def _plan_flat(self, flat: np.ndarray, ctx: EncodeContext) -> EncodePlan:
-        """Select from the flat array ``flat`` (of the layout length) and plan every section."""
+    def plan_feedback(self, x: Any, residual: Any, new_residual: Any, ctx: EncodeContext) -> EncodePlan | None:
+        """Error feedback without a decode of the whole tensor
+        (:func:`gcodec.codecs.sparse.kept_feedback_plan`): only the kept elements' residuals differ
+        from the corrected tensor."""
+        return kept_feedback_plan(self, x, residual, new_residual, lambda c: self._plan_flat(c, ctx))
+
+    def _plan_flat(self, flat: np.ndarray, ctx: EncodeContext) -> tuple[EncodePlan, Any]:
+        """Select from the flat array ``flat`` (of the layout length) and plan every section; the
+        plan and the kept indices into ``flat``."""
         dname = _dtype_name(flat.dtype)
         n = flat.shape[0]
         chunk, k = self._params["chunk"], self._params["k"]
@@ -194,7 +202,7 @@ class ChunkTopK(ValuesHost):
                 K.chunked.packed_pack(idx, chunk, index_width(chunk), views["indices"])
             vfill(views)
 
-        return EncodePlan(params, sections, fill)
+        return EncodePlan(params, sections, fill), idx
 
     def _refuse_nested_overflow(
         self, bits: Any, mask: Any, infkey: Any, vbits: Any, dtype_name: str, ctx: EncodeContext

@@ -150,10 +150,15 @@ class Dct(ChunkTopK):
             s = dlayout.side(chunk)
             rows, cols = dlayout.matrix_view(shape)
             K.dct.forward2(x32, rows, cols, s, self._table(K, s), coef)
-        plan = self._plan_flat(coef, ctx)  # refuses values the nested codec would overflow (DC4)
+        plan = self._plan_flat(coef, ctx)[0]  # refuses values the nested codec would overflow (DC4)
         if self._nested is not None and n:
             self._refuse_large_values(K, coef)
         return plan
+
+    def plan_feedback(self, x: Any, residual: Any, new_residual: Any, ctx: EncodeContext) -> EncodePlan | None:
+        """None: the coefficients are selected, the residual is kept in the tensor's own domain, so
+        error feedback takes the generic path (encode, decode, subtract)."""
+        return None
 
     def _refuse_large_values(self, K: Any, coef: Any) -> None:
         """Refuse coefficients the nested codec might decode to 2**118 or more (rule DC5 refuses

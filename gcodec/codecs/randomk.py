@@ -39,11 +39,11 @@ from .sparse import (
     decode_values,
     expected_values,
     k_for,
+    kept_feedback_plan,
     key_bits,
     nested_overflow,
     nested_overflow_key,
     plan_values,
-    zeroed_feedback_plan,
 )
 
 __all__ = ["RandomK", "randomk_indices", "value_codec"]
@@ -128,10 +128,10 @@ class RandomK(ValuesHost):
         return self._plan_drawn(x.reshape(-1), ctx)[0]
 
     def plan_feedback(self, x: Any, residual: Any, new_residual: Any, ctx: EncodeContext) -> EncodePlan | None:
-        """Error feedback without decoding (:func:`gcodec.codecs.sparse.zeroed_feedback_plan`): the
-        drawn elements' raw values decode to themselves. The stream is taken once, as the generic
+        """Error feedback without a decode of the whole tensor
+        (:func:`gcodec.codecs.sparse.kept_feedback_plan`). The stream is taken once, as the generic
         path takes it."""
-        return zeroed_feedback_plan(self._nested, x, residual, new_residual, lambda c: self._plan_drawn(c, ctx))
+        return kept_feedback_plan(self, x, residual, new_residual, lambda c: self._plan_drawn(c, ctx))
 
     def _plan_drawn(self, flat: np.ndarray, ctx: EncodeContext) -> tuple[EncodePlan, Any]:
         """The plan for ``flat`` and the indices it drew."""

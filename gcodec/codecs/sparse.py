@@ -182,20 +182,23 @@ def check_nested_values_finite(vals: np.ndarray, rule: str) -> None:
         raise PayloadValueError(f"{rule}: {bad} value(s) decoded by the nested codec are NaN or infinite")
 
 
-def zeroed_feedback_plan(
-    nested: Any, x: Any, residual: Any, new_residual: Any, plan_of: Callable[[np.ndarray], tuple[EncodePlan, Any]]
+def kept_feedback_plan(
+    host: Codec, x: Any, residual: Any, new_residual: Any, plan_of: Callable[[np.ndarray], tuple[EncodePlan, Any]]
 ) -> EncodePlan | None:
-    """The fused error-feedback plan of a codec that sends some elements' values raw
-    (:class:`gcodec.ErrorFeedback`'s fast path; ``topk``, ``threshold``, ``randomk``): a kept
-    float32 element decodes to itself and every other one to +0, so the new residual is
-    ``c = x + residual`` with the kept elements set to +0, bit for bit what ``c - decode(c)``
-    gives (``c - c`` is +0 for a finite ``c``, ``c - 0`` is ``c``, -0 included). ``c`` is written
-    into ``new_residual``; ``plan_of(c)`` plans the codec's encode of it and names the kept
-    indices, which are zeroed after the payload's values are written. The generic path's three
-    passes over the tensor after the encode (zeroing a scratch array, scattering the decoded values
-    into it, subtracting) become one write of k zeros. Host float32 work with raw values only
-    (None otherwise, and for a ``nested`` value codec: the generic path)."""
-    if nested is not None or backend_of(x) != "cpu":
+    """The fused error-feedback plan of a codec that sends some elements' values and nothing else
+    (:class:`gcodec.ErrorFeedback`'s fast path; ``topk``, ``threshold``, ``randomk``, ``chunktopk``):
+    an element that is not kept decodes to +0, so the new residual is ``c = x + residual`` except at
+    the kept elements, where it is ``c - v`` for the value ``v`` the receiver decodes there. Bit for
+    bit what the generic path's ``c - decode(c)`` gives: ``c - 0`` is ``c`` (-0 included), and a
+    kept element's difference is the same binary32 subtraction. Raw values decode to themselves,
+    so that difference is +0 and the kept elements are zeroed; values through a nested codec are
+    decoded from the payload just written (the receiver's own decode of the values section, ``k``
+    elements). ``c`` is written into ``new_residual``; ``plan_of(c)`` plans the codec's encode of
+    it and names the kept indices. The generic path's passes over the whole tensor after the encode
+    (a copy of ``c``, zeroing a scratch array, scattering the decoded values into it, subtracting)
+    become work on the ``k`` kept elements only. Host float32 work (None otherwise: the generic
+    path)."""
+    if backend_of(x) != "cpu":
         return None
     flat = x.reshape(-1)
     out_e = new_residual.reshape(-1)
@@ -211,10 +214,22 @@ def zeroed_feedback_plan(
     with kernels.of(flat).threads_for(flat.shape[0]):  # as the API runs a plan: small tensors on this thread
         plan, idx = plan_of(out_e)
     inner = plan.fill
+    nested = getattr(host, "_nested", None)
 
     def fill(views: Mapping[str, np.ndarray]) -> None:
         inner(views)
-        out_e[idx] = 0.0
+        if nested is None:
+            out_e[idx] = 0.0
+            return
+        entry = TensorEntry(host.codec_id, host.version, "float32", (out_e.shape[0],), plan.params, ())
+        kept = out_e[idx] - decode_values(plan.params, entry, views, idx.shape[0])
+        bad = kernels.of(kept).sparse.count_nonfinite_values(kept)
+        if bad:  # as the generic path refuses a residual it cannot keep
+            raise PayloadValueError(
+                f"{host.codec_id}: {bad} residual value(s) would be NaN or infinite (a kept value near the "
+                "float32 limit); the residual was left unchanged"
+            )
+        out_e[idx] = kept
 
     return EncodePlan(plan.params, plan.sections, fill)
 
@@ -276,13 +291,13 @@ class SparseIndexCodec(ValuesHost):
         return self._plan_selected(flat, dname, idx, extra, ctx, vbits)
 
     def plan_feedback(self, x: Any, residual: Any, new_residual: Any, ctx: EncodeContext) -> EncodePlan | None:
-        """Error feedback without decoding (:func:`zeroed_feedback_plan`)."""
+        """Error feedback without a decode of the whole tensor (:func:`kept_feedback_plan`)."""
 
         def plan_of(c: np.ndarray) -> tuple[EncodePlan, np.ndarray]:
             idx, vbits, extra = self._select(c, "float32")
             return self._plan_selected(c, "float32", idx, extra, ctx, vbits), idx
 
-        return zeroed_feedback_plan(self._nested, x, residual, new_residual, plan_of)
+        return kept_feedback_plan(self, x, residual, new_residual, plan_of)
 
     def _plan_selected(
         self,
