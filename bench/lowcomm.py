@@ -28,6 +28,9 @@ exchange overlapping 2 inner steps, mix 0.5) with 4-bit values and error feedbac
    steps (``--periods k``, default 3), its mean step time over each of the last ``k`` windows of
    ``H`` steps (a whole synchronisation period, the exchange included) is taken, and the median
    of those ``k`` means is kept (one window moved the ratios by about 20 % between runs);
+   ``--rounds r`` repeats that pass ``r`` times, the contenders in a rotated order each time, and
+   keeps each contender's median over the passes; the table shows the ratios of every pass beside
+   it (lowest-highest), since the machine's speed drifts between passes minutes apart;
 3. time to target at a rate = steps to target x that mean step time.
 """
 
@@ -120,6 +123,35 @@ def period_median(times_ms: list[float], h: int, k: int) -> float:
     return float(statistics.median(statistics.fmean(tail[i * h : (i + 1) * h]) for i in range(k)))
 
 
+def rotated(cons: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+    """Timing round ``i``'s order: the contenders rotated by ``i``, so that over the rounds each
+    runs at a different moment of the pass (after another neighbour, earlier or later), and a
+    drift of the machine's speed within a pass does not always land on the same contender."""
+    j = i % len(cons) if cons else 0
+    return cons[j:] + cons[:j]
+
+
+def round_median(times: list[float | None]) -> float | None:
+    """A contender's step time at one rate: the median over the timing rounds that ran."""
+    got = [t for t in times if t is not None]
+    return float(statistics.median(got)) if got else None
+
+
+def round_ratios(
+    steps: int | None, times: list[float | None], ref_steps: int | None, ref_times: list[float | None]
+) -> list[float | None]:
+    """Time to target against a reference, round by round (each round's own step times: a pass
+    runs every contender within minutes, so the ratio of one round is free of the drift between
+    rounds); None where either has no time or no step count."""
+    out: list[float | None] = []
+    for t, rt in zip(times, ref_times, strict=False):
+        if steps is None or not ref_steps or t is None or not rt:
+            out.append(None)
+        else:
+            out.append(steps * t / (ref_steps * rt))
+    return out
+
+
 def diloco_steps(spec: str, steps: int, world: int) -> int:
     """The DiLoCo runs' inner steps at ``world`` workers from ``--diloco-steps``: ``N`` for every
     world, ``W=N,...`` per world, or empty for the default, 1.5 x DDP's ``steps`` at 2 workers and
@@ -166,18 +198,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runs = {r["label"]: r for r in res["runs"]}
         base = runs[cons[0]["label"]]
         target = float(base["val_loss"]) if base.get("ok") else math.nan
-        timed: dict[str, dict[str, float]] = {}
+        # per contender and rate: the step time of each timing round (None where the round failed)
+        rounds: dict[str, dict[str, list[float | None]]] = {c["label"]: {} for c in cons}
         k = args.periods
         timing = LMSettings(**{**s.to_dict(), "max_steps": k * h + 3})
         for rate in [] if args.curves_only else args.rates:
-            print(f"[{world} workers] timing at {rate}: {k * h + 3} steps per contender", file=sys.stderr, flush=True)
-            with namespace(rate) as prefix:
-                tr = run_job(
-                    cons, timing, world, prefix=prefix, env=env, module="gcodec.demo.lm_worker", timeout_s=3600
+            for i in range(args.rounds):
+                order = rotated(cons, i)
+                print(
+                    f"[{world} workers] timing at {rate}, round {i + 1}/{args.rounds}: {k * h + 3} steps per contender",
+                    file=sys.stderr,
+                    flush=True,
                 )
-            for r in tr["runs"]:
-                if r.get("ok"):
-                    timed.setdefault(r["label"], {})[rate] = period_median(r["step_times_ms"], h, k) / 1e3
+                with namespace(rate) as prefix:
+                    tr = run_job(
+                        order, timing, world, prefix=prefix, env=env, module="gcodec.demo.lm_worker", timeout_s=3600
+                    )
+                got = {r["label"]: r for r in tr["runs"] if r.get("ok")}
+                for c in cons:
+                    r = got.get(c["label"])
+                    t = None if r is None else period_median(r["step_times_ms"], h, k) / 1e3
+                    rounds[c["label"]].setdefault(rate, []).append(t)
         rows = []
         for c in cons:
             r = runs[c["label"]]
@@ -185,7 +226,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows.append({"label": c["label"], "ok": False, "error": r.get("error")})
                 continue
             n = steps_to(r["curve"], target)
-            step_s = timed.get(c["label"], {})
+            per = rounds[c["label"]]
+            step_s = {rate: round_median(ts) for rate, ts in per.items() if round_median(ts) is not None}
             rows.append(
                 {
                     "label": c["label"],
@@ -196,6 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "bytes_per_inner_step": r["bytes_per_inner_step"],
                     "steps_to_target": n,
                     "step_s": step_s,
+                    "step_s_rounds": per,
                     "time_to_target_s": {k: (None if n is None else n * v) for k, v in step_s.items()},
                     "curve": r["curve"],
                     "params": r["params"],
@@ -231,6 +274,10 @@ def _ratios(rows: list[dict[str, Any]], cons: list[dict[str, Any]], h: int) -> N
                     else t / ref["time_to_target_s"][rate]
                 )
                 for rate, t in r["time_to_target_s"].items()
+            }
+            r[f"time_vs_{name}_rounds"] = {
+                rate: round_ratios(r["steps_to_target"], ts, ref["steps_to_target"], ref["step_s_rounds"].get(rate, []))
+                for rate, ts in r["step_s_rounds"].items()
             }
 
 
@@ -272,6 +319,9 @@ def markdown(res: dict[str, Any], rates: list[str]) -> str:
             cells += [_f(r["time_to_target_s"].get(rate), ".1f", "-") + " s" for rate in rates]
             for name in ("ddp", "torchft"):
                 cells.append(_f((r.get(f"time_vs_{name}") or {}).get("100mbit"), ".3f", "-"))
+                spread = [v for v in (r.get(f"time_vs_{name}_rounds") or {}).get("100mbit", []) if v is not None]
+                if len(spread) > 1:  # the rounds' own ratios, lowest to highest
+                    cells[-1] += f" ({min(spread):.3f}-{max(spread):.3f})"
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -319,6 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--periods", type=int, default=3, help="timing windows of H steps per contender and rate (median kept)"
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="timing passes per rate, the contenders rotated each pass; a contender's step time is the median "
+        "over passes, and the ratios of every pass are reported beside it",
     )
     ap.add_argument("--quick", action="store_true", help="the quick model and 4 contenders")
     ap.add_argument("--curves-only", action="store_true", help="train the curves, time nothing (then --curves-from)")

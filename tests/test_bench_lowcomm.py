@@ -26,3 +26,51 @@ def test_diloco_steps_default_per_world_and_overrides() -> None:
     assert lowcomm.diloco_steps("2=800,4=1600", 600, 2) == 800
     with pytest.raises(SystemExit, match="no value for 8 workers"):
         lowcomm.diloco_steps("2=800,4=1600", 600, 8)
+
+
+def test_timing_rounds_rotate_the_contenders_and_keep_each_rounds_ratio() -> None:
+    cons = [{"label": c} for c in "abcd"]
+    orders = ["".join(c["label"] for c in lowcomm.rotated(cons, i)) for i in range(5)]
+    assert orders == ["abcd", "bcda", "cdab", "dabc", "abcd"]  # each contender at every position once
+    assert lowcomm.round_median([0.3, None, 0.1, 0.2]) == 0.2  # the rounds that ran
+    assert lowcomm.round_median([None]) is None
+    # 525 steps at 11, 14 and 12 ms against a reference's 500 at 22, 28 and 30 ms: each round's ratio
+    # uses that round's two times; a failed round on either side gives no ratio
+    got = lowcomm.round_ratios(525, [0.011, 0.014, 0.012, None], 500, [0.022, 0.028, 0.030, 0.025])
+    assert got[:3] == pytest.approx([0.525, 0.525, 0.42]) and got[3] is None
+    assert lowcomm.round_ratios(None, [0.01], 500, [0.02]) == [None]  # never reached the target
+    assert lowcomm.round_ratios(525, [0.01], None, [0.02]) == [None]
+
+
+def test_the_table_shows_the_rounds_spread_beside_the_median_ratio() -> None:
+    h = 25
+    curve = [{"step": 25, "val_loss": 2.0, "tokens": 1}]
+
+    def row(label: str, steps: int, times: list[float]) -> dict:
+        return {
+            "label": label,
+            "ok": True,
+            "val_loss": 2.0,
+            "loss_vs_ddp": 0.0,
+            "bytes_per_inner_step": 1000.0,
+            "steps_to_target": steps,
+            "step_s": {"100mbit": lowcomm.round_median(times)},
+            "step_s_rounds": {"100mbit": times},
+            "time_to_target_s": {"100mbit": steps * lowcomm.round_median(times)},
+            "curve": curve,
+        }
+
+    rows = [row("DDP fp32", 450, [0.3, 0.3]), row(f"torchft DiLoCo H={h} fp32", 500, [0.02, 0.03])]
+    rows.append(row("mine", 500, [0.012, 0.012]))
+    lowcomm._ratios(rows, [], h)
+    mine = rows[2]
+    assert mine["time_vs_torchft_rounds"]["100mbit"] == pytest.approx([0.6, 0.4])
+    assert mine["time_vs_torchft"]["100mbit"] == pytest.approx(0.012 / 0.025)  # medians' ratio
+    res = {
+        "settings": {"layers": 2, "d_model": 128, "context": 64, "steps": 600, "batch": 4},
+        "corpus": {"python": "3.11", "corpus_sha256": "0" * 64},
+        "margin": 0.02,
+        "worlds": {"2": {"target": 2.0, "diloco_steps": 900, "rows": rows}},
+    }
+    line = next(x for x in lowcomm.markdown(res, ["100mbit"]).splitlines() if x.startswith("| mine"))
+    assert line.endswith("| 0.480 (0.400-0.600) |")
