@@ -152,6 +152,43 @@ def round_ratios(
     return out
 
 
+def stored_curves(res: dict[str, Any]) -> dict[str, dict[int, Any]]:
+    """The curves of an earlier ``--json`` by world and seed (a file written before ``--seeds``
+    holds one seed's, its settings' own)."""
+    if "curves_seeds" in res:
+        return {w: {int(k): v for k, v in per.items()} for w, per in res["curves_seeds"].items()}
+    seed = int(res["settings"].get("seed", 0))
+    return {w: {seed: v} for w, v in res.get("curves", {}).items()}
+
+
+def seed_outcomes(runs: list[dict[str, Any]], reference: str) -> dict[str, dict[str, Any]]:
+    """One seed's curves: each contender's final loss and the steps it needs to reach that seed's
+    target (its own DDP fp32 run's final loss within the margin)."""
+    by = {r["label"]: r for r in runs}
+    ref = by.get(reference, {})
+    target = float(ref["val_loss"]) if ref.get("ok") else math.nan
+    return {
+        label: {
+            "target": target,
+            "val_loss": r.get("val_loss") if r.get("ok") else None,
+            "steps_to_target": steps_to(r["curve"], target) if r.get("ok") and target == target else None,
+        }
+        for label, r in by.items()
+    }
+
+
+def seed_ratios(
+    mine: dict[str, dict[str, Any]], ref: dict[str, dict[str, Any]], t: float | None, ref_t: float | None
+) -> dict[str, float | None]:
+    """Time to target against a reference, seed by seed: each seed's step counts (the curves
+    differ by seed, the step times do not) times the step times at one rate."""
+    out: dict[str, float | None] = {}
+    for seed, m in mine.items():
+        n, rn = m.get("steps_to_target"), (ref.get(seed) or {}).get("steps_to_target")
+        out[seed] = None if n is None or not rn or t is None or not ref_t else n * t / (rn * ref_t)
+    return out
+
+
 def diloco_steps(spec: str, steps: int, world: int) -> int:
     """The DiLoCo runs' inner steps at ``world`` workers from ``--diloco-steps``: ``N`` for every
     world, ``W=N,...`` per world, or empty for the default, 1.5 x DDP's ``steps`` at 2 workers and
@@ -176,7 +213,7 @@ def diloco_steps(spec: str, steps: int, world: int) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     h = args.sync_every
-    curves = json.loads(Path(args.curves_from).read_text())["curves"] if args.curves_from else None
+    curves = stored_curves(json.loads(Path(args.curves_from).read_text())) if args.curves_from else {}
     s = LMSettings.quick() if args.quick else LMSettings(steps=args.steps, batch=args.batch, eval_every=h)
     if args.quick:
         s = LMSettings(**{**s.to_dict(), "eval_every": h, "steps": 3 * h})
@@ -186,18 +223,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         dsteps = 3 * h if args.quick and not args.diloco_steps else diloco_steps(args.diloco_steps, args.steps, world)
         cons = contenders(h, dsteps, args.quick)
-        prev = (curves or {}).get(str(world))
-        if prev is not None:  # the curves of an earlier run (--curves-from): same contenders and schedule
-            res = prev
-        else:
-            print(f"[{world} workers] curves on the unshaped loopback: {len(cons)} contenders", file=sys.stderr)
+        by_seed: dict[int, dict[str, Any]] = {}
+        for seed in args.seeds:
+            prev = curves.get(str(world), {}).get(seed)
+            if prev is not None:  # the curves of an earlier run (--curves-from): same contenders and schedule
+                by_seed[seed] = prev
+                continue
+            print(f"[{world} workers] curves, seed {seed}: {len(cons)} contenders", file=sys.stderr, flush=True)
             with namespace("unlimited") as prefix:
-                res = run_job(cons, s, world, prefix=prefix, env=env, module="gcodec.demo.lm_worker", timeout_s=7200)
+                by_seed[seed] = run_job(
+                    cons,
+                    LMSettings(**{**s.to_dict(), "seed": seed}),
+                    world,
+                    prefix=prefix,
+                    env=env,
+                    module="gcodec.demo.lm_worker",
+                    timeout_s=7200,
+                )
+        res = by_seed[args.seeds[0]]
         out["corpus"] = res["corpus"]
         out.setdefault("curves", {})[str(world)] = res
+        out.setdefault("curves_seeds", {})[str(world)] = {str(k): v for k, v in by_seed.items()}
         runs = {r["label"]: r for r in res["runs"]}
         base = runs[cons[0]["label"]]
         target = float(base["val_loss"]) if base.get("ok") else math.nan
+        seeds = {seed: seed_outcomes(r["runs"], cons[0]["label"]) for seed, r in by_seed.items()}
         # per contender and rate: the step time of each timing round (None where the round failed)
         rounds: dict[str, dict[str, list[float | None]]] = {c["label"]: {} for c in cons}
         k = args.periods
@@ -239,6 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "steps_to_target": n,
                     "step_s": step_s,
                     "step_s_rounds": per,
+                    "seeds": {str(seed): got.get(c["label"], {}) for seed, got in seeds.items()},
                     "time_to_target_s": {k: (None if n is None else n * v) for k, v in step_s.items()},
                     "curve": r["curve"],
                     "params": r["params"],
@@ -274,6 +325,10 @@ def _ratios(rows: list[dict[str, Any]], cons: list[dict[str, Any]], h: int) -> N
                     else t / ref["time_to_target_s"][rate]
                 )
                 for rate, t in r["time_to_target_s"].items()
+            }
+            r[f"time_vs_{name}_seeds"] = {
+                rate: seed_ratios(r["seeds"], ref["seeds"], t, ref["step_s"].get(rate))
+                for rate, t in r["step_s"].items()
             }
             r[f"time_vs_{name}_rounds"] = {
                 rate: round_ratios(r["steps_to_target"], ts, ref["steps_to_target"], ref["step_s_rounds"].get(rate, []))
@@ -324,7 +379,30 @@ def markdown(res: dict[str, Any], rates: list[str]) -> str:
                     cells[-1] += f" ({min(spread):.3f}-{max(spread):.3f})"
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += seed_table(w["rows"])
     return "\n".join(lines) + "\n"
+
+
+def seed_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Every seed's steps to its target and time against torchft at 100 Mbit/s (nothing for one seed)."""
+    ok = [r for r in rows if r.get("ok")]
+    seeds = sorted({k for r in ok for k in r.get("seeds", {})}, key=int)
+    if len(seeds) < 2:
+        return []
+    head = ["contender"] + [f"seed {k}: steps" for k in seeds] + [f"seed {k}: vs torchft" for k in seeds]
+    head.append("vs torchft, median")
+    out = ["Per seed (each seed's own DDP fp32 target; step times as above, at 100 Mbit/s):", ""]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in ok:
+        per = r.get("time_vs_torchft_seeds", {}).get("100mbit", {})
+        ratios = [per.get(k) for k in seeds]
+        got = [v for v in ratios if v is not None]
+        cells = [r["label"]]
+        cells += [_f(r["seeds"].get(k, {}).get("steps_to_target"), "d", "not reached") for k in seeds]
+        cells += [_f(v, ".3f", "-") for v in ratios]
+        cells.append(_f(statistics.median(got) if got else None, ".3f", "-"))
+        out.append("| " + " | ".join(cells) + " |")
+    return [*out, ""]
 
 
 def plot(res: dict[str, Any], path: str) -> str | None:
@@ -377,6 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         help="timing passes per rate, the contenders rotated each pass; a contender's step time is the median "
         "over passes, and the ratios of every pass are reported beside it",
     )
+    ap.add_argument(
+        "--seeds",
+        default="0",
+        help="data and initialisation seeds, comma-separated: the curves (and each seed's DDP target) are trained "
+        "for each; the table's main columns are the first seed's, a second table gives every seed's steps and ratio",
+    )
     ap.add_argument("--quick", action="store_true", help="the quick model and 4 contenders")
     ap.add_argument("--curves-only", action="store_true", help="train the curves, time nothing (then --curves-from)")
     ap.add_argument("--curves-from", metavar="JSON", help="reuse the curves of an earlier --json; time only")
@@ -386,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.workers = [int(v) for v in args.workers.split(",")]
     args.rates = args.rates.split(",")
+    args.seeds = [int(v) for v in args.seeds.split(",")]
     try:
         res = run(args)
     except NoNamespace as e:

@@ -42,11 +42,11 @@ def test_timing_rounds_rotate_the_contenders_and_keep_each_rounds_ratio() -> Non
     assert lowcomm.round_ratios(525, [0.01], None, [0.02]) == [None]
 
 
-def test_the_table_shows_the_rounds_spread_beside_the_median_ratio() -> None:
+def test_the_table_shows_the_rounds_spread_and_every_seed() -> None:
     h = 25
     curve = [{"step": 25, "val_loss": 2.0, "tokens": 1}]
 
-    def row(label: str, steps: int, times: list[float]) -> dict:
+    def row(label: str, steps: int, times: list[float], seed1: int | None) -> dict:
         return {
             "label": label,
             "ok": True,
@@ -58,19 +58,38 @@ def test_the_table_shows_the_rounds_spread_beside_the_median_ratio() -> None:
             "step_s_rounds": {"100mbit": times},
             "time_to_target_s": {"100mbit": steps * lowcomm.round_median(times)},
             "curve": curve,
+            "seeds": {"0": {"steps_to_target": steps}, "1": {"steps_to_target": seed1}},
         }
 
-    rows = [row("DDP fp32", 450, [0.3, 0.3]), row(f"torchft DiLoCo H={h} fp32", 500, [0.02, 0.03])]
-    rows.append(row("mine", 500, [0.012, 0.012]))
+    rows = [row("DDP fp32", 450, [0.3, 0.3], 500), row(f"torchft DiLoCo H={h} fp32", 500, [0.02, 0.03], 600)]
+    rows += [row("mine", 500, [0.012, 0.012], 660), row("slow", 700, [0.012, 0.012], None)]
     lowcomm._ratios(rows, [], h)
     mine = rows[2]
     assert mine["time_vs_torchft_rounds"]["100mbit"] == pytest.approx([0.6, 0.4])
     assert mine["time_vs_torchft"]["100mbit"] == pytest.approx(0.012 / 0.025)  # medians' ratio
+    # per seed: that seed's step counts, the median step times: 500/500 and 660/600 steps
+    assert mine["time_vs_torchft_seeds"]["100mbit"] == pytest.approx({"0": 0.48, "1": 0.528})
+    assert rows[3]["time_vs_torchft_seeds"]["100mbit"]["1"] is None  # seed 1 never reached its target
     res = {
         "settings": {"layers": 2, "d_model": 128, "context": 64, "steps": 600, "batch": 4},
         "corpus": {"python": "3.11", "corpus_sha256": "0" * 64},
         "margin": 0.02,
         "worlds": {"2": {"target": 2.0, "diloco_steps": 900, "rows": rows}},
     }
-    line = next(x for x in lowcomm.markdown(res, ["100mbit"]).splitlines() if x.startswith("| mine"))
-    assert line.endswith("| 0.480 (0.400-0.600) |")
+    text = lowcomm.markdown(res, ["100mbit"]).splitlines()
+    assert next(x for x in text if x.startswith("| mine")).endswith("| 0.480 (0.400-0.600) |")
+    seed_rows = [x for x in text if x.startswith("| mine") or x.startswith("| slow")][2:]
+    assert seed_rows == [
+        "| mine | 500 | 660 | 0.480 | 0.528 | 0.504 |",
+        "| slow | 700 | not reached | 0.672 | - | 0.672 |",
+    ]
+    single = [{**r, "seeds": {"0": r["seeds"]["0"]}} for r in rows]
+    one = {**res, "worlds": {"2": {**res["worlds"]["2"], "rows": single}}}
+    assert not any("seed 0" in x for x in lowcomm.markdown(one, ["100mbit"]).splitlines())  # one seed: no table
+
+
+def test_stored_curves_by_world_and_seed() -> None:
+    old = {"settings": {"seed": 0}, "curves": {"2": "c2", "4": "c4"}}  # a file written before --seeds
+    assert lowcomm.stored_curves(old) == {"2": {0: "c2"}, "4": {0: "c4"}}
+    new = {"settings": {"seed": 0}, "curves": {"2": "a"}, "curves_seeds": {"2": {"0": "a", "3": "b"}}}
+    assert lowcomm.stored_curves(new) == {"2": {0: "a", 3: "b"}}
