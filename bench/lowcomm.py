@@ -137,19 +137,21 @@ def round_median(times: list[float | None]) -> float | None:
     return float(statistics.median(got)) if got else None
 
 
+def time_ratio(steps: int | None, t: float | None, ref_steps: int | None, ref_t: float | None) -> float | None:
+    """Time to target (steps x step time) against a reference's; None where either has no step
+    count or no step time."""
+    if steps is None or not ref_steps or t is None or not ref_t:
+        return None
+    return steps * t / (ref_steps * ref_t)
+
+
 def round_ratios(
     steps: int | None, times: list[float | None], ref_steps: int | None, ref_times: list[float | None]
 ) -> list[float | None]:
     """Time to target against a reference, round by round (each round's own step times: a pass
     runs every contender within minutes, so the ratio of one round is free of the drift between
-    rounds); None where either has no time or no step count."""
-    out: list[float | None] = []
-    for t, rt in zip(times, ref_times, strict=False):
-        if steps is None or not ref_steps or t is None or not rt:
-            out.append(None)
-        else:
-            out.append(steps * t / (ref_steps * rt))
-    return out
+    rounds)."""
+    return [time_ratio(steps, t, ref_steps, rt) for t, rt in zip(times, ref_times, strict=False)]
 
 
 def stored_curves(res: dict[str, Any]) -> dict[str, dict[int, Any]]:
@@ -182,11 +184,10 @@ def seed_ratios(
 ) -> dict[str, float | None]:
     """Time to target against a reference, seed by seed: each seed's step counts (the curves
     differ by seed, the step times do not) times the step times at one rate."""
-    out: dict[str, float | None] = {}
-    for seed, m in mine.items():
-        n, rn = m.get("steps_to_target"), (ref.get(seed) or {}).get("steps_to_target")
-        out[seed] = None if n is None or not rn or t is None or not ref_t else n * t / (rn * ref_t)
-    return out
+    return {
+        seed: time_ratio(m.get("steps_to_target"), t, (ref.get(seed) or {}).get("steps_to_target"), ref_t)
+        for seed, m in mine.items()
+    }
 
 
 def diloco_steps(spec: str, steps: int, world: int) -> int:
@@ -245,9 +246,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out.setdefault("curves", {})[str(world)] = res
         out.setdefault("curves_seeds", {})[str(world)] = {str(k): v for k, v in by_seed.items()}
         runs = {r["label"]: r for r in res["runs"]}
-        base = runs[cons[0]["label"]]
-        target = float(base["val_loss"]) if base.get("ok") else math.nan
         seeds = {seed: seed_outcomes(r["runs"], cons[0]["label"]) for seed, r in by_seed.items()}
+        first = seeds[args.seeds[0]]  # the table's main columns
+        target = first[cons[0]["label"]]["target"]
         # per contender and rate: the step time of each timing round (None where the round failed)
         rounds: dict[str, dict[str, list[float | None]]] = {c["label"]: {} for c in cons}
         k = args.periods
@@ -275,9 +276,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if not r.get("ok"):
                 rows.append({"label": c["label"], "ok": False, "error": r.get("error")})
                 continue
-            n = steps_to(r["curve"], target)
+            n = first[c["label"]]["steps_to_target"]
             per = rounds[c["label"]]
-            step_s = {rate: round_median(ts) for rate, ts in per.items() if round_median(ts) is not None}
+            medians = {rate: round_median(ts) for rate, ts in per.items()}
+            step_s = {rate: v for rate, v in medians.items() if v is not None}
             rows.append(
                 {
                     "label": c["label"],
@@ -319,12 +321,8 @@ def _ratios(rows: list[dict[str, Any]], cons: list[dict[str, Any]], h: int) -> N
             if ref is None:
                 continue
             r[f"time_vs_{name}"] = {
-                rate: (
-                    None
-                    if t is None or ref["time_to_target_s"].get(rate) in (None, 0)
-                    else t / ref["time_to_target_s"][rate]
-                )
-                for rate, t in r["time_to_target_s"].items()
+                rate: time_ratio(r["steps_to_target"], t, ref["steps_to_target"], ref["step_s"].get(rate))
+                for rate, t in r["step_s"].items()
             }
             r[f"time_vs_{name}_seeds"] = {
                 rate: seed_ratios(r["seeds"], ref["seeds"], t, ref["step_s"].get(rate))
