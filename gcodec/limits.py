@@ -55,10 +55,11 @@ class Limits:
             can allocate: at most 32 x max_header_bytes + 112 x max_header_containers bytes (the
             header's part of the memory bound of docs/limits.md).
         max_decode_work: most multiply-adds the decode of one payload may take, all tensors together
-            (numel per tensor; m*n*rank for a low-rank PowerSGD tensor).
+            (numel per tensor; numel*k for ``dct``; m*n*rank for a low-rank PowerSGD tensor:
+            specs/format.md §9.1).
         max_scratch_bytes: most bytes of temporaries (beyond the outputs) that decoding or validating
             one tensor may allocate: index and value arrays of sparse codecs, a float32 staging buffer
-            for 16-bit outputs, factor copies of PowerSGD.
+            for 16-bit outputs, factor copies of PowerSGD (per codec: specs/format.md §9.1).
     """
 
     max_header_bytes: int = 1 << 20

@@ -52,6 +52,8 @@ LIM = dict(
     max_output_bytes=1 << 36,
     max_payload_bytes=1 << 37,
     max_nesting=8,
+    max_decode_work=1 << 32,
+    max_scratch_bytes=1 << 31,
 )
 
 
@@ -335,6 +337,7 @@ def read(p, READER_MINOR=0):
             raise E("LayoutError", "F15")
     # C rules + decode, record by record (format.md §7 "Order")
     out = {}
+    work = 0
     for t in ts:
         c = t["codec"]
         if c not in KNOWN:
@@ -361,6 +364,9 @@ def read(p, READER_MINOR=0):
             raise E("SizeMismatchError", "C2")
         if [w[2] for w in want] != [g[3] for g in got]:
             raise E("SizeMismatchError", "C3")
+        lim(scratch_bytes(t), "max_scratch_bytes")  # format.md §9.1: after C3, scratch, then the work sum
+        work += decode_work(t)
+        lim(work, "max_decode_work")
         sec = {g[0]: p[D + g[2] : D + g[2] + g[3]] for g in got}
         if c == "powersgd":
             y = psgd_decode(pm, nest, t["shape"], n, t["dtype"], sec)
@@ -376,6 +382,58 @@ def read(p, READER_MINOR=0):
             y = simple_decode(c, pm, n, sec, "")
         out[t.get("name")] = y.astype(DT[t["dtype"]]).reshape(t["shape"])
     return out if all(named) else out[None]
+
+
+def dct_nchunks(pm, shape, n):
+    """dct.md §1: chunks (dims 1) or tiles (dims 2) of the coefficient array."""
+    C = pm["chunk"]
+    if pm["dims"] == 1:
+        return -(-n // C)
+    s = round(C**0.5)
+    rows, cols = dct_view(shape)
+    return -(-rows // s) * -(-cols // s)
+
+
+def decode_work(t):
+    """format.md §9.1: numel, numel k for dct, numel rank for a lowrank powersgd record."""
+    n, pm = t["numel"], t["params"]
+    if t["codec"] == "dct":
+        return n * pm["k"]
+    if t["codec"] == "powersgd" and pm["mode"] == "lowrank":
+        return n * pm["rank"]
+    return n
+
+
+def scratch_bytes(t):
+    """format.md §9.1: the codec's part plus the binary32 staging buffer of a 16-bit record."""
+    c, n, pm, dt = t["codec"], t["numel"], t["params"], t["dtype"]
+    w = 8 if dt == "float64" else 4
+    staging = 4 * n if dt in ("float16", "bfloat16") else 0
+
+    def V(cnt):
+        if pm.get("values") is not None:
+            return w * cnt
+        return 4 * cnt if dt in ("float16", "bfloat16") else 0
+
+    if c in ("topk", "threshold"):
+        own = 8 * pm["k"] + V(pm["k"])
+    elif c == "randomk":
+        k = pm["k"]
+        own = 8 * k + V(k) + (8 * k + 8 * -(-n // 64) if 0 < k < n else 0)
+    elif c == "chunktopk":
+        total = sum(kc for _, kc in ck_chunks(pm, n))
+        own = 8 * total + V(total)
+    elif c == "dct":
+        total = dct_nchunks(pm, t["shape"], n) * pm["k"]
+        own = (12 if pm["values"] is not None else 8) * total
+    elif c == "powersgd" and pm["mode"] == "lowrank":
+        m = t["shape"][0]
+        q, r = n // m, pm["rank"]
+        own = 16 * (m + q) * r + 8 * max(q, 65536)
+        own += sum(w * rows * r for role, rows in (("p", m), ("q", q)) if pm[role] is not None)
+    else:
+        own = 0
+    return own + staging
 
 
 SIMPLE = ("fp16", "bf16", "uniform")

@@ -234,3 +234,135 @@ def test_dct_on_random_inputs_decodes_identically(coding, n, chunk, k, values):
     x = (rng.standard_normal(n) * 2.0 ** rng.integers(-20, top, n)).astype(np.float32)
     buf = bytes(gcodec.get_codec("dct", chunk=chunk, k=k, index_coding=coding, values=values).encode(x))
     assert sd.same(sd.read(buf), gcodec.decode(buf))
+
+
+def _accounting_cases():
+    """Payloads of every codec (raw and nested values, every dtype, chunks with a short last one,
+    tiles, empty tensors): (label, payload maker)."""
+    import numpy as np
+
+    import gcodec
+    from gcodec.arrays import BFLOAT16
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(2000)
+    u2 = {"id": "uniform", "bits": 2, "group_size": 16}
+    lowrank = {"min_compression_rate": 0.0}
+
+    def enc(codec, shape, dtype, **params):
+        def make():
+            n = int(np.prod(shape))
+            return bytes(gcodec.get_codec(codec, **params).encode(x[:n].reshape(shape).astype(dtype), step=1))
+
+        return make
+
+    f16, f32, f64, bf16 = np.float16, np.float32, np.float64, BFLOAT16
+    return [
+        ("fp16 f32", enc("fp16", (7, 3), f32)),
+        ("bf16 bf16", enc("bf16", (5,), bf16)),
+        ("uniform f16", enc("uniform", (40,), f16)),
+        ("qsgd f64", enc("qsgd", (100,), f64)),
+        ("sign bf16", enc("sign", (33,), bf16)),
+        ("terngrad f32", enc("terngrad", (10, 10), f32)),
+        ("fp8 f16", enc("fp8", (50,), f16)),
+        ("mx f64", enc("mx", (70,), f64)),
+        ("nvfp4 bf16", enc("nvfp4", (40,), bf16)),
+        ("nvfp4 empty", enc("nvfp4", (0, 4), f32)),
+        ("topk raw f32", enc("topk", (300,), f32, k=17)),
+        ("topk raw bf16", enc("topk", (300,), bf16, k=17, index_coding="raw")),
+        ("topk fp16 f64", enc("topk", (300,), f64, k=17, values={"id": "fp16"})),
+        ("topk uniform f16", enc("topk", (300,), f16, k=17, values=u2)),
+        ("threshold raw f16", enc("threshold", (200,), f16, threshold=0.5)),
+        ("threshold sign f32", enc("threshold", (200,), f32, threshold=0.5, values={"id": "sign"})),
+        ("randomk raw f32", enc("randomk", (1000,), f32, k=33)),
+        ("randomk all bf16", enc("randomk", (64,), bf16, k=64)),
+        ("randomk none f32", enc("randomk", (64,), f32, k=0)),
+        ("randomk uniform f64", enc("randomk", (130,), f64, k=9, values=u2)),
+        ("chunktopk raw f32", enc("chunktopk", (1000,), f32, chunk=64, k=5)),
+        ("chunktopk short last", enc("chunktopk", (999,), f32, chunk=100, k=100, index_coding="packed")),
+        ("chunktopk bf16", enc("chunktopk", (300,), bf16, chunk=7, k=3)),
+        ("chunktopk uniform f64", enc("chunktopk", (500,), f64, chunk=64, k=4, values=u2)),
+        ("dct f32", enc("dct", (40, 50), f32, chunk=64, k=4)),
+        ("dct f16 raw", enc("dct", (300,), f16, chunk=16, k=3)),
+        ("dct tiles f64 sign", enc("dct", (40, 50), f64, dims=2, chunk=256, k=8, values={"id": "sign"})),
+        ("dct tiles bf16 uniform", enc("dct", (40, 50), bf16, dims=2, chunk=256, k=8, values=u2)),
+        ("dct tiles f64 raw", enc("dct", (3, 5, 7), f64, dims=2, chunk=16, k=2)),
+        ("dct tiles empty rows", enc("dct", (0, 5), f32, dims=2, chunk=16, k=2)),
+        ("powersgd f32", enc("powersgd", (40, 50), f32, rank=4, **lowrank)),
+        ("powersgd f64 nested", enc("powersgd", (20, 30), f64, rank=3, factors={"id": "fp16"}, **lowrank)),
+        ("powersgd bf16 nested", enc("powersgd", (20, 30), bf16, rank=2, factors=u2, **lowrank)),
+        ("powersgd pass-through", enc("powersgd", (30,), f32)),
+        ("powersgd pass-through fp16", enc("powersgd", (30,), bf16, passthrough="fp16")),
+    ]
+
+
+def _records(buf):
+    """The header's tensor records as the independent decoder parses them, with numel."""
+    import struct
+
+    hl = struct.unpack_from("<I", buf, 8)[0]
+    h = sd.P(buf[16 : 16 + hl]).obj(0)
+    for t in h["tensors"]:
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        t["numel"] = n
+    return h["tensors"]
+
+
+@pytest.mark.parametrize("label, make", _accounting_cases(), ids=lambda c: c if isinstance(c, str) else "")
+def test_decode_work_and_scratch_are_the_formulas_of_format_md_9_1(label, make):
+    """specs/format.md §9.1, computed from the header alone by the independent decoder, gives
+    gcodec's own accounting (what it checks against max_decode_work and max_scratch_bytes) for every
+    codec; and both readers refuse the payload one unit below either figure and accept it at it."""
+    import dataclasses
+
+    import gcodec
+    from gcodec.api import _checked
+    from gcodec.resources import scratch_bytes
+
+    buf = make()
+    _, checked = _checked(buf, None, full=False)
+    (e, cls, params), (t,) = checked[0], _records(buf)
+    work, scratch = sd.decode_work(t), sd.scratch_bytes(t)
+    assert (work, scratch) == (cls.decode_work(params, e), scratch_bytes(cls, params, e)), label
+    base = gcodec.get_limits()
+    for field, figure in (("max_decode_work", work), ("max_scratch_bytes", scratch)):
+        gcodec.validate(buf, limits=dataclasses.replace(base, **{field: figure}))
+        if figure:
+            with pytest.raises(gcodec.LimitExceededError, match=field):
+                gcodec.validate(buf, limits=dataclasses.replace(base, **{field: figure - 1}))
+        if t["codec"] not in sd.KNOWN:
+            continue
+        with _reader_limits({"limits": {field: figure}}):
+            try:
+                sd.read(buf)
+            except sd.E as ex:  # topk: header rules only; a nested codec it does not implement
+                if ex.cls == "UnknownCodecError":
+                    continue
+                assert ex.cls == "NotImplemented", str(ex)
+            if figure:
+                sd.LIM[field] = figure - 1
+                with pytest.raises(sd.E) as ei:
+                    sd.read(buf)
+                assert ei.value.cls == "LimitExceededError", str(ei.value)
+
+
+def test_the_worked_figures_of_format_md_9_1():
+    """The examples the text gives: dct chunk=64 k=4 on float32 [40, 50], and dims=2 chunk=256 k=8
+    with a nested codec on float64 and bfloat16 [40, 50]."""
+    import numpy as np
+
+    import gcodec
+    from gcodec.arrays import BFLOAT16
+
+    x = np.random.default_rng(1).standard_normal((40, 50))
+    figures = []
+    for dtype, params in (
+        (np.float32, {"chunk": 64, "k": 4}),
+        (np.float64, {"dims": 2, "chunk": 256, "k": 8, "values": {"id": "sign"}}),
+        (BFLOAT16, {"dims": 2, "chunk": 256, "k": 8, "values": {"id": "sign"}}),
+    ):
+        (t,) = _records(bytes(gcodec.get_codec("dct", **params).encode(x.astype(dtype))))
+        figures.append((sd.decode_work(t), sd.scratch_bytes(t)))
+    assert figures == [(8000, 1024), (16000, 1152), (16000, 9152)]

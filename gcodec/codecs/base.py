@@ -318,7 +318,8 @@ class Codec(ABC):
     # ---- resource accounting (checked against gcodec.Limits before anything is allocated) --------
     @classmethod
     def decode_work(cls, params: dict[str, Any], entry: TensorEntry) -> int:
-        """Multiply-adds the decode of this entry takes (``max_decode_work``); numel by default."""
+        """Multiply-adds the decode of this entry takes (``max_decode_work``); numel by default. The
+        figure is normative (specs/format.md §9.1): a codec that overrides it changes that table."""
         return entry.numel
 
     @classmethod
@@ -326,7 +327,8 @@ class Codec(ABC):
         """An upper bound on the temporaries :meth:`decode_into` and :meth:`check_values` allocate
         besides the output, in bytes (``max_scratch_bytes``); a codec with k-sized or factor-sized
         temporaries overrides this. Allocations proportional to the sections' own bytes are not
-        counted here (the documented memory bound covers them as a multiple of the payload)."""
+        counted here (the documented memory bound covers them as a multiple of the payload). The
+        figure is normative (specs/format.md §9.1): a codec that overrides it changes that table."""
         return 0
 
     # ---- header checking -----------------------------------------------------------------

@@ -318,6 +318,8 @@ class ChunkTopK(ValuesHost):
 
     @classmethod
     def values_scratch_bytes(cls, params: dict[str, Any], entry: TensorEntry) -> int:
+        """V(total) of specs/format.md §9.1, in the value entry's dtype (``dct``: binary32, so its raw
+        values are read in place and nested ones decode to 4 bytes, whatever the tensor's dtype)."""
         total = cls._total(params, entry)
         if params["values"] is not None:
             return compose.nested_scratch_bytes(params["values"], cls._value_entry(entry), total)

@@ -181,7 +181,9 @@ def check_role_values(
 
 def nested_scratch_bytes(raw: Any, host: TensorEntry, count: int) -> int:
     """Temporaries of :func:`decode_nested` for the declaration ``raw`` (checked already): the
-    ``count``-element result and the nested codec's own scratch."""
+    ``count``-element result (binary64 for a float64 host, binary32 otherwise; a host whose values are
+    binary32 whatever its dtype, ``dct``, passes its binary32 value entry) and the nested codec's own
+    scratch (specs/format.md §9.1)."""
     spec = parse_nested(raw, "nested", strict=False)
     wd = 8 if host.dtype == "float64" else 4
     sub = TensorEntry(spec.cls.codec_id, spec.version, nested_dtype(host.dtype), (count,), spec.params, ())

@@ -182,7 +182,7 @@ class Dct(ChunkTopK):
     # ---- header ----------------------------------------------------------------------------
     @classmethod
     def decode_work(cls, params: dict[str, Any], entry: TensorEntry) -> int:
-        """k multiply-adds per element."""
+        """k multiply-adds per element, dims 1 and 2 alike (specs/format.md §9.1)."""
         return entry.numel * params["k"]
 
     # ---- decoding --------------------------------------------------------------------------
