@@ -215,3 +215,41 @@ def test_smooth_matrices_need_few_tile_coefficients():
 def test_chunk_sizes_follow_dims(params):
     with pytest.raises(gcodec.ConfigError):
         gcodec.get_codec("dct", **params)
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (0,), (0, 3, 4), (3, 0, 4), (2, 3, 0)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"dims": 2, "chunk": 16, "k": 2},
+        {"dims": 2, "chunk": 4096, "k": 64, "index_coding": "packed"},
+        {"dims": 1, "chunk": 64, "k": 4},
+        {"dims": 2, "chunk": 4, "k": 1, "values": {"id": "uniform", "bits": 2, "group_size": 8}},
+        {"dims": 2, "chunk": 16, "k": 3, "values": {"id": "nvfp4"}},
+    ],
+    ids=["tiles", "tiles_packed", "flat", "tiles_u2", "tiles_nvfp4"],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_empty_tensors_have_no_chunks_and_round_trip(shape, params, dtype):
+    """Spec §1, "Empty tensors": with shape[0] = 0 (R = 0), another zero dimension (Q = 0) or a 1-d
+    [0], nchunks = 0 with either dims: index_bytes 0, index and raw value sections of 0 bytes (a
+    nested codec's sections for 0 elements), and the payload validates and decodes (also into an
+    out= buffer, accumulating) to an empty array of its shape and dtype; the decoder written from
+    the spec agrees."""
+    from . import spec_decoder as sd
+
+    buf = bytes(gcodec.get_codec("dct", **params).encode(np.zeros(shape, dtype)))
+    info = gcodec.validate(buf)
+    rec = info.tensors[0]
+    assert rec.params["index_bytes"] == 0 and rec.shape == shape
+    nested = {"values.tensor_scale": 4}  # nvfp4 writes its tensor scale for 0 elements too (nvfp4.md §2)
+    assert all(s[3] == nested.get(s[0], 0) for s in rec.sections), rec.sections
+    y = gcodec.decode(buf)
+    assert y.shape == shape and y.dtype == dtype
+    out = np.zeros(shape, dtype)
+    assert gcodec.decode(buf, out=out, accumulate=True) is out
+    _, checked = _checked(buf, None, full=False)
+    e, cls, p = checked[0]
+    assert cls._total(p, e) == 0
+    if params.get("values", {}).get("id") != "nvfp4":  # the independent decoder nests fp16/bf16/uniform
+        assert sd.same(sd.read(buf), y)

@@ -29,8 +29,9 @@ def side(chunk: int) -> int:
 
 
 def matrix_view(shape: tuple[int, ...]) -> tuple[int, int]:
-    """(rows, cols) of the tensor as 2-D tiles see it: ``shape[0]`` rows of the remaining elements;
-    one row for a 0-d or 1-d tensor (spec §1)."""
+    """(rows, cols) of the tensor as 2-D tiles see it: ``shape[0]`` rows, the product of the other
+    dimensions as columns (never numel / rows: ``[0, 5]`` is 0 rows of 5, no tiles); one row for a
+    0-d or 1-d tensor (dct.md §1, "Coefficients, dims = 2" and "Empty tensors")."""
     if len(shape) < 2:
         return 1, math.prod(shape)
     return shape[0], math.prod(shape[1:])

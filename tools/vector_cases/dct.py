@@ -79,6 +79,14 @@ VALID = [
         ),
     ),
     ("dct_tiles_vector", _enc(heavy_input(37, 93), chunk=4, k=2, dims=2)),
+    # empty tensors tiled (spec §1, "Empty tensors"): R = 0 rows of Q = 5, R = 5 rows of Q = 0, and
+    # a 1-d [0] as one row of 0, nested values included: no tiles, every index section 0 bytes
+    ("dct_tiles_empty_rows", _enc(np.zeros((0, 5), F32), chunk=16, k=2, dims=2)),
+    ("dct_tiles_empty_cols", _enc(np.zeros((5, 0), BFLOAT16), chunk=64, k=3, dims=2, index_coding="packed")),
+    (
+        "dct_tiles_empty_vector_u2",
+        _enc(np.zeros(0, np.float64), chunk=4, k=1, dims=2, values={"id": "uniform", "bits": 2, "group_size": 8}),
+    ),
     (
         "dct_values_uniform2",
         _enc(heavy_input(512, 88), chunk=64, k=8, values={"id": "uniform", "bits": 2, "group_size": 8}),
