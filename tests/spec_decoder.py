@@ -826,7 +826,8 @@ LOWP_PARAMS = {
 
 
 def lowp_header(c, pm, n, strict):
-    """C1 (stream present exactly when rounding is stochastic) and the section list (§2 of each page)."""
+    """C1 (stream in a stochastic payload's table only: in a nearest one an unknown key, refused under a
+    known minor and ignored under a newer one; fp8.md §1) and the section list (§2 of each page)."""
     schema = dict(LOWP_PARAMS[c])
     if pm.get("rounding") == "stochastic":
         schema["stream"] = U64

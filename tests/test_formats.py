@@ -632,3 +632,65 @@ def test_fp8_ties_round_to_even_like_ml_dtypes(element, scale_dtype):
     if _torch is not None:  # torch's cast agrees on every tie too
         t = _torch.from_numpy(x).to(getattr(_torch, ML[element].name)).view(_torch.uint8).numpy()
         assert (sections(buf)["elements"] == t).all()
+
+
+# --------------------------------------------------------------------------------------------
+# `stream` and the minor version (fp8.md, mx.md, nvfp4.md §1; uniform.md §9.1)
+
+
+def _with_stream(buf: bytes, value, minor: int) -> bytes:
+    """``buf`` with params.stream set to ``value`` (deleted for ``...``), under ``minor``."""
+    from vector_cases import edit
+
+    def f(h):
+        params = h["tensors"][0]["params"]
+        if value is ...:
+            del params["stream"]
+        else:
+            params["stream"] = value
+
+    return edit(buf, header=f, minor=minor)
+
+
+@pytest.mark.parametrize("cid, params", [("fp8", {}), ("mx", {"element": "e3m2"}), ("nvfp4", {}), ("uniform", {})])
+@pytest.mark.parametrize("value", [0, 7, 2**64 - 1, -1, "s", None, 1.5])
+def test_a_nearest_payloads_stream_is_unknown_refused_under_minor_0_and_ignored_under_minor_1(cid, params, value):
+    """`stream` is in a stochastic payload's parameter table only: in a nearest one it is a parameter
+    the table does not list, refused (C1, HeaderError) under minor 0 whatever its value, and ignored
+    under minor 1, the payload decoding as without it; the independent decoder agrees."""
+    from . import spec_decoder as sd
+
+    x = np.linspace(-3, 3, 45).astype(F32)
+    base = bytes(gcodec.get_codec(cid, rounding="nearest", **params).encode(x))
+    bad = _with_stream(base, value, 0)
+    for fn in (gcodec.validate, gcodec.decode):
+        with pytest.raises(gcodec.HeaderError, match=r"^C1: .*unknown parameter\(s\) \['stream'\]"):
+            fn(bad)
+    with pytest.raises(sd.E) as ei:
+        sd.read(bad)
+    assert ei.value.cls == "HeaderError"
+    newer = _with_stream(base, value, 1)
+    gcodec.validate(newer)
+    want = gcodec.decode(base)
+    assert np.array_equal(gcodec.decode(newer).view(np.uint32), want.view(np.uint32))
+    assert sd.same(sd.read(newer), want)
+
+
+@pytest.mark.parametrize("cid, params", [("fp8", {}), ("mx", {"element": "e3m2"}), ("nvfp4", {}), ("uniform", {})])
+@pytest.mark.parametrize("value", [..., -1, "s", None, 1.5, True])
+@pytest.mark.parametrize("minor", [0, 1])
+def test_a_stochastic_payload_needs_a_valid_stream_under_every_minor(cid, params, value, minor):
+    """A stochastic payload without `stream`, or with one that is not an integer in [0, 2^64), is
+    refused (C1, HeaderError) under minor 0 and minor 1 alike: §8 relaxes unknown parameters only."""
+    from . import spec_decoder as sd
+
+    x = np.linspace(-3, 3, 45).astype(F32)
+    base = bytes(gcodec.get_codec(cid, rounding="stochastic", **params).encode(x, step=5))
+    bad = _with_stream(base, value, minor)
+    for fn in (gcodec.validate, gcodec.decode):
+        with pytest.raises(gcodec.HeaderError, match=r"^C1: .*stream"):
+            fn(bad)
+    if cid != "uniform":  # the independent decoder implements deterministic uniform only
+        with pytest.raises(sd.E) as ei:
+            sd.read(bad)
+        assert ei.value.cls == "HeaderError"

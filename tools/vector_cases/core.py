@@ -246,6 +246,17 @@ def _format_minor1():
     return edit(p, header=_minor1, minor=1), x
 
 
+def _uniform_minor1_nearest_with_stream():
+    """A nearest uniform payload with a ``stream`` key under minor 1: an unknown parameter there
+    (uniform.md §9.1), ignored by a 1.0 reader. Edited by hand, so no input is stored."""
+    p, _ = _enc("uniform", EXAMPLE, bits=4, group_size=4, rounding="nearest")()
+
+    def f(h: dict[str, Any]) -> None:
+        h["tensors"][0]["params"]["stream"] = 0
+
+    return edit(p, header=f, minor=1), None
+
+
 def _format_minor7_noncanonical():
     """Minor 7 (newer): the canonical-form check F11 does not apply, so unsorted keys are fine."""
     p, x = _enc("fp16", EXAMPLE)()
@@ -268,6 +279,7 @@ VALID = [
     ("format_meta", _meta),
     ("format_minor1_unknown_keys", _format_minor1),
     ("format_minor7_noncanonical", _format_minor7_noncanonical),
+    ("uniform_minor1_nearest_with_stream", _uniform_minor1_nearest_with_stream),
 ]
 
 

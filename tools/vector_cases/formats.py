@@ -35,6 +35,22 @@ def _enc(codec: str, x: np.ndarray, step: int | None = None, **params: Any) -> C
     return make
 
 
+def _minor1_stream(codec: str, x: np.ndarray, stream: Any, **params: Any) -> Callable[[], tuple[bytes, Any]]:
+    """A nearest-rounding payload given a ``stream`` key under minor 1: an unknown parameter there,
+    which a 1.0 reader ignores whatever its value (fp8.md §1, mx.md §1, nvfp4.md §1). Edited by hand,
+    so no input is stored."""
+
+    def make() -> tuple[bytes, Any]:
+        p, _ = _enc(codec, x, **params)()
+
+        def f(h: dict) -> None:
+            h["tensors"][0]["params"]["stream"] = stream
+
+        return edit(p, header=f, minor=1), None
+
+    return make
+
+
 def _wide(n: int, seed: int) -> np.ndarray:
     """n values whose magnitudes spread over 2^-20 .. 2^20 (exact: an integer times a power of two)."""
     u = splitmix64(seed, n)
@@ -94,6 +110,7 @@ VALID: list[tuple[str, Callable[[], tuple[bytes, Any]]]] = [
     ),
     ("fp8_e4m3_f64_input", _enc("fp8", uniform_values(40, 7, F64), group_size=16)),
     ("fp8_empty", _enc("fp8", np.zeros(0, F32))),
+    ("fp8_minor1_nearest_with_stream", _minor1_stream("fp8", EXAMPLE, 7, group_size=4)),
     # ---- mx
     ("mx_e2m1_example", _enc("mx", EXAMPLE)),
     *[
@@ -111,6 +128,7 @@ VALID: list[tuple[str, Callable[[], tuple[bytes, Any]]]] = [
     ("mx_sto_e4m3_n40", _enc("mx", _wide(40, 24), 2**64 - 1, element="e4m3", rounding="stochastic", seed=2**64 - 1)),
     ("mx_empty", _enc("mx", np.zeros((0, 3), F32))),
     ("mx_scalar", _enc("mx", np.array(-2.5, F32), element="e3m2")),
+    ("mx_minor1_nearest_with_stream", _minor1_stream("mx", EXAMPLE, -1)),  # not even a valid stream
     # ---- nvfp4
     ("nvfp4_example", _enc("nvfp4", EXAMPLE)),
     ("nvfp4_n100", _enc("nvfp4", _wide(100, 30))),
@@ -127,6 +145,7 @@ VALID: list[tuple[str, Callable[[], tuple[bytes, Any]]]] = [
     ("nvfp4_bf16_input", _enc("nvfp4", uniform_values(40, 35, BFLOAT16))),
     ("nvfp4_sto_n50", _enc("nvfp4", _wide(50, 36), 7, rounding="stochastic", seed=9)),
     ("nvfp4_empty", _enc("nvfp4", np.zeros(0, F32))),
+    ("nvfp4_minor1_nearest_with_stream", _minor1_stream("nvfp4", EXAMPLE, "s")),  # not even an integer
 ]
 
 
@@ -154,6 +173,7 @@ def _base(name: str) -> bytes:
         "mx_int8": lambda: enc("mx", x, element="int8"),
         "mx_sto": lambda: enc("mx", x, 2, rounding="stochastic"),
         "nvfp4": lambda: enc("nvfp4", x),
+        "nvfp4_sto": lambda: enc("nvfp4", x, 3, rounding="stochastic"),
     }[name]()
 
 
@@ -194,8 +214,8 @@ def _or(base: str, section: str, pos: int, mask: int) -> Callable[[], bytes]:
     return make
 
 
-def _param(base: str, key: str, value: Any) -> Callable[[], bytes]:
-    """Set (or, for value None, delete) a header param."""
+def _param(base: str, key: str, value: Any, minor: int | None = None) -> Callable[[], bytes]:
+    """Set (or, for value None, delete) a header param; ``minor`` also sets the payload's minor version."""
 
     def make() -> bytes:
         def f(h: dict) -> None:
@@ -205,7 +225,7 @@ def _param(base: str, key: str, value: Any) -> Callable[[], bytes]:
             else:
                 params[key] = value
 
-        return edit(_base(base), header=f)
+        return edit(_base(base), header=f, **({} if minor is None else {"minor": minor}))
 
     return make
 
@@ -258,6 +278,8 @@ INVALID = [
     ("c1_fp8_group_size_zero", _param("fp8", "group_size", 0), "HeaderError", "C1"),
     ("c1_fp8_stochastic_without_stream", _param("fp8_sto", "stream", None), "HeaderError", "C1"),
     ("c1_fp8_nearest_with_stream", _param("fp8", "stream", 0), "HeaderError", "C1"),
+    # a missing parameter is refused under every minor version (§8 relaxes unknown keys only)
+    ("c1_fp8_stochastic_without_stream_minor1", _param("fp8_sto", "stream", None, 1), "HeaderError", "C1"),
     ("c2_fp8_e8m0_with_f4_scales", _param("fp8", "scale_dtype", "e8m0"), "SizeMismatchError", "C2"),
     ("c2_fp8_elements_as_i1", _sec_entry("fp8", 1, 1, "i1"), "SizeMismatchError", "C2"),
     ("c3_fp8_group_size_changed", _param("fp8", "group_size", 16), "SizeMismatchError", "C3"),
@@ -276,6 +298,8 @@ INVALID = [
     ("c1_mx_element_fp4", _param("mx_e2m1", "element", "fp4"), "HeaderError", "C1"),
     ("c1_mx_block_size", _param("mx_e2m1", "block_size", 32), "HeaderError", "C1"),
     ("c1_mx_stream_missing", _param("mx_sto", "stream", None), "HeaderError", "C1"),
+    ("c1_mx_stream_missing_minor1", _param("mx_sto", "stream", None, 1), "HeaderError", "C1"),
+    ("c1_mx_nearest_with_stream", _param("mx_e2m1", "stream", 0), "HeaderError", "C1"),
     ("c1_mx_rounding_bool", _param("mx_e2m1", "rounding", True), "HeaderError", "C1"),
     ("c2_mx_scales_as_i1", _sec_entry("mx_e2m1", 0, 1, "i1"), "SizeMismatchError", "C2"),
     ("c3_mx_element_width_changed", _param("mx_e2m1", "element", "e4m3"), "SizeMismatchError", "C3"),
@@ -291,6 +315,9 @@ INVALID = [
     ("nv3_unused_nibble", _or("nvfp4", "elements", -1, 0x20), "PayloadValueError", "NV3"),
     ("c1_nvfp4_unknown_param", _param("nvfp4", "element", "e2m1"), "HeaderError", "C1"),
     ("c1_nvfp4_seed_missing", _param("nvfp4", "seed", None), "HeaderError", "C1"),
+    ("c1_nvfp4_nearest_with_stream", _param("nvfp4", "stream", 0), "HeaderError", "C1"),
+    ("c1_nvfp4_stochastic_without_stream", _param("nvfp4_sto", "stream", None), "HeaderError", "C1"),
+    ("c1_nvfp4_stochastic_without_stream_minor1", _param("nvfp4_sto", "stream", None, 1), "HeaderError", "C1"),
     ("c3_nvfp4_tensor_scale_f8_bytes", _resized("nvfp4", 0, 8), "SizeMismatchError", "C3"),
     ("c3_nvfp4_scales_short", _resized("nvfp4", 1, 2), "SizeMismatchError", "C3"),
 ]
