@@ -894,6 +894,8 @@ def lowp_decode(c, pm, n, sec):
         S = np.frombuffer(sec["tensor_scale"], "<f4")[0]
         if not np.isfinite(S) or np.signbit(S):
             raise E("PayloadValueError", "NV1")
+        if n == 0 and S != 0:  # NV4 (NV2 and NV3 hold for 0 elements)
+            raise E("PayloadValueError", "NV4")
         scales = []
         for code in raw:
             if code & 0x80 or code == 0x7F:

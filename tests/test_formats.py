@@ -694,3 +694,75 @@ def test_a_stochastic_payload_needs_a_valid_stream_under_every_minor(cid, params
         with pytest.raises(sd.E) as ei:
             sd.read(bad)
         assert ei.value.cls == "HeaderError"
+
+
+# --------------------------------------------------------------------------------------------
+# nvfp4.md NV4: a payload of 0 elements has the tensor scale +0
+
+
+def _set_f32_section(buf: bytes, name: str, bits: int) -> bytes:
+    """``buf`` with the first binary32 of section ``name`` set to the pattern ``bits``."""
+    from vector_cases import edit, header_of
+
+    (off,) = [s[2] for s in header_of(buf)["tensors"][0]["sections"] if s[0] == name]
+
+    def f(d):
+        d[off : off + 4] = int(bits).to_bytes(4, "little")
+
+    return edit(buf, data=f)
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 16), (3, 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_nvfp4_writes_a_zero_tensor_scale_for_an_empty_tensor(shape, dtype, rounding):
+    """§2, §3 step 2: A = 0 when n = 0, so S = 0 / 2688 = +0, the pattern 00 00 00 00 (NV4)."""
+    buf = bytes(gcodec.get_codec("nvfp4", rounding=rounding).encode(np.zeros(shape, dtype), step=2))
+    assert sections(buf)["tensor_scale"].view(np.uint32).tolist() == [0]
+    assert gcodec.decode(buf).shape == shape
+
+
+@pytest.mark.parametrize(
+    "bits, rule",
+    [
+        (0x3F800000, "NV4"),  # 1.0
+        (0x00000001, "NV4"),  # the smallest subnormal
+        (0x43E00000, "NV4"),  # 448
+        (0x80000000, "NV1"),  # -0: NV1 refuses a set sign bit first, whatever n
+        (0x7FC00000, "NV1"),  # NaN
+        (0x7F800000, "NV1"),  # +infinity
+        (0xBF800000, "NV1"),  # -1
+    ],
+)
+def test_nvfp4_refuses_a_nonzero_tensor_scale_on_an_empty_tensor(bits, rule):
+    """NV4: with n = 0 the tensor scale must be +0. A -0, NaN, infinite or negative one breaks NV1
+    first (as it would with elements). gcodec's validate and decode and the independent decoder
+    agree; +0 is the one accepted pattern."""
+    from . import spec_decoder as sd
+    from .rules import assert_refused
+
+    buf = bytes(gcodec.get_codec("nvfp4").encode(np.zeros((0, 4), F32)))
+    assert sd.read(buf).shape == (0, 4)
+    bad = _set_f32_section(buf, "tensor_scale", bits)
+    assert_refused(bad, "PayloadValueError", rule)
+    with pytest.raises(sd.E) as ei:
+        sd.read(bad)
+    assert ei.value.cls == "PayloadValueError" and str(ei.value).split(": ", 1)[1] == rule
+
+
+@pytest.mark.parametrize(
+    "host", [{"codec": "topk", "k": 0}, {"codec": "dct", "dims": 2, "chunk": 16, "k": 2, "shape": (0, 5)}]
+)
+def test_a_nested_nvfp4_of_zero_values_is_held_to_nv4(host):
+    """A host handing 0 values to a nested nvfp4 (topk with k = 0, an empty dct) writes its tensor
+    scale +0, and a payload whose nested tensor scale is not +0 is refused by NV4 (hybrid.md: the
+    nested codec's value rules apply)."""
+    from .rules import assert_refused
+
+    params = {k: v for k, v in host.items() if k not in ("codec", "shape")}
+    x = np.zeros(host.get("shape", (40,)), F32)
+    x[..., :1] = 1.0
+    buf = bytes(gcodec.get_codec(host["codec"], values={"id": "nvfp4"}, **params).encode(x))
+    assert sections(buf)["values.tensor_scale"].view(np.uint32).tolist() == [0]
+    gcodec.decode(buf)
+    assert_refused(_set_f32_section(buf, "values.tensor_scale", 0x3F800000), "PayloadValueError", "NV4")

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import PayloadValueError
-from ..layout.minifloat import ELEMENTS, SCALE_E8M0, SCALE_F32, BlockLayout, Element
+from ..layout.minifloat import ELEMENTS, SCALE_E4M3, SCALE_E8M0, SCALE_F32, BlockLayout, Element
 from ..sections import SectionSpec, TensorEntry, numel
 from .base import Codec, EncodeContext, EncodePlan, Param, binary32
 from .seeds import PER_WORKER_SEED, STREAM_PARAM
@@ -183,6 +183,15 @@ class BlockFloat(Codec):
             )
 
     @classmethod
+    def _check_empty_tensor_scale(cls, lay: BlockLayout, n: int, ts: float) -> None:
+        """nvfp4.md NV4: a payload of 0 elements has the tensor scale +0 (§2, §3 step 2: A = 0). NV1 has
+        refused a NaN, infinite or negative one and -0 already, so any other value is positive."""
+        if lay.scale == SCALE_E4M3 and n == 0 and ts != 0.0:
+            raise PayloadValueError(
+                f"{cls.rule_prefix}4: tensor_scale is {ts!r} in a payload of 0 elements; it must be +0"
+            )
+
+    @classmethod
     def _bad_elements(cls, lay: BlockLayout, nbad: int) -> str:
         return (
             f"{cls.elements_rule}: {nbad} element code(s) are not finite {lay.element} values "
@@ -192,11 +201,12 @@ class BlockFloat(Codec):
     @classmethod
     def check_values(cls, params: dict[str, Any], entry: TensorEntry, views: Mapping[str, np.ndarray]) -> None:
         lay = cls._layout(params)
-        cls._check_scales(lay, views)
+        ts = cls._check_scales(lay, views)
         cls._check_padding(lay, entry.numel, views)
         nbad = kernels.of(views["elements"]).minifloat.count_bad_elements(views["elements"], entry.numel, lay.element)
         if nbad:
             raise PayloadValueError(cls._bad_elements(lay, nbad))
+        cls._check_empty_tensor_scale(lay, entry.numel, ts)
 
     @classmethod
     def decode_into(
@@ -210,6 +220,7 @@ class BlockFloat(Codec):
         lay = cls._layout(params)
         ts = cls._check_scales(lay, views)
         cls._check_padding(lay, entry.numel, views)
+        cls._check_empty_tensor_scale(lay, entry.numel, ts)  # NV4 (no elements: nothing else to check)
         if accumulate:  # check every element first: a bad payload must not half-update the sum
             nbad = kernels.of(views["elements"]).minifloat.count_bad_elements(
                 views["elements"], entry.numel, lay.element

@@ -1,5 +1,5 @@
-"""Golden vectors of the low-precision float codecs: ``fp8`` (fp8.md, rules FP1-FP2), ``mx`` (mx.md,
-MX1-MX3) and ``nvfp4`` (nvfp4.md, NV1-NV3), with C1-C3 for each.
+"""Golden vectors of the low-precision float codecs: ``fp8`` (fp8.md, rules E1-E2), ``mx`` (mx.md,
+MX1-MX3) and ``nvfp4`` (nvfp4.md, NV1-NV4), with C1-C3 for each.
 
 Valid names start with the codec id; invalid ones with the rule they break. Stochastic payloads pass
 an explicit ``step``, so every byte is fixed.
@@ -174,6 +174,7 @@ def _base(name: str) -> bytes:
         "mx_sto": lambda: enc("mx", x, 2, rounding="stochastic"),
         "nvfp4": lambda: enc("nvfp4", x),
         "nvfp4_sto": lambda: enc("nvfp4", x, 3, rounding="stochastic"),
+        "nvfp4_empty": lambda: enc("nvfp4", np.zeros(0, F32)),
     }[name]()
 
 
@@ -313,6 +314,20 @@ INVALID = [
     # 448 * 3e35 * 6 overflows binary32
     ("nv2_block_scale_overflow", _put("nvfp4", "tensor_scale", 0, _f32(3e35)), "PayloadValueError", "NV2"),
     ("nv3_unused_nibble", _or("nvfp4", "elements", -1, 0x20), "PayloadValueError", "NV3"),
+    # 0 elements: the tensor scale must be +0 (NV4); -0 breaks NV1 first, as for any n
+    ("nv4_empty_tensor_scale_one", _put("nvfp4_empty", "tensor_scale", 0, _f32(1.0)), "PayloadValueError", "NV4"),
+    (
+        "nv4_empty_tensor_scale_subnormal",
+        _put("nvfp4_empty", "tensor_scale", 0, b"\x01\x00\x00\x00"),
+        "PayloadValueError",
+        "NV4",
+    ),
+    (
+        "nv1_empty_negative_zero_tensor_scale",
+        _put("nvfp4_empty", "tensor_scale", 0, _f32(-0.0)),
+        "PayloadValueError",
+        "NV1",
+    ),
     ("c1_nvfp4_unknown_param", _param("nvfp4", "element", "e2m1"), "HeaderError", "C1"),
     ("c1_nvfp4_seed_missing", _param("nvfp4", "seed", None), "HeaderError", "C1"),
     ("c1_nvfp4_nearest_with_stream", _param("nvfp4", "stream", 0), "HeaderError", "C1"),
