@@ -114,6 +114,7 @@ def payloads() -> list[tuple[str, dict[str, Any], int, bytes]]:
     u8f16, sign = _enc(U8F16, 3000, 3), _enc(SIGN, 8001, 4)
     mx4, mx8, nv, fp8 = _enc(MX4, 4001, 5), _enc(MX8, 3000, 6), _enc(NV, 4001, 7), _enc(FP8, 3000, 8)
     fp16, topk = _enc({"id": "fp16"}, 2000, 9), _enc(TOPK, 3000, 10)
+    nv0 = _enc(NV, 0, 11)
     return [
         ("fp16", {"id": "fp16"}, 2000, fp16),
         ("fp16-crc", {"id": "fp16"}, 2000, _flip(fp16)),
@@ -141,6 +142,8 @@ def payloads() -> list[tuple[str, dict[str, Any], int, bytes]]:
         ("nvfp4-signed-block-scale", NV, 4001, _put(nv, "scales", 3, np.uint8(0x81))),
         ("nvfp4-inf-tensor-scale", NV, 4001, _put(nv, "tensor_scale", 0, np.float32(np.inf))),
         ("nvfp4-overflowing-block", NV, 4001, _put(nv, "tensor_scale", 0, np.float32(3e35))),
+        ("nvfp4-empty", NV, 0, nv0),
+        ("nvfp4-empty-positive-tensor-scale", NV, 0, _put(nv0, "tensor_scale", 0, np.float32(1.0))),  # NV4
         ("fp8", FP8, 3000, fp8),
         ("fp8-overflowing-scale", FP8, 3000, _put(fp8, "scales", 1, np.float32(1e37))),
         ("topk", TOPK, 3000, topk),
@@ -149,7 +152,7 @@ def payloads() -> list[tuple[str, dict[str, Any], int, bytes]]:
 
 
 PAYLOADS = payloads()
-VALID = {"fp16", "u8", "u4", "u8-f16-scales", "sign", "mxfp4", "mxfp8", "nvfp4", "fp8", "topk"}
+VALID = {"fp16", "u8", "u4", "u8-f16-scales", "sign", "mxfp4", "mxfp8", "nvfp4", "nvfp4-empty", "fp8", "topk"}
 BY_ID = {p[0]: p for p in PAYLOADS}
 
 
