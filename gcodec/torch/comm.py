@@ -21,7 +21,16 @@ from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
 from .convert import as_array, as_tensor
 
-__all__ = ["FutureQueue", "FutureWork", "TorchCommunicator", "TorchWork", "comm_for", "queue_for", "synchronize"]
+__all__ = [
+    "FutureQueue",
+    "FutureWork",
+    "TorchCommunicator",
+    "TorchWork",
+    "comm_for",
+    "own_group",
+    "queue_for",
+    "synchronize",
+]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -411,19 +420,76 @@ def queue_for(group: Any) -> FutureQueue:
         return q
 
 
-_comms: dict[int, TorchCommunicator] = {}
+_comms: dict[int, tuple[Any, TorchCommunicator]] = {}
 
 
 def comm_for(group: Any) -> TorchCommunicator:
-    """The one communicator of a process group (None: the default group). One per group, because
-    the control messages' sequence number it keeps counts every exchange on the group, whichever
-    engine (DDP hook, all_reduce, FSDP2) ran it."""
+    """The one communicator of a process group (None: the default group), on gcodec's own group
+    over the same ranks (:func:`own_group`). One per group, because the control messages'
+    sequence number it keeps counts every exchange on the group, whichever engine (DDP hook,
+    all_reduce, FSDP2, DiLoCo) ran it."""
     key = id(group) if group is not None else 0
     with _queues_lock:
-        c = _comms.get(key)
-        if c is None or c.group is not group:
-            c = _comms[key] = TorchCommunicator(group)
+        hit = _comms.get(key)
+        if hit is not None and hit[0] is group and _alive(hit[1].group):
+            return hit[1]
+        c = TorchCommunicator(_new_own_group(group))
+        _comms[key] = (group, c)  # the user's group held: its id is not reused while it is here
         return c
+
+
+def own_group(group: Any = None) -> Any:
+    """The process group on which gcodec runs the collectives of ``group`` (None: the default
+    group): a group of its own over the same ranks, in the same order, with the same backend and
+    timeout, made on first use (every rank reaches its first compressed exchange of ``group``
+    alike) and kept until the process groups are destroyed.
+
+    Why a group of its own: gloo and NCCL match collectives by their order on a process group.
+    gcodec's queue thread starts a bucket's collectives while the engine's thread goes on and
+    starts its own on the engine's group: DDP all-reduces its unused-parameter bitmap once the
+    last bucket is handed to the hook (``find_unused_parameters=True``, and ``static_graph``'s
+    first iteration), SyncBatchNorm all-reduces statistics in backward, users run collectives
+    between steps. On one rank DDP's collective came first, on another gcodec's: gloo read one
+    as the other ("Received data size doesn't match expected size") or both waited until the
+    timeout. On a group that only gcodec uses, its collectives are ordered among themselves by
+    the group's queue (submission order, the same on every rank), and nobody else's can come
+    between them (docs/transports.md, "One order of collectives")."""
+    return comm_for(group).group
+
+
+def _new_own_group(group: Any) -> Any:
+    """A new process group over ``group``'s ranks (in its order), with its backend and timeout."""
+    world = group if group is not None else dist.distributed_c10d._get_default_group()
+    return dist.new_group(
+        ranks=dist.get_process_group_ranks(world),
+        timeout=_timeout_of(world),
+        backend=str(dist.get_backend(world)),
+        use_local_synchronization=True,  # only the group's members make it (a subgroup's peers)
+        group_desc="gcodec",
+        sort_ranks=False,
+    )
+
+
+def _timeout_of(group: Any) -> Any:
+    """The collective timeout of ``group``'s backend (``init_process_group(timeout=...)``), so that
+    a dead peer ends gcodec's collectives as soon as the engine's own; None: the backend's default."""
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except Exception:  # no backend for that device, or no options to read
+            continue
+    return None
+
+
+def _alive(group: Any) -> bool:
+    """Whether ``group`` still stands (``destroy_process_group`` ends gcodec's groups too; a job
+    that starts a new one gets new ones)."""
+    if group is None:  # a communicator made on the default group itself
+        return bool(dist.is_initialized())
+    try:
+        return group in dist.distributed_c10d._world.pg_map
+    except Exception:
+        return True
 
 
 def synchronize(group: Any = None) -> None:

@@ -81,7 +81,10 @@ class HookState:
 
     Args:
         codec: the codec for compressed tensors (a codec, id or config). Default ``"fp16"``.
-        process_group: the group to reduce over; None is the default group. Not pickled.
+        process_group: the group to reduce over; None is the default group. Not pickled. gcodec's
+            collectives run on a group of its own over the same ranks, so that none of DDP's
+            own (``find_unused_parameters``, SyncBatchNorm) can come between them
+            (:func:`gcodec.torch.comm.own_group`).
         start_iter: iterations averaged uncompressed before compression starts. Early gradients are
             large and change fast; compressing them hurts more than later (torch's PowerSGD uses
             10 warm-up steps by default; 0 compresses from the start).

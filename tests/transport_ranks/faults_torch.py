@@ -69,7 +69,7 @@ _FSDP: dict[str, Any] = {}
 
 def scenario_kill(proto: str, target: str) -> None:
     comm = dying(tcomm.TorchCommunicator, int(target))(None)
-    tcomm._comms[0] = comm  # the default group's one communicator
+    tcomm._comms[0] = (None, comm)  # the default group's one communicator (on the group itself)
 
     def exchange(step: int) -> None:
         if proto in PROTOCOLS:
@@ -125,7 +125,7 @@ def scenario_corrupt() -> None:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     base = st.comm()
 
-    comm = corrupting(type(base))(None) if RANK == 1 else base
+    comm = corrupting(type(base))(base.group) if RANK == 1 else base  # the hook's own group
     comm._control_seq = getattr(base, "_control_seq", 0)  # type: ignore[attr-defined]
     st._comm = comm
     failed_at, agreed = None, True

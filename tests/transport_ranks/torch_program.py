@@ -427,7 +427,7 @@ def scenario_corrupt(outdir: Path) -> None:
                         b[-20] ^= 0x5A
                 return super().alltoallv(bufs, recv_counts)
 
-        st._comm = Corrupting(None)
+        st._comm = Corrupting(base.group)  # the group the hook's exchanges run on
         st._comm._control_seq = base._control_seq  # type: ignore[attr-defined]  # the group's control messages so far
     try:
         torch.nn.functional.mse_loss(ddp(x), y).backward()
