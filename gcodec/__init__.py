@@ -45,6 +45,7 @@ from .errors import (
     UnknownCodecError,
     UnsupportedFeatureError,
     UnsupportedVersionError,
+    WaitTimeoutError,
 )
 from .feedback import ErrorFeedback
 from .limits import Limits, get_limits, set_limits
@@ -75,6 +76,7 @@ __all__ = [
     "UnknownCodecError",
     "UnsupportedFeatureError",
     "UnsupportedVersionError",
+    "WaitTimeoutError",
     "codec_class",
     "decode",
     "decode_bundle",

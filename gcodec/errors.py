@@ -24,6 +24,7 @@ __all__ = [
     "UnknownCodecError",
     "UnsupportedFeatureError",
     "UnsupportedVersionError",
+    "WaitTimeoutError",
 ]
 
 
@@ -78,6 +79,12 @@ class ConfigError(GcodecError):
 class ProtocolOrderError(ConfigError):
     """Ranks of a compressed collective are not at the same message: one ran an exchange the others
     did not, or sent something that is not a gcodec control message where one was due."""
+
+
+class WaitTimeoutError(GcodecError, RuntimeError):
+    """``wait(timeout=...)`` on a compressed collective's work ran out before the exchange ended.
+    The exchange is not cancelled: it goes on in the background (its peers are still in it), and a
+    later ``wait()`` returns its result. A ``RuntimeError`` too, as torch's ``Work.wait`` raises."""
 
 
 class BufferTooSmallError(ConfigError):

@@ -68,3 +68,39 @@ def test_two_phase_owner_sum_of_negative_zeros_is_plus_zero(codec: str) -> None:
     for r in _run(codec, xs, "mean", "two_phase"):
         assert isinstance(r, np.ndarray), r
         assert not _bits(r).any(), "an element came back -0 (or not zero)"
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16"])
+@pytest.mark.parametrize(
+    ("mode", "p"), [("summable", 2), ("summable", 3), ("gather", 2), ("gather", 3), ("two_phase", 3)]
+)
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_a_peers_nonfinite_value_is_refused_on_every_rank_in_every_mode(
+    codec: str, mode: str, p: int, bad: float
+) -> None:
+    """A codec that carries NaN and infinity (fp16, bf16) puts one rank's non-finite input into
+    every rank's sum; whichever mode runs the exchange, every rank refuses that sum with the same
+    PayloadValueError (the mode ``auto`` picks must not decide whether it reaches the result)."""
+    xs = [np.linspace(-1, 1, 1000, dtype=np.float32) * (r + 1) for r in range(p)]
+    xs[p - 1][123] = bad
+    got = _run(codec, xs, "mean", mode)
+    assert all(isinstance(g, gcodec.PayloadValueError) for g in got), got
+    # the rank that found it says what (in two-phase, the owner of the chunk; the others name it)
+    assert any("summed value(s) are NaN or infinite" in str(g) for g in got), got
+
+
+def test_a_two_phase_sum_beyond_fp16s_range_is_refused_on_every_rank() -> None:
+    """The owners' sums re-encoded in fp16: 3 x 30000 rounds to infinity there, which every rank
+    then decodes; all refuse it, as the summable mode refuses 65504 + 65504."""
+    xs = [np.full(1000, 30000.0, np.float32) for _ in range(3)]
+    for g in _run("fp16", xs, "sum", "two_phase"):
+        assert isinstance(g, gcodec.PayloadValueError), g
+
+
+def test_finite_sums_of_carrying_codecs_still_pass_in_gather_and_two_phase() -> None:
+    """The refusal costs nothing to a finite exchange: the same bits as before."""
+    xs = [np.linspace(-1, 1, 1000, dtype=np.float32) * (r + 1) for r in range(3)]
+    want = _expected_gather("fp16", xs, "sum")
+    for g in _run("fp16", xs, "sum", "gather"):
+        assert not isinstance(g, BaseException), g
+        assert _bits(g).tolist() == _bits(want).tolist()

@@ -165,7 +165,10 @@ class Codec(ABC):
     * :attr:`reads_shape`: whether the encoding depends on the tensor's shape beyond its element
       count, so that an engine never joins such a tensor with others into one flat group;
     * :meth:`compression_rate`: the ratio of a shape's elements to what the codec keeps of it,
-      when the codec's gain depends on the shape (a low-rank codec's m·n / ((m+n)·r)).
+      when the codec's gain depends on the shape (a low-rank codec's m·n / ((m+n)·r));
+    * ``carries_nonfinite``: the codec carries NaN and ±infinity (docs/nonfinite.md, "carry"), so
+      its decoded values may be non-finite; every other codec's decoder refuses them, so its
+      decoded values are finite and a sum of them can only overflow.
 
     and what the reader may ask of it:
 
@@ -182,6 +185,7 @@ class Codec(ABC):
     low_rank: ClassVar[bool] = False
     fixed_size: ClassVar[bool] = False
     device_checks: ClassVar[bool] = False
+    carries_nonfinite: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         self._params = check_params(self.PARAMS, params, ConfigError, f"{self.codec_id}: ", fill_defaults=True)

@@ -45,6 +45,7 @@ class _Cast16(Codec):
     aggregation = Aggregation.SUMMABLE
     fixed_size = True
     device_checks = True  # no value rules; the decode kernel reads the section where it lies
+    carries_nonfinite = True  # NaN and ±infinity travel (docs/nonfinite.md)
     _encode_kernel: str  # names in each backend's ``cast`` module
     _feedback_kernel: str
     _decode_kernel: str

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .. import xp
-from ..errors import ConfigError
+from ..errors import ConfigError, WaitTimeoutError
 from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
 from .convert import as_array, as_tensor
@@ -187,6 +187,20 @@ class FutureWork:
         self._fut = fut
 
     def wait(self, timeout: Any = None) -> bool:
+        """Wait until the exchange ends (re-raising its error). ``timeout``, a
+        ``datetime.timedelta`` as torch's ``Work.wait`` takes or seconds: raise
+        :class:`gcodec.WaitTimeoutError` (a ``RuntimeError``) if it has not ended by then. The
+        exchange is not cancelled by a timeout (its peers are in it); a later ``wait()`` returns
+        its result."""
+        if timeout is not None:
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+            done = threading.Event()
+            self._fut.add_done_callback(lambda _: done.set())
+            if not done.wait(max(seconds, 0.0)):
+                raise WaitTimeoutError(
+                    f"a compressed collective did not end within {seconds:g} s (it goes on in the background; "
+                    "a peer may be slow, stopped or dead)"
+                )
         self._fut.wait()
         return True
 

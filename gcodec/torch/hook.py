@@ -46,7 +46,7 @@ from .. import xp
 from ..arrays import tensors_from_arrays
 from ..codecs import Codec, get_codec
 from ..deprecation import renamed_names
-from ..errors import ConfigError
+from ..errors import ConfigError, GcodecError
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
 from ..transports import DENSE, DoneWork, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
@@ -154,6 +154,10 @@ class HookState:
             telemetry=telemetry,
         )
         self._comm: TorchCommunicator | None = None
+        #: The error of the last bucket that failed on this rank (None while none has), as raised:
+        #: DDP re-raises it from ``backward()`` as a ``RuntimeError`` with its message only
+        #: (``except RuntimeError: raise state.last_error``). Its message starts with its class.
+        self.last_error: BaseException | None = None
         self._agreed: dict[str, str] = {}  # bucket -> the plan its exchange last agreed on
         #: per-iteration totals over every bucket (:meth:`step_report`)
         self.reports = StepReports()
@@ -566,8 +570,28 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     # Started here while the queue is idle: a dense bucket's BEGIN goes out before DDP's thread
     # returns, as torch's allreduce hook starts its allreduce (FutureQueue.submit).
     return queue_for(state.process_group).submit(
-        _bucket_protocol(state, bucket, it), bucket.buffer().device, start_here=True
+        _reported(state, _bucket_protocol(state, bucket, it)), bucket.buffer().device, start_here=True
     )
+
+
+def _reported(state: HookState, proto: Any) -> Any:
+    """``proto``, whose error (if any) the state keeps as ``last_error`` and whose message is
+    prefixed with the error's class: DDP hands a hook's error to the caller of ``backward()`` as a
+    ``RuntimeError`` holding only its message ("Unable to cast <message> to Tensor"), so the
+    class, which says which rule failed, would otherwise be lost."""
+    try:
+        return (yield from proto)
+    except BaseException as e:
+        state.last_error = e
+        _prefix_class(e)
+        raise
+
+
+def _prefix_class(e: BaseException) -> None:
+    """Put ``e``'s class in front of its message (once): ``gcodec.PayloadValueError: ...``."""
+    name = f"gcodec.{type(e).__name__}" if isinstance(e, GcodecError) else type(e).__name__
+    if len(e.args) == 1 and isinstance(e.args[0], str) and not e.args[0].startswith(name + ": "):
+        e.args = (f"{name}: {e.args[0]}",)
 
 
 # DDP checks the hook's annotations against the real classes; postponed (string) annotations fail.

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from .. import xp
-from ..errors import GcodecError
+from ..aggregate import count_nonfinite
+from ..errors import GcodecError, PayloadValueError
 from .collectives import as_bytes, empty_like
 from .comm import Protocol
 from .control import Exchange
@@ -32,11 +33,29 @@ __all__ = ["allgather_protocol", "decode_sum", "finish_into", "gather_protocol"]
 
 
 def decode_sum(codec: object, parts: list[Any], acc: Any, what: str) -> None:
-    """acc += decode(part) for each part, in order (``acc`` flat float32/float64, host or device)."""
+    """acc += decode(part) for each part, in order (``acc`` flat float32/float64, host or device).
+    A codec that carries NaN and infinity (fp16, bf16) may leave them in the sum: it is then
+    refused (:func:`refuse_nonfinite`), as the summable protocol refuses such sums, so that the
+    mode does not decide whether a peer's infinity reaches the result."""
     for r, part in enumerate(parts):
         if part.shape[0] == 0:
             raise GcodecError(f"{what}: rank {r} sent no payload")
         codec.decode(part, out=acc, accumulate=True)  # type: ignore[attr-defined]
+    refuse_nonfinite(codec, acc, what)
+
+
+def refuse_nonfinite(codec: object, values: Any, what: str) -> None:
+    """Raise PayloadValueError when a codec that carries non-finite values decoded some into
+    ``values`` (the same bytes on every rank, so every rank raises alike). Other codecs' decoders
+    refuse non-finite values, so their results need no pass of their own."""
+    if not getattr(codec, "carries_nonfinite", False):
+        return
+    bad = count_nonfinite(values)
+    if bad:
+        raise PayloadValueError(
+            f"{what}: {bad} summed value(s) are NaN or infinite (a non-finite input on some rank, or a sum "
+            f"beyond the {getattr(codec, 'codec_id', 'codec')} range); refused on every rank"
+        )
 
 
 def finish_into(out: Any, acc: Any, op: str, p: int) -> None:

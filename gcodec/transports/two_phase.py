@@ -23,7 +23,7 @@ from .. import xp
 from .collectives import as_bytes, empty_like
 from .comm import Protocol
 from .control import Exchange
-from .gather import decode_sum, finish_into
+from .gather import decode_sum, finish_into, refuse_nonfinite
 from .protocol_helpers import gather_stream, nbytes_from_others, work_dtype
 from .sendbuf import encode_into
 from .state import TransportState
@@ -113,6 +113,7 @@ def two_phase_protocol(
         try:
             for j in range(p):
                 codec.decode(parts[j], out=oflat[b[j] : b[j + 1]])
+            refuse_nonfinite(codec, oflat, what)  # an owner's sum re-encoded beyond fp16's range
         except Exception as e:
             err = e
     yield from ex.agree(err)

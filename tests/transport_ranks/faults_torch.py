@@ -31,7 +31,7 @@ import gcodec.torch
 import gcodec.torch.comm as tcomm
 
 from ..procs import finish_gloo, run_checked, start_gloo
-from .faults import PROTOCOLS, corrupting, dying, exact_inputs, soak, stopped_run
+from .faults import PROTOCOLS, corrupting, dying, exact_inputs, soak, stopped_run, stopper
 
 CHECKS: list[dict] = []
 RANK = WORLD = 0
@@ -107,6 +107,30 @@ def scenario_stop() -> None:
             f"stop {proto}: 40 results exact (or in bound) through a 3 s SIGSTOP", not bad and same, "; ".join(bad[:3])
         )
         check(f"stop {proto}: the stop was inside the loop", took >= 3.0 or RANK == 1, f"{took:.1f} s")
+    # wait(timeout=) on an async all-reduce whose peer is stopped raises at its timeout, and the
+    # exchange, not cancelled, ends with the right result once the peer goes on
+    import datetime
+
+    dist.barrier()
+    if RANK == 0:
+        stopper(pids[1], after=0.0, hold=3.0)
+    x = torch.full((4096,), float(RANK + 1))
+    work = gcodec.torch.all_reduce(x, "fp16", op="sum", async_op=True, key="stop-wait")
+    t0 = time.monotonic()
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=1))
+        raised = "no error"
+    except gcodec.WaitTimeoutError as e:
+        raised = f"{time.monotonic() - t0:.2f} s: {e}"
+    if RANK == 0:
+        check("stop: wait(timeout=1 s) raises WaitTimeoutError at its timeout", raised[:1].isdigit(), raised)
+        check(
+            "stop: ... within 1-2.5 s",
+            1.0 <= float(raised.split(" ")[0]) < 2.5 if raised[:1].isdigit() else False,
+            raised,
+        )
+    work.wait()
+    check("stop: the exchange ends with the exact sum after the timeout", bool((x == WORLD * (WORLD + 1) / 2).all()))
 
 
 def _mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
@@ -135,7 +159,14 @@ def scenario_corrupt() -> None:
         try:
             torch.nn.functional.mse_loss(ddp(x), y).backward()
         except RuntimeError as e:
-            failed_at = (step, "ChecksumError" in str(e) or "CRC" in str(e), str(e)[:200])
+            # DDP hands the hook's error over as a RuntimeError with its message only: the message
+            # names the class, and the hook state keeps the error itself
+            failed_at = (step, "gcodec.ChecksumError: " in str(e), str(e)[:200])
+            check(
+                "corrupt: the hook state keeps the error, a ChecksumError on every rank",
+                isinstance(st.last_error, gcodec.ChecksumError) and str(st.last_error) in str(e),
+                repr(st.last_error)[:300],
+            )
             break
         opt.step()
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
