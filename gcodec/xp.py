@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels
+from . import alloc, kernels
 from .arrays import BFLOAT16, backend_of
 from .errors import ConfigError
 
@@ -102,14 +102,14 @@ def empty(like: Any, n: int, dtype: Any) -> Any:
     """An uninitialised flat array of ``n`` elements of ``dtype`` on the memory of ``like``
     (on a device, bfloat16 is held as uint16 bits: see :func:`gcodec.aggregate.add_values`)."""
     if isinstance(like, np.ndarray) or not on_device(like):
-        return np.empty(int(n), dtype)
+        return alloc.empty("a transport buffer", int(n), dtype)  # out of memory: LimitExceededError
     return kernels.of(like).memory.empty(int(n), _storage(dtype), "a transport buffer")
 
 
 def zeros(like: Any, n: int, dtype: Any) -> Any:
     """:func:`empty`, zeroed (+0 in every element)."""
     if isinstance(like, np.ndarray) or not on_device(like):
-        return np.zeros(int(n), dtype)
+        return alloc.empty("a transport buffer", int(n), dtype, make=np.zeros)
     a = empty(like, n, dtype)
     if int(n):
         kernels.of(a).memory.zero(a.view(np.uint8), 0, int(n) * a.dtype.itemsize)

@@ -360,6 +360,9 @@ def check_encoder(case: Case, x: np.ndarray) -> str:
     _, err = _call(gcodec.validate, b)
     if err is not None:
         raise OracleFailure(f"{case.id}: the encoder wrote a payload that validate refuses: {err!r}")
+    bound = codec.max_payload_bytes(tuple(x.shape), x.dtype)
+    if len(b) > bound:  # what a peer's receiver accepts: an honest payload must fit it
+        raise OracleFailure(f"{case.id}: the encoder wrote {len(b)} bytes, over max_payload_bytes {bound}")
     outcome = check_payload(b)
     if outcome != "valid":
         raise OracleFailure(f"{case.id}: the encoder wrote a payload that is {outcome}, not valid")

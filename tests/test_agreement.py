@@ -359,3 +359,50 @@ def test_ranks_with_different_error_feedback_decays_all_raise() -> None:
     assert ef_fingerprint(TransportState("topk", decay=0.5)) == {"decay": 0.5}
     with pytest.raises(ConfigError, match="decay"):
         TransportState("topk", worker=gcodec.ErrorFeedback("topk", decay=0.9), decay=0.8)
+
+
+class _Announcing(ThreadComm):
+    """A rank that announces ``size`` bytes in every size-carrying control message it sends (what a
+    lying or broken peer does), whatever it holds."""
+
+    size_lie = 1 << 30
+
+    def allgather(self, arr: np.ndarray) -> Any:
+        a = np.array(arr, copy=True)
+        if a.dtype == np.int64 and a.shape[0] == HEAD + self.size and a[0] & ~0xFF == TAG:
+            a[HEAD:] = np.where(a[HEAD:] > 0, self.size_lie, a[HEAD:])
+        return super().allgather(a)
+
+
+@pytest.mark.parametrize(("mode", "p"), [("gather", 2), ("gather", 3), ("two_phase", 3)])
+@pytest.mark.parametrize("codec", ["uniform", {"id": "topk", "ratio": 0.05}])
+def test_a_peer_announcing_more_than_the_plan_can_produce_is_refused_before_any_allocation(
+    mode: str, p: int, codec: Any
+) -> None:
+    """A rank announcing 1 GiB for a payload of a 65,536-element tensor: every rank raises the same
+    LimitExceededError naming it, from the size table alone (the bound is the codec's largest
+    payload for the agreed shape, Codec.max_payload_bytes, not the 2 GiB max_payload_bytes limit),
+    and nothing of that size is allocated."""
+    import tracemalloc
+
+    def rank(comm: ThreadComm) -> Any:
+        if comm.rank == 1:
+            comm = _Announcing(comm.hub, comm.rank)
+        st = TransportState(codec, error_feedback=False)
+        x = np.linspace(-1, 1, 65_536, dtype=np.float32)
+        try:
+            _allreduce(comm, st, x, mode=mode)
+        except gcodec.GcodecError as e:
+            return e
+        return "no error"
+
+    tracemalloc.start()
+    try:
+        got = run_threads(p, rank)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    for g in got:
+        assert isinstance(g, gcodec.LimitExceededError), g
+        assert "rank 1 announced 1073741824 bytes" in str(g) and "largest payload the agreed plan" in str(g), g
+    assert peak < 64 << 20, peak  # the tensors and payloads of p ranks, not p x 1 GiB

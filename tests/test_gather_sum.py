@@ -104,3 +104,40 @@ def test_finite_sums_of_carrying_codecs_still_pass_in_gather_and_two_phase() -> 
     for g in _run("fp16", xs, "sum", "gather"):
         assert not isinstance(g, BaseException), g
         assert _bits(g).tolist() == _bits(want).tolist()
+
+
+_DENSEST = [
+    {"id": "threshold", "threshold": 0.0},
+    {"id": "topk", "ratio": 1.0, "index_coding": "raw"},
+    {"id": "topk", "ratio": 1.0},
+    {"id": "chunktopk", "chunk": 64, "k": 64},
+    {"id": "dct", "chunk": 64, "k": 64},
+    {"id": "randomk", "ratio": 1.0},
+    {"id": "powersgd", "rank": 4},
+    {"id": "topk", "ratio": 1.0, "values": {"id": "uniform", "bits": 8}},
+    "qsgd",
+    "terngrad",
+    "sign",
+    "uniform",
+    "fp8",
+    "mx",
+    "nvfp4",
+    "fp16",
+    "bf16",
+]
+
+
+@pytest.mark.parametrize("cfg", _DENSEST, ids=lambda c: str(c))
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1,), (7,), (1000,), (128, 96), (65_537,)])
+def test_no_payload_exceeds_its_codecs_max_payload_bytes(cfg: Any, dtype: Any, shape: tuple[int, ...]) -> None:
+    """What a receiver accepts from a peer (Codec.max_payload_bytes) holds every honest payload,
+    the densest settings of every codec included (a sparse codec keeping everything in raw float64
+    values and raw indices is the largest); for fp16/bf16 it is exact but for the header."""
+    codec = gcodec.get_codec(cfg)
+    x = np.random.default_rng(1).standard_normal(shape).astype(dtype)
+    n = len(codec.encode(x, key="t", step=0))
+    bound = codec.max_payload_bytes(shape, np.dtype(dtype))
+    assert n <= bound, (n, bound)
+    if codec.codec_id in ("fp16", "bf16"):
+        assert bound - n < 4096 + 2 * len(codec.config_key)

@@ -141,6 +141,15 @@ class EncodePlan:
     fill: Callable[[Mapping[str, np.ndarray]], None]
 
 
+#: Bytes of a payload besides its sections' contents (preamble, header, section padding, CRCs)
+#: that :meth:`Codec.max_payload_bytes` allows for one tensor record (headers of this release's
+#: codecs take under 500 bytes; the configuration's own length is added on top).
+PAYLOAD_HEADER_ROOM = 4096
+#: The most section bytes any codec of this release writes per element (a raw float64 value and
+#: a raw 64-bit index of a sparse codec that keeps everything).
+PAYLOAD_BYTES_PER_ELEMENT = 16
+
+
 class Codec(ABC):
     """Base class of every codec.
 
@@ -305,6 +314,20 @@ class Codec(ABC):
         return None
 
     # ---- what a host codec asks of the codec nested in it (specs/codecs/hybrid.md §3.1) --------
+    def max_payload_bytes(self, shape: tuple[int, ...], dtype: Any) -> int:
+        """An upper bound of the bytes of any payload this codec writes for one tensor of
+        ``shape`` and ``dtype``: what a receiver accepts from a peer under an agreed plan before it
+        allocates for it (the transports refuse a larger announced size on every rank).
+
+        The default holds for every codec of this release: the container's preamble, header and
+        checksums in :data:`PAYLOAD_HEADER_ROOM` plus twice the configuration's JSON (a nested
+        codec's header record is no larger), and at most :data:`PAYLOAD_BYTES_PER_ELEMENT` bytes
+        of sections per element (a raw float64 value and a raw 64-bit index, the most any codec
+        keeps of one element; PowerSGD compresses only below the tensor's own size) plus each
+        section's alignment padding. Codecs whose sections the shape fixes say it exactly."""
+        n = math.prod(int(d) for d in shape)
+        return PAYLOAD_HEADER_ROOM + 2 * len(self.config_key) + PAYLOAD_BYTES_PER_ELEMENT * n
+
     def magnitude_bound(self, max_abs: float, count: int) -> float:
         """An upper bound on the magnitude of every value this codec decodes from its encoding of a
         one-dimensional tensor of ``count`` finite values whose largest magnitude is ``max_abs``, or

@@ -17,7 +17,7 @@ from .. import kernels
 from ..arrays import BFLOAT16
 from ..errors import ConfigError, PayloadValueError
 from ..sections import SectionSpec, TensorEntry, numel
-from .base import Aggregation, Codec, EncodeContext, EncodePlan, binary32
+from .base import PAYLOAD_HEADER_ROOM, Aggregation, Codec, EncodeContext, EncodePlan, binary32
 from .registry import register_codec
 
 __all__ = ["BF16", "FP16"]
@@ -94,6 +94,10 @@ class _Cast16(Codec):
         K = kernels.of(out)
         with K.threads_for(out.size):
             return int(getattr(K.cast, self._sum2_widen_kernel)(_bits(a), _bits(b), out))
+
+    def max_payload_bytes(self, shape: tuple[int, ...], dtype: Any) -> int:
+        """Exactly two bytes per element, plus the container's room (fp16.md §2)."""
+        return PAYLOAD_HEADER_ROOM + 2 * len(self.config_key) + 2 * math.prod(int(d) for d in shape)
 
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = _as_kernel_input(x)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import xp
+from .. import alloc, xp
 from ..errors import ConfigError, WaitTimeoutError
 from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
@@ -66,6 +66,20 @@ def _tensor(a: Any) -> torch.Tensor:
 def _array(t: torch.Tensor) -> Any:
     """The array view of a tensor the collectives filled (host: NumPy; CUDA: a Numba device array)."""
     return t.numpy() if t.device.type == "cpu" else as_array(t)
+
+
+def _receive_buffers(count: int, width: int, device: torch.device) -> list[torch.Tensor]:
+    """``count`` receive buffers of ``width`` bytes on ``device``, through gcodec's allocator: a
+    process without the memory gets a :class:`~gcodec.LimitExceededError` naming them, never a raw
+    ``MemoryError`` or ``OutOfMemoryError`` from inside a collective. ``width`` was bounded before
+    (the plan's largest payload: :meth:`gcodec.transports.control.Exchange.sizes`)."""
+    what = f"{count} receive buffers of {width} bytes"
+    if device.type == "cpu":
+        return [torch.from_numpy(alloc.empty(what, width, np.uint8)) for _ in range(count)]
+    try:
+        return [torch.empty(width, dtype=torch.uint8, device=device) for _ in range(count)]
+    except torch.OutOfMemoryError:
+        raise alloc.out_of_memory(f"{what} on {device}", count * width) from None
 
 
 def _host_words_device(group: Any) -> torch.device | None:
@@ -143,7 +157,7 @@ class TorchCommunicator(Communicator):
                 src.numpy()[: buf.shape[0]] = buf  # through NumPy: buf may be a read-only view
             if self._words_on is not None:  # host bytes (a fingerprint) on an NCCL group
                 src = src.to(self._words_on)
-                outs = [torch.empty(width, dtype=torch.uint8, device=src.device) for _ in range(self.size)]
+                outs = _receive_buffers(self.size, width, src.device)
                 w = dist.all_gather(outs, src, group=self.group, async_op=True)
                 return TorchWork(w, lambda: [o[:c].cpu().numpy() for o, c in zip(outs, counts)])
         else:  # a device buffer: the padding, if any, is made on its device
@@ -152,7 +166,7 @@ class TorchCommunicator(Communicator):
                 pad = torch.zeros(width, dtype=torch.uint8, device=src.device)
                 pad[: src.shape[0]] = src
                 src = pad
-        outs = [torch.empty(width, dtype=torch.uint8, device=src.device) for _ in range(self.size)]
+        outs = _receive_buffers(self.size, width, src.device)
         w = dist.all_gather(outs, src, group=self.group, async_op=True)
         return TorchWork(w, lambda: [_array(o[:c]) for o, c in zip(outs, counts)])
 
@@ -160,7 +174,7 @@ class TorchCommunicator(Communicator):
         scounts = [int(b.shape[0]) for b in bufs]
         rcounts = [int(c) for c in recv_counts]
         send = _tensor(joined(bufs))
-        recv = torch.empty(sum(rcounts), dtype=torch.uint8, device=send.device)
+        recv = _receive_buffers(1, sum(rcounts), send.device)[0]
         try:
             w = dist.all_to_all_single(recv, send, rcounts, scounts, group=self.group, async_op=True)
         except RuntimeError as e:

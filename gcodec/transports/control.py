@@ -140,15 +140,16 @@ class Exchange:
         msg[HEAD : HEAD + len(sizes)] = sizes
         return msg
 
-    def _settle(self, table: np.ndarray, kind: int, local: BaseException | None) -> Protocol:
-        """Act on every rank's control words (the same table on every rank, so the same decision)."""
+    def _settle(self, table: np.ndarray, kind: int, local: BaseException | None, cap: int | None = None) -> Protocol:
+        """Act on every rank's control words (the same table on every rank, so the same decision);
+        ``cap``: the most bytes any size may announce (see :meth:`_check_sizes`)."""
         p = self.comm.size
         # Every rank saw the same table: all continue from the same sequence number, even after an
         # order error, so the exchanges after it line up again.
         self.comm._control_seq = (int(table[:, 1].max()) + 1) & _SEQ_MASK  # type: ignore[attr-defined]
         self._check_order(table, kind)
         raise_agreed(table[:, 3], local, self.what)
-        self._check_sizes(table[:, HEAD:], kind)
+        self._check_sizes(table[:, HEAD:], kind, cap)
         if kind == BEGIN:
             self.begun = True
             if bool((table[:, 2] != table[0, 2]).any()) or bool(table[:, 4].any()):
@@ -159,17 +160,19 @@ class Exchange:
                 f"{self.what}: rank(s) {bad} are in another exchange at this {_KIND_NAMES[kind]} message"
             )
 
-    def _control(self, kind: int, sizes: Sequence[int], local: BaseException | None) -> Protocol:
+    def _control(
+        self, kind: int, sizes: Sequence[int], local: BaseException | None, cap: int | None = None
+    ) -> Protocol:
         """All-gather one control message; check order and codes; return the (p, p) sizes table."""
         w = self.comm.allgather(self._words(kind, sizes, local))
-        return (yield from self._finish(w, kind, local))
+        return (yield from self._finish(w, kind, local, cap))
 
-    def _finish(self, w: Work, kind: int, local: BaseException | None) -> Protocol:
+    def _finish(self, w: Work, kind: int, local: BaseException | None, cap: int | None = None) -> Protocol:
         """Wait for a control message's all-gather ``w`` and act on it (:meth:`_settle`)."""
         p = self.comm.size
         yield w
         table = np.asarray(w.result()).reshape(p, HEAD + p)
-        yield from self._settle(table, kind, local)
+        yield from self._settle(table, kind, local, cap)
         return table[:, HEAD:]
 
     def _check_order(self, table: np.ndarray, kind: int) -> None:
@@ -185,16 +188,20 @@ class Exchange:
                 f"{_KIND_NAMES[kind]}; {got}): the same collectives must run in the same order on every rank"
             )
 
-    def _check_sizes(self, sizes: np.ndarray, kind: int) -> None:
+    def _check_sizes(self, sizes: np.ndarray, kind: int, cap: int | None = None) -> None:
         """A peer's sizes are untrusted input: they become allocations, so they are bounded first
-        (every rank checks the same table and raises alike)."""
-        cap = _FINGERPRINT_BYTES if kind == FINGERPRINT else get_limits().max_payload_bytes
-        bad = np.argwhere((sizes < 0) | (sizes > cap))
+        (every rank checks the same table and raises alike). ``cap``: the most the agreed plan can
+        produce (the codec's largest payload for the agreed shape, :meth:`Codec.max_payload_bytes`),
+        under the ``max_payload_bytes`` limit in any case."""
+        limit = _FINGERPRINT_BYTES if kind == FINGERPRINT else get_limits().max_payload_bytes
+        bound = limit if cap is None else min(int(cap), limit)
+        bad = np.argwhere((sizes < 0) | (sizes > bound))
         if bad.size:
             r, j = (int(v) for v in bad[0])
+            why = "the max_payload_bytes limit" if bound == limit else "the largest payload the agreed plan can produce"
             raise LimitExceededError(
                 f"{self.what}: rank {r} announced {int(sizes[r, j])} bytes in a {_KIND_NAMES[kind]} control "
-                f"message, outside [0, {cap}]"
+                f"message, outside [0, {bound}] ({why})"
             )
 
     def _handshake(self) -> Protocol:
@@ -239,31 +246,37 @@ class Exchange:
             raise GcodecError(f"{self.what}: a local error after the BEGIN was started: {local!r}")
         yield from self._finish(w, BEGIN, None)
 
-    def sizes(self, sizes: Sequence[int], local: BaseException | None = None) -> Protocol:
+    def sizes(self, sizes: Sequence[int], local: BaseException | None = None, cap: int | None = None) -> Protocol:
         """A size exchange (the BEGIN when it is the exchange's first message): every rank's
-        ``sizes``, as a ``(p, len)`` table; raises on every rank when any rank sent an error."""
-        table = yield from self._control(SIZES if self.begun else BEGIN, sizes, local)
+        ``sizes``, as a ``(p, len)`` table; raises on every rank when any rank sent an error, or
+        announced a size above ``cap`` bytes (the most the agreed plan can produce: what a rank
+        then allocates for is bounded by it)."""
+        table = yield from self._control(SIZES if self.begun else BEGIN, sizes, local, cap)
         return table[:, : len(sizes)]
 
     def agree(self, local: BaseException | None) -> Protocol:
         """Error agreement at the end of an exchange: every rank raises if any rank failed."""
         yield from self._control(AGREE if self.begun else BEGIN, [], local)
 
-    def allgather_bytes(self, buf: np.ndarray, local: BaseException | None = None, riders: Any = None) -> Protocol:
+    def allgather_bytes(
+        self, buf: np.ndarray, local: BaseException | None = None, riders: Any = None, cap: int | None = None
+    ) -> Protocol:
         """Every rank's byte buffer, rank order; sizes and error codes travel first (a rank that
-        failed locally sends no bytes and every rank raises before any data moves). ``riders``
-        are summed beside the bytes, once the sizes agreed (:func:`~.comm.with_riders`)."""
-        table = yield from self.sizes([buf.shape[0]], local)
+        failed locally sends no bytes and every rank raises before any data moves; so does every
+        rank when one announces more than ``cap`` bytes). ``riders`` are summed beside the bytes,
+        once the sizes agreed (:func:`~.comm.with_riders`)."""
+        table = yield from self.sizes([buf.shape[0]], local, cap)
         w = self.comm.allgatherv(buf, [int(c) for c in table[:, 0]])
         yield with_riders(self.comm, riders, w)
         return w.result()
 
     def alltoall_bytes(
-        self, bufs: Sequence[np.ndarray], local: BaseException | None = None, riders: Any = None
+        self, bufs: Sequence[np.ndarray], local: BaseException | None = None, riders: Any = None, cap: int | None = None
     ) -> Protocol:
-        """Send ``bufs[r]`` to rank r; return what each rank sent here (sizes and codes first).
-        ``riders`` are summed beside the bytes, once the sizes agreed (:func:`~.comm.with_riders`)."""
-        table = yield from self.sizes([b.shape[0] for b in bufs], local)  # table[src, dst]
+        """Send ``bufs[r]`` to rank r; return what each rank sent here (sizes and codes first; any
+        size above ``cap`` bytes is refused on every rank). ``riders`` are summed beside the bytes,
+        once the sizes agreed (:func:`~.comm.with_riders`)."""
+        table = yield from self.sizes([b.shape[0] for b in bufs], local, cap)  # table[src, dst]
         w = self.comm.alltoallv(bufs, [int(c) for c in table[:, self.comm.rank]])
         yield with_riders(self.comm, riders, w)
         return w.result()

@@ -97,7 +97,7 @@ def gather_protocol(
         except Exception as e:
             err = e
     st.add("payload_bytes", buf.shape[0])
-    parts = yield from ex.allgather_bytes(buf, err, dense)
+    parts = yield from ex.allgather_bytes(buf, err, dense, codec.max_payload_bytes(tuple(x.shape), x.dtype))
     st.add("wire_bytes", nbytes_from_others(parts, me))
     acc = xp.zeros(x, x.size, work_dtype(x.dtype))
     with kernel_threads(state.threads), st.timing("decode_s"):
@@ -155,7 +155,8 @@ def _allgather(
         except Exception as e:
             err = e
     st.add("payload_bytes", buf.shape[0])
-    parts = yield from ex.allgather_bytes(buf, err)
+    cap = codec.max_payload_bytes(tuple(x.shape), x.dtype)  # type: ignore[attr-defined]
+    parts = yield from ex.allgather_bytes(buf, err, cap=cap)
     st.add("wire_bytes", nbytes_from_others(parts, me))
     tmp = None if out.dtype == np.float32 else xp.empty(out, x.size, np.float32)
     with kernel_threads(threads), st.timing("decode_s"):

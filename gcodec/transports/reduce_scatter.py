@@ -304,7 +304,13 @@ def _payload_protocol(
     # (the part sizes are host words: on a device, 8 bytes per group and destination cross)
     bufs = [xp.concat([np.array([s.shape[0] for s in parts], np.int64).view(np.uint8), *parts], x) for parts in sends]
     t0 = time.perf_counter()
-    table = yield from ex.sizes([b.shape[0] for b in bufs], err)  # table[src, dst]
+    # the most a destination's block can hold under the agreed groups: the part sizes, raw rows
+    # and each codec's largest payload of its segments
+    cap = 8 * ng + sum(
+        g.numel * x.dtype.itemsize if g.state is None else g.state.codec.max_payload_bytes((g.numel,), x.dtype)
+        for g in groups
+    )
+    table = yield from ex.sizes([b.shape[0] for b in bufs], err, cap)  # table[src, dst]
     w = comm.alltoallv(bufs, [int(table[r, me]) for r in range(p)])
     yield w
     recv = w.result()

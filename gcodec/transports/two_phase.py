@@ -64,6 +64,8 @@ def two_phase_protocol(
     empty = empty_like(x)
     b = owner_bounds(flat.shape[0], p)
     err: BaseException | None = None
+    # the most bytes a rank may announce for one chunk's payload, in either phase
+    cap = max(codec.max_payload_bytes((b[j + 1] - b[j],), flat.dtype) for j in range(p))
 
     # Phase 1: encode each chunk (worker residual per chunk) and scatter the payloads to the owners.
     sends = [empty] * p
@@ -82,7 +84,7 @@ def two_phase_protocol(
         except Exception as e:
             err, sends = e, [empty] * p
     st.add("payload_bytes", sum(s.shape[0] for s in sends))
-    recv = yield from ex.alltoall_bytes(sends, err, dense)
+    recv = yield from ex.alltoall_bytes(sends, err, dense, cap)
     st.add("wire_bytes", nbytes_from_others(recv, me))
 
     # Phase 2: the owner sums its chunk and re-encodes it with the server residual.
@@ -104,7 +106,7 @@ def two_phase_protocol(
             except Exception as e:
                 err = e
     st.add("payload_bytes", mine.shape[0])
-    parts = yield from ex.allgather_bytes(mine, err)
+    parts = yield from ex.allgather_bytes(mine, err, cap=cap)
     st.add("wire_bytes", nbytes_from_others(parts, me))
 
     # Every rank decodes every owner's chunk into the output.
