@@ -9,9 +9,10 @@ with every check of specs/format.md). Everything that writes a payload ends in :
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -52,6 +53,24 @@ __all__ = [
 
 # --------------------------------------------------------------------------------------------
 # encoding
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _memory_is_a_limit(fn: _F) -> _F:
+    """Run ``fn`` so that running out of memory anywhere inside it (a buffer, the first load of a
+    kernel from Numba's cache in a fresh process, a header's objects) is a
+    :class:`~gcodec.LimitExceededError`, never a ``MemoryError`` (specs/format.md §9)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MemoryError:
+            raise alloc.out_of_memory(f"gcodec.{fn.__name__} (its buffers, or its kernels' first load)") from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _pending(codec: Codec, x: Any, name: str | None, lim: Limits, ctx: EncodeContext) -> PendingTensor:
@@ -133,6 +152,7 @@ def write_pending(
     return write_payload(pend, meta=meta, checksum=checksum, limits=limits, alloc=_into(out))
 
 
+@_memory_is_a_limit
 def encode(
     x: Any,
     codec: Codec | str | dict[str, Any],
@@ -165,6 +185,7 @@ def encode(
     return write_pending([pend], meta=meta, checksum=checksum, limits=lim, out=out)
 
 
+@_memory_is_a_limit
 def encode_bundle(
     tensors: Mapping[str, Any],
     codec: Codec | str | Mapping[str, Codec | str] = "fp16",
@@ -356,6 +377,7 @@ def _info(p: ParsedPayload) -> PayloadInfo:
     )
 
 
+@_memory_is_a_limit
 def validate(buf: Any, *, limits: Limits | None = None) -> PayloadInfo:
     """Run every structural and semantic check of the spec; return what the payload declares.
 
@@ -365,6 +387,7 @@ def validate(buf: Any, *, limits: Limits | None = None) -> PayloadInfo:
     return _info(p)
 
 
+@_memory_is_a_limit
 def inspect_header(buf: Any, *, limits: Limits | None = None, verify_checksum: bool = True) -> PayloadInfo:
     """Check only the container (not codec rules or values) and describe it. Used by ``gcodec inspect``.
 
@@ -422,6 +445,7 @@ def _decode_entry(
     return result
 
 
+@_memory_is_a_limit
 def decode(
     buf: Any,
     out: np.ndarray | Mapping[str, np.ndarray] | None = None,
@@ -455,6 +479,7 @@ def decode(
     return _decode_many(p, checked, out, accumulate)
 
 
+@_memory_is_a_limit
 def decode_single(buf: Any, *, out: np.ndarray | None, accumulate: bool, expect_codec: str | None = None) -> np.ndarray:
     p, checked = _checked(buf, None, full=False)
     if p.header.is_bundle:
@@ -465,6 +490,7 @@ def decode_single(buf: Any, *, out: np.ndarray | None, accumulate: bool, expect_
     return _decode_entry(p, e, cls, params, out, accumulate)
 
 
+@_memory_is_a_limit
 def decode_bundle(
     buf: Any,
     out: Mapping[str, np.ndarray] | None = None,

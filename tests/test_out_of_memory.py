@@ -16,8 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import gcodec
 from tests import oom_worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,3 +92,58 @@ def test_large_payload_under_the_cap(outcomes, case, call):
         assert msg.startswith("out of memory: cannot allocate ") and REFUSED[case, call] in msg, msg
     else:
         assert outcome == "ok", (outcome, msg)
+
+
+# Every codec at settings that take its threaded decode path (65,536 elements and more).
+_COLD = [
+    "fp16",
+    "bf16",
+    "uniform",
+    {"id": "uniform", "bits": 4},
+    "qsgd",
+    "terngrad",
+    "sign",
+    "fp8",
+    "mx",
+    "nvfp4",
+    {"id": "topk", "ratio": 0.01},
+    {"id": "chunktopk", "chunk": 4096, "k": 64, "values": {"id": "uniform", "bits": 2}},
+    "dct",
+    {"id": "randomk", "ratio": 0.1},
+    {"id": "threshold", "threshold": 1.5},
+    {"id": "powersgd", "rank": 2},
+]
+
+
+@pytest.mark.parametrize("headroom_mib", [128, 32])
+def test_the_first_decode_of_a_fresh_process_under_a_cap(tmp_path, headroom_mib):
+    """A fresh process, capped right after ``import gcodec``: each codec's first decode loads its
+    kernels from Numba's cache and starts the kernel threads under the cap. Every decode succeeds
+    or raises a GcodecError (LimitExceededError), never a MemoryError, a crash or a hang; where no
+    thread fits under the cap, the kernels run on the calling thread (glibc aborts a process whose
+    new thread cannot get its thread-local data). Below about 32 MiB for all sixteen codecs'
+    kernels, LLVM's own allocator aborts the process (``std::bad_alloc``), which no Python code can
+    catch: docs/limits.md states that floor."""
+    x = np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32)
+    for i, cfg in enumerate(_COLD):
+        codec = gcodec.get_codec(cfg)
+        buf = bytes(codec.encode(x, key="t", step=0))
+        gcodec.decode(buf)  # fills Numba's disk cache here, so the child only loads it
+        (tmp_path / f"{i:02d}_{codec.codec_id}.gcd").write_bytes(buf)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GCODEC_NUM_THREADS": "2"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "oom_cold_worker.py"), str(tmp_path), str(headroom_mib << 20)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(rows) == len(_COLD)
+    escaped = [r for r in rows if r[1].startswith("ESCAPED")]
+    assert not escaped, escaped
+    bad = [r for r in rows if r[1] not in ("ok", "LimitExceededError")]
+    assert not bad, bad
+    assert all(r[1] == "ok" for r in rows), rows  # 32 MiB is room enough for every codec's kernels

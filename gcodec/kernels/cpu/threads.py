@@ -107,11 +107,38 @@ if hasattr(os, "register_at_fork"):  # POSIX
 _pool_size = 0
 
 
-def _executor(workers: int) -> ThreadPoolExecutor:
-    """A pool with at least ``workers`` threads (made anew in a forked child, or when more are needed)."""
+#: Address space a new pool thread may take: its stack (glibc's default 8 MiB, or
+#: ``threading.stack_size()``) and the thread-local data of the loaded libraries, with room to spare.
+_THREAD_ROOM = 32 << 20
+
+
+def _room_for_threads(workers: int) -> bool:
+    """Whether ``workers`` more threads fit under the process's address-space limit (``RLIMIT_AS``,
+    e.g. ``ulimit -v`` or a job's memory cap). A thread that cannot get its thread-local data
+    aborts the whole process inside glibc ("cannot allocate memory for thread-local data"), which
+    nothing can catch; so without the room, the kernels run on the calling thread alone."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft == resource.RLIM_INFINITY:
+            return True
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):  # no limit to read: nothing to guard against
+        return True
+    stack = threading.stack_size() or (8 << 20)
+    return soft - mapped > workers * max(stack + (8 << 20), _THREAD_ROOM)
+
+
+def _executor(workers: int) -> ThreadPoolExecutor | None:
+    """A pool with at least ``workers`` threads (made anew in a forked child, or when more are
+    needed); None when the process's address-space limit leaves no room for them."""
     global _pool, _pool_pid, _pool_size
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid() or _pool_size < workers:
+            if not _room_for_threads(max(workers, int(numba.config.NUMBA_NUM_THREADS) - 1, 1)):
+                return None
             old = _pool if _pool_pid == os.getpid() else None
             _pool_size = max(workers, int(numba.config.NUMBA_NUM_THREADS) - 1, 1)
             _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="gcodec")
@@ -135,6 +162,8 @@ def run_chunks(kernel: Any, n: int, C: int, *args: Any) -> int:
         return int(kernel(*args, 0, n))
     cut = [min(n, nchunks * i // t * C) for i in range(t + 1)]
     pool = _executor(t - 1)
+    if pool is None:  # no room for threads under the address-space limit: the same bytes, on one thread
+        return int(kernel(*args, 0, n))
     futures = [pool.submit(kernel, *args, cut[i], cut[i + 1]) for i in range(1, t)]
     total = int(kernel(*args, cut[0], cut[1]))
     return total + sum(int(f.result()) for f in futures)
