@@ -26,7 +26,7 @@ from .arrays import DTYPES
 from .codecs.registry import get_codec, list_codecs
 from .feedback import ErrorFeedback
 
-__all__ = ["WARMUP_CONFIGS", "warmup"]
+__all__ = ["WARMUP_CONFIGS", "warm_for_training", "warmup"]
 
 #: The codec settings warmed up besides every codec at its defaults: common settings that compile
 #: kernels of their own (other widths, stochastic rounding, float16 scales, nested values).
@@ -84,3 +84,49 @@ def warmup(
         if progress is not None:
             progress(label, times[label])
     return times
+
+
+def warm_for_training(
+    codecs: Iterable[Any],
+    dtypes: Iterable[Any] = (np.float32,),
+    *,
+    error_feedback: bool = True,
+) -> float:
+    """Load (or compile) the kernels a training job's exchanges will run for ``codecs`` on
+    gradients of ``dtypes``, now, so that the first compressed step does not: the engines call it
+    when they are configured (``HookState(..., warm=True)``), before any collective, so that a rank
+    compiling for seconds never keeps its peers waiting in one. Returns the seconds it took.
+
+    Per codec and dtype, on a small tensor (the calling thread) and one past the threading
+    threshold (the kernel pool): the encode (through error feedback's fused kernels when
+    ``error_feedback``), the decode, the decode that adds into a float32 sum (gather, two-phase),
+    and for summable codecs the values path (encode_values, the pair sum and its decode). A codec
+    that refuses a dtype, or a setting, is skipped here: the exchange reports it itself.
+    """
+    from .aggregate import sum_pair, summable_section
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    for cfg in codecs:
+        try:
+            codec = get_codec(cfg)
+        except Exception:  # a bad configuration is the engine's to report
+            continue
+        for dt in {np.dtype(d) for d in dtypes}:
+            for shape in ((320, 320),):  # past the threading threshold: the pool starts too
+                x = rng.standard_normal(shape).astype(dt)
+                try:
+                    if error_feedback:
+                        buf = ErrorFeedback(codec).encode(x, key="warm", step=0)
+                    else:
+                        buf = encode(x, codec, key="warm", step=0)
+                    decode(buf)
+                    decode(buf, out=np.zeros(shape, np.float32), accumulate=True)
+                    if codec.values_dtype is not None:
+                        a = bytearray(bytes(buf))
+                        values, vdt = summable_section(a)
+                        sum_pair(values, values.copy(), values, vdt)
+                        codec.decode_values_sum(values, values, np.empty(x.size, np.float32))
+                except Exception:
+                    continue
+    return time.perf_counter() - t0

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from .. import xp
-from ..arrays import tensors_from_arrays
+from ..arrays import BFLOAT16, tensors_from_arrays
 from ..codecs import Codec, get_codec
 from ..deprecation import renamed_names
 from ..errors import ConfigError, GcodecError
@@ -59,6 +60,7 @@ from ..transports.router import RouterSetting
 from ..transports.stats import StepReports, StepStats
 from ..transports.summable import summable_protocol
 from ..transports.two_phase import two_phase_protocol
+from ..warmup import warm_for_training
 from .comm import TorchCommunicator, comm_for, queue_for
 from .convert import arrays_from_tensors, as_array
 
@@ -112,6 +114,16 @@ class HookState:
         num_threads: kernel threads per rank; None follows the job (docs/transports.md, "Threads").
         telemetry: a :class:`gcodec.telemetry.Telemetry` sampling the quality of every compressed
             group every ``telemetry.every`` steps (``stats()[key]["quality"]``). Not pickled.
+        warm: load (or compile) the kernels of the configured codecs now
+            (:func:`gcodec.warmup.warm_for_training`: the codec, the warm-up codec, a Policy's or
+            a pattern dict's codecs, an adaptive controller's ladder; on float32 and the module's
+            parameter dtypes), before any collective, so that the first compressed step does not
+            stall and no rank keeps its peers waiting in a collective while it compiles. Costs
+            what that first step would have (docs/transports.md, "Kernels at registration"); the
+            seconds are in ``warm_s``. False: on first use, as before.
+
+    A codec that cannot shrink what it is given (fp16 or bf16 on 16-bit gradients: as many bytes
+    as the gradients themselves) is warned about once, at its first compressed step.
     """
 
     def __init__(
@@ -128,6 +140,7 @@ class HookState:
         num_threads: int | None = None,
         telemetry: Telemetry | None = None,
         warmup_codec: Codec | str | dict[str, Any] | None = None,
+        warm: bool = True,
     ) -> None:
         self.codec = get_codec(codec)
         self.telemetry = telemetry
@@ -162,6 +175,16 @@ class HookState:
         #: per-iteration totals over every bucket (:meth:`step_report`)
         self.reports = StepReports()
         self.warmup_codec = self.router.codec(warmup_codec)
+        self._warned: set[str] = set()  # codec configs warned about for not shrinking their input
+        #: seconds the kernels' warm-up took at construction (0.0 without ``warm``)
+        self.warm_s = 0.0
+        if warm:
+            dtypes = {torch.float32} | ({q.dtype for q in module.parameters()} if module is not None else set())
+            self.warm_s = warm_for_training(
+                _configured_codecs(self.codec, self.warmup_codec, policy),
+                [np.dtype(str(d).replace("torch.", "")) if d != torch.bfloat16 else BFLOAT16 for d in dtypes],
+                error_feedback=self.error_feedback,
+            )
 
     # ---- the configuration the router's shorthand policy holds (changes reach the router) ----
     codec = RouterSetting(get_codec)
@@ -353,6 +376,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             _scatter(grads, g.idx, xp.flat(g.out))
     if flat is not None:
         _write_dense(grads, plan.dense, flat, p)
+    _warn_no_gain(state, plan, grads)
     if ckey is not None and rung is not None:
         _record_rung(router, ckey, rung, plan, time.perf_counter() - t_decided)
     report([g.stats for g in plan.groups if g.stats is not None], dense_bytes)
@@ -361,6 +385,45 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
 
 def _one(work: Any) -> Any:
     yield work
+
+
+def _warn_no_gain(state: HookState, plan: _Plan, grads: list[torch.Tensor]) -> None:
+    """Warn once per codec whose payload is no smaller than the gradients it was given (fp16 or
+    bf16 on float16/bfloat16 gradients): compression that saves nothing costs an encode and a
+    decode per step, and the user would rather know."""
+    for g in plan.groups:
+        st = g.stats
+        if st is None or g.mode == "powersgd":
+            continue
+        cfg = g.state.codec.config_key
+        raw = sum(grads[i].numel() * grads[i].element_size() for i in g.idx)
+        if cfg in state._warned or st.values.get("payload_bytes", 0) < raw:
+            continue
+        state._warned.add(cfg)
+        dt = str(grads[g.idx[0]].dtype).replace("torch.", "")
+        warnings.warn(
+            f"gcodec: {g.state.codec.codec_id} sends {int(st.values['payload_bytes'])} bytes for {raw} bytes of "
+            f"{dt} gradients ({g.key}): it does not shrink them. Use a codec with fewer bits than the "
+            "gradients (uniform 8 or 4 bits, top-k, PowerSGD), or leave these tensors dense.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def _configured_codecs(codec: Codec, warmup_codec: Codec | None, policy: Any) -> list[Any]:
+    """Every codec configuration a hook state may run: its codec, its warm-up codec, and what its
+    policy names (a Policy's codecs, a pattern dict's values, a controller's ladder); a callable
+    policy names nothing ahead of time."""
+    out: list[Any] = [codec]
+    if warmup_codec is not None:
+        out.append(warmup_codec)
+    if isinstance(policy, CodecPolicy):
+        out += policy.codecs()
+    elif isinstance(policy, Mapping):
+        out += [v for v in policy.values() if v is not None]
+    else:
+        out += [c for c in getattr(policy, "ladder", None) or [] if c is not None]
+    return out
 
 
 def _dense_riders(plan: _Plan) -> tuple[np.ndarray | None, int]:

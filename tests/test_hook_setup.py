@@ -1,0 +1,90 @@
+"""What the DDP hook does when it is configured and at its first compressed step: the configured
+codecs' kernels are loaded at construction (``HookState(warm=True)``, the default), and a codec that
+cannot shrink its gradients (fp16 or bf16 on 16-bit gradients) is warned about once. One gloo rank
+in this process."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import gcodec.torch  # noqa: E402
+
+from .procs import free_port  # noqa: E402
+
+pytestmark = [pytest.mark.torch]
+
+
+@pytest.fixture()
+def group() -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        gcodec.torch.synchronize()
+        dist.destroy_process_group()
+
+
+def _steps(model: torch.nn.Module, state: gcodec.torch.HookState, dtype: torch.dtype, n: int = 3) -> list[str]:
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, gcodec.torch.comm_hook)
+    x = torch.randn(8, 256, dtype=dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(n):
+            ddp(x).float().sum().backward()
+        gcodec.torch.synchronize()
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_cast_on_16_bit_gradients_is_warned_about_once(group: None, codec: str, dtype: torch.dtype) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10)).to(dtype)
+    st = gcodec.torch.HookState(codec, start_iter=0, min_numel=16, module=model)
+    got = [m for m in _steps(model, st, dtype) if "does not shrink" in m]
+    assert len(got) == 1, got
+    assert codec in got[0] and str(dtype).replace("torch.", "") in got[0]
+
+
+@pytest.mark.parametrize("codec", ["fp16", {"id": "uniform", "bits": 8}])
+def test_no_warning_where_the_codec_shrinks_the_gradients(group: None, codec: object) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10))
+    st = gcodec.torch.HookState(codec, start_iter=0, min_numel=16, module=model)
+    assert not [m for m in _steps(model, st, torch.float32) if "does not shrink" in m]
+
+
+def test_the_configured_codecs_kernels_are_loaded_at_construction() -> None:
+    """After HookState(...) the kernels its first step runs have a compiled signature: the fused
+    error-feedback binary16 encode of float32 gradients and the decode of its payload; warm=False
+    leaves them to that first step (not checked: another test may have loaded them already)."""
+    from gcodec.kernels.cpu import cast
+
+    st = gcodec.torch.HookState("fp16", error_feedback=True)
+    assert st.warm_s > 0
+    fused = cast._feedback_f16_range_v if cast.simd.HAS_F16 else cast._feedback_f16_range
+    assert fused.signatures, "the fused encode was not compiled or loaded"
+    assert (cast._decode_f16_range_v if cast.simd.HAS_F16 else cast._decode_f16_range).signatures
+    assert gcodec.torch.HookState("fp16", warm=False).warm_s == 0.0
+
+
+def test_the_warm_up_names_every_configured_codec() -> None:
+    from gcodec.adaptive import AdaptiveController
+    from gcodec.policy import Policy
+    from gcodec.torch.hook import _configured_codecs
+
+    u8 = gcodec.get_codec("uniform", bits=8)
+    got = _configured_codecs(u8, gcodec.get_codec("fp16"), {"*.bias": None, "*embed*": "bf16"})
+    assert [gcodec.get_codec(c).codec_id for c in got] == ["uniform", "fp16", "bf16"]
+    pol = Policy([{"name": "a*", "codec": {"id": "topk", "ratio": 0.01}}], default="sign")
+    assert {gcodec.get_codec(c).codec_id for c in _configured_codecs(u8, None, pol)} == {"uniform", "topk", "sign"}
+    ctl = AdaptiveController(probe=False)
+    ids = {gcodec.get_codec(c).codec_id for c in _configured_codecs(u8, None, ctl)}
+    assert len(ids) >= 3 and "fp16" in ids
