@@ -9,6 +9,8 @@
   (a power of two whose ulp is the binary16 ulp of ``|v|``), which rounds to nearest even at exactly
   the right bit for normal and subnormal results alike; there is no multiply, so nothing a GPU
   compiler could contract into a fused multiply-add.
+* The NaN rule of every addition gcodec defines (specs/format.md §10, "NaN sums"): a NaN sum is
+  made positive, whatever IEEE 754 left to the hardware and the compiler.
 * Philox4x32-10 (specs/rng.md): its constants and one block.
 * The uniform draws made of Philox words (specs/rng.md).
 
@@ -29,6 +31,7 @@ __all__ = [
     "f32_to_bf16_bits",
     "f32_to_f16_bits",
     "philox4x32",
+    "pos_nan",
     "u16_to_open01",
     "u32_to_uniform01",
 ]
@@ -84,6 +87,16 @@ def f32_to_bf16_bits(x: np.float32) -> np.uint16:  # pragma: no cover - compiled
 
 def bf16_bits_to_f32(h: np.uint16) -> np.float32:  # pragma: no cover - compiled by each backend
     return np.uint32(np.uint32(h) << np.uint32(16)).view(np.float32)
+
+
+def pos_nan(s):  # pragma: no cover - compiled by each backend
+    """``s`` with its sign bit cleared when it is a NaN, else ``s`` itself (float32 or float64, the
+    type kept): the NaN rule of specs/format.md §10 ("NaN sums"), applied to the result of each
+    addition. IEEE 754 leaves the sign and payload of a NaN sum to the implementation (x86 keeps
+    the first operand's NaN and makes inf + -inf a negative NaN, AArch64 and CUDA return a positive
+    default NaN, compilers may swap the operands), so without it the bits would depend on the
+    backend. ``abs`` clears the sign bit alone (a NaN stays a NaN); a select, so loops vectorise."""
+    return s if s == s else abs(s)
 
 
 def philox4x32(c0, c1, c2, c3, k0, k1):  # pragma: no cover - compiled by each backend

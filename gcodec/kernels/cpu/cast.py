@@ -28,12 +28,14 @@ from .threads import run_chunks
 CHUNK = 1 << 16
 
 
-# The scalar conversions are gcodec.kernels.scalar's, compiled here for the CPU.
+# The scalar conversions are gcodec.kernels.scalar's, compiled here for the CPU, and so is the NaN
+# rule of every addition (specs/format.md §10, "NaN sums"): the CPU kernels' sums go through pos_nan.
 _inline = njit(cache=True, inline="always")
 f32_to_f16_bits = _inline(scalar.f32_to_f16_bits)
 f16_bits_to_f32 = _inline(scalar.f16_bits_to_f32)
 f32_to_bf16_bits = _inline(scalar.f32_to_bf16_bits)
 bf16_bits_to_f32 = _inline(scalar.bf16_bits_to_f32)
+pos_nan = _inline(scalar.pos_nan)
 
 
 @njit(cache=True, nogil=True)
@@ -68,7 +70,7 @@ def _add_f16_range(h, out, lo, hi):  # pragma: no cover - jitted
     base = np.uint64(lo)
     for j in range(hi - lo):
         i = base + np.uint64(j)
-        out[i] += f16_bits_to_f32(h[i])
+        out[i] = pos_nan(out[i] + f16_bits_to_f32(h[i]))
     return 0
 
 
@@ -86,8 +88,32 @@ def _add_bf16_range(h, out, lo, hi):  # pragma: no cover - jitted
     base = np.uint64(lo)
     for j in range(hi - lo):
         i = base + np.uint64(j)
-        out[i] += bf16_bits_to_f32(h[i])
+        out[i] = pos_nan(out[i] + bf16_bits_to_f32(h[i]))
     return 0
+
+
+# The NaN rule of specs/format.md §10 in the kernels below that count their infinite or NaN
+# results: the sum is NaN exactly where its bits are, so when the count is not 0 a second pass over
+# the range writes the bits the spec's conversion gives a positive NaN there (binary16 0x7E00,
+# bfloat16 0x7FC0, their float32 0x7FC00000), and when it is 0, the usual case, nothing is done. The
+# same bits as pos_nan on each sum, without its compare and select in loops that are compute-bound
+# (8-10 % of the scalar binary16 feedback kernel's time, measured).
+@njit(cache=True, nogil=True)
+def _nan_bits16(out, lo, hi, exp, qnan):  # pragma: no cover - jitted
+    """out[i] = ``qnan`` for each 16-bit NaN pattern in out[lo:hi] (exponent bits ``exp`` all set and a
+    mantissa, either sign)."""
+    for i in range(lo, hi):
+        if np.uint16(out[i] & np.uint16(0x7FFF)) > exp:
+            out[i] = qnan
+
+
+@njit(cache=True, nogil=True)
+def _nan_bits32(out, lo, hi):  # pragma: no cover - jitted
+    """out[i] = the float32 0x7FC00000 (of binary16 0x7E00 and bfloat16 0x7FC0) for each NaN in out[lo:hi]."""
+    q = np.uint32(0x7FC00000).view(np.float32)
+    for i in range(lo, hi):
+        if out[i] != out[i]:
+            out[i] = q
 
 
 @njit(cache=True, nogil=True)
@@ -100,6 +126,8 @@ def _sum2_f16_range(a, b, out, lo, hi):  # pragma: no cover - jitted
         h = f32_to_f16_bits(np.float32(s + f16_bits_to_f32(b[i])))
         out[i] = h
         bad += np.uint32(np.uint32(h & np.uint32(0x7C00)) == np.uint32(0x7C00))  # infinity or NaN
+    if bad:  # NaN sums: +NaN (format.md §10)
+        _nan_bits16(out, lo, hi, np.uint16(0x7C00), np.uint16(0x7E00))
     return bad
 
 
@@ -113,6 +141,8 @@ def _sum2_bf16_range(a, b, out, lo, hi):  # pragma: no cover - jitted
         h = f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i])))
         out[i] = h
         bad += np.uint32(np.uint32(h & np.uint32(0x7F80)) == np.uint32(0x7F80))  # infinity or NaN
+    if bad:  # NaN sums: +NaN (format.md §10)
+        _nan_bits16(out, lo, hi, np.uint16(0x7F80), np.uint16(0x7FC0))
     return bad
 
 
@@ -126,6 +156,8 @@ def _sum2w_f16_range(a, b, out, lo, hi):  # pragma: no cover - jitted
         h = f32_to_f16_bits(np.float32(s + f16_bits_to_f32(b[i])))
         out[i] = f16_bits_to_f32(h)
         bad += np.uint32(np.uint32(h & np.uint32(0x7C00)) == np.uint32(0x7C00))
+    if bad:  # NaN sums: +NaN (format.md §10)
+        _nan_bits32(out, lo, hi)
     return bad
 
 
@@ -139,6 +171,8 @@ def _sum2w_bf16_range(a, b, out, lo, hi):  # pragma: no cover - jitted
         h = f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i])))
         out[i] = bf16_bits_to_f32(h)
         bad += np.uint32(np.uint32(h & np.uint32(0x7F80)) == np.uint32(0x7F80))
+    if bad:  # NaN sums: +NaN (format.md §10)
+        _nan_bits32(out, lo, hi)
     return bad
 
 
@@ -193,7 +227,9 @@ def _sum2w_f16_range_v(a, b, out, lo, hi):  # pragma: no cover - jitted
 
 # Error feedback fused into the encode (fp16.md §3, §5; docs/error-feedback.md): c = x (+ e) in
 # float32, its 16-bit bits, and the new residual c - float32(bits), in one pass over x and e. The
-# same IEEE steps as the separate kernels (x + e, encode, decode, subtract), so the same bits.
+# same IEEE steps as the separate kernels (x + e, encode, decode, subtract), so the same bits; a NaN
+# c is made positive by the pass after the loop (format.md §10; its residual, NaN, is refused by the
+# caller whatever its sign).
 @njit(cache=True, nogil=True)
 def _feedback_f16_range(x, e, has_e, out, enew, lo, hi):  # pragma: no cover - jitted
     base = np.uint64(lo)
@@ -206,6 +242,8 @@ def _feedback_f16_range(x, e, has_e, out, enew, lo, hi):  # pragma: no cover - j
         r = np.float32(c - f16_bits_to_f32(h))
         enew[i] = r
         bad += np.uint32(np.uint32(r.view(np.uint32) & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+    if has_e and bad:  # a NaN c = x + e (its residual is NaN, so counted) encodes as +NaN (format.md §10)
+        _nan_bits16(out, lo, hi, np.uint16(0x7C00), np.uint16(0x7E00))
     return bad
 
 
@@ -221,6 +259,8 @@ def _feedback_bf16_range(x, e, has_e, out, enew, lo, hi):  # pragma: no cover - 
         r = np.float32(c - bf16_bits_to_f32(h))
         enew[i] = r
         bad += np.uint32(np.uint32(r.view(np.uint32) & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+    if has_e and bad:  # a NaN c = x + e (its residual is NaN, so counted) encodes as +NaN (format.md §10)
+        _nan_bits16(out, lo, hi, np.uint16(0x7F80), np.uint16(0x7FC0))
     return bad
 
 

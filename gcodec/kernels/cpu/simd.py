@@ -61,6 +61,18 @@ _VU32 = ir.VectorType(_I32, 8)
 _VU64 = ir.VectorType(_I64, 8)
 
 
+def _pos_nan(builder, v):  # type: ignore[no-untyped-def]
+    """The NaN rule of every addition (specs/format.md §10, "NaN sums"; ``scalar.pos_nan``) on a
+    vector sum of float or double lanes: NaN lanes get their sign bit cleared, the rest are kept.
+    One unordered compare and a blend, so what IEEE 754 left open (which operand's NaN, a negative
+    default NaN for inf + -inf on x86) no longer shows in the bits."""
+    ty = v.type
+    width = 64 if isinstance(ty.element, ir.DoubleType) else 32
+    ity = ir.VectorType(ir.IntType(width), ty.count)
+    nosign = builder.and_(builder.bitcast(v, ity), ir.Constant(ity, [(1 << (width - 1)) - 1] * ty.count))
+    return builder.select(builder.fcmp_unordered("uno", v, v), builder.bitcast(nosign, ty), v)
+
+
 def _octet_reducer(kind: str):  # type: ignore[no-untyped-def]
     """An intrinsic ``f(x, lo, m)`` over the float32 elements x[lo : lo + m] (``m`` >= 0).
 
@@ -195,8 +207,8 @@ def _sign_putter(accumulate: bool):  # type: ignore[no-untyped-def]
                 vt = _VF64
                 v = builder.fpext(v, vt)
             p = builder.bitcast(_elem_ptr(builder, signature.args[0], arr, idx, context), vt.as_pointer())
-            if accumulate:
-                v = builder.fadd(builder.load(p, align=4), v)
+            if accumulate:  # out + v, a NaN sum made positive (format.md §10)
+                v = _pos_nan(builder, builder.fadd(builder.load(p, align=4), v))
             builder.store(v, p, align=4)
             return context.get_dummy_value()
 
@@ -605,8 +617,8 @@ def _decoder(accumulate: bool):  # type: ignore[no-untyped-def]
             src = _vec_ptr(builder, signature.args[0], ha, iv, context, _V16I16)
             w = _widen_f16(builder, builder.load(src, align=2))
             dst = _vec_ptr(builder, signature.args[1], oa, iv, context, _V16F32)
-            if accumulate:  # out + v, as the scalar kernel adds
-                w = builder.fadd(builder.load(dst, align=4), w)
+            if accumulate:  # out + v under format.md §10's NaN rule, as the scalar kernel adds
+                w = _pos_nan(builder, builder.fadd(builder.load(dst, align=4), w))
             builder.store(w, dst, align=4)
             return context.get_dummy_value()
 
@@ -630,17 +642,24 @@ def _summer(widen: bool):  # type: ignore[no-untyped-def]
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
             aa, ba, oa, iv = args
             # Plain conversions: they differ from the scalar ones in NaN lanes only, and there the
-            # sum is NaN, whose sign and payload the pair sum leaves open (the transports refuse it).
+            # sum is NaN, which format.md §10's NaN rule makes +NaN: a select puts its spec bits in
+            # those lanes (binary16 0x7E00, widened 0x7FC00000), whatever payload the hardware kept.
             pa = _vec_ptr(builder, signature.args[0], aa, iv, context, _V16H)
             pb = _vec_ptr(builder, signature.args[1], ba, iv, context, _V16H)
             fa = builder.fpext(builder.load(pa, align=2), _V16F32)
             fb = builder.fpext(builder.load(pb, align=2), _V16F32)
             # from +0, as an accumulator sums (-0 + -0 is +0), then rounded once
-            hh = builder.fptrunc(builder.fadd(builder.fadd(_c16(_V16F32, 0.0), fa), fb), _V16H)
-            h = builder.bitcast(hh, _V16I16)
-            vty = _V16F32 if widen else _V16I16
-            dst = _vec_ptr(builder, signature.args[2], oa, iv, context, vty)
-            builder.store(builder.fpext(hh, _V16F32) if widen else h, dst, align=4 if widen else 2)
+            sm = builder.fadd(builder.fadd(_c16(_V16F32, 0.0), fa), fb)
+            nan = builder.fcmp_unordered("uno", sm, sm)
+            hh = builder.fptrunc(sm, _V16H)
+            h = builder.select(nan, _c16(_V16I16, 0x7E00), builder.bitcast(hh, _V16I16))
+            if widen:
+                wide = builder.fpext(hh, _V16F32)
+                qnan = builder.bitcast(_c16(_V16U32, 0x7FC00000), _V16F32)
+                dst = _vec_ptr(builder, signature.args[2], oa, iv, context, _V16F32)
+                builder.store(builder.select(nan, qnan, wide), dst, align=4)
+            else:
+                builder.store(h, _vec_ptr(builder, signature.args[2], oa, iv, context, _V16I16), align=2)
             return _nonfinite16(builder, h)
 
         return types.uint32(a, b, out, i), codegen
@@ -648,8 +667,9 @@ def _summer(widen: bool):  # type: ignore[no-untyped-def]
     return sum16
 
 
-#: out[i:i+16] = binary16 bits of (0 + a) + b rounded once (the cast module's sum2_f16), returning
-#: how many of the 16 sums are infinite or NaN; ``..._widen16`` writes the float32 of those sums.
+#: out[i:i+16] = binary16 bits of (0 + a) + b rounded once, a NaN sum 0x7E00 (the cast module's
+#: sum2_f16), returning how many of the 16 sums are infinite or NaN; ``..._widen16`` writes the
+#: float32 of those sums.
 f16_sum2_16 = _summer(False)
 f16_sum2_widen16 = _summer(True)
 
@@ -664,9 +684,9 @@ def _feedbacker(has_e: bool):  # type: ignore[no-untyped-def]
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
             xa, ea, oa, na, iv = args
             c = builder.load(_vec_ptr(builder, signature.args[0], xa, iv, context, _V16F32), align=4)
-            if has_e:  # c = x + e, one IEEE addition per lane
+            if has_e:  # c = x + e, one IEEE addition per lane, a NaN sum made positive (format.md §10)
                 ev = builder.load(_vec_ptr(builder, signature.args[1], ea, iv, context, _V16F32), align=4)
-                c = builder.fadd(c, ev)
+                c = _pos_nan(builder, builder.fadd(c, ev))
             h = _narrow_f16(builder, c)
             builder.store(h, _vec_ptr(builder, signature.args[2], oa, iv, context, _V16I16), align=2)
             r = builder.fsub(c, _widen_f16(builder, h))
@@ -681,8 +701,9 @@ def _feedbacker(has_e: bool):  # type: ignore[no-untyped-def]
     return feedback16
 
 
-#: Error feedback fused into the binary16 encode, 16 lanes: c = x[i:i+16] (+ e[i:i+16]),
-#: out = its binary16 bits, enew = c - float32(out) (fp16.md §3 and §5, each step IEEE and exact as
-#: the separate kernels do it); returns how many of the 16 residuals are infinite or NaN.
+#: Error feedback fused into the binary16 encode, 16 lanes: c = x[i:i+16] (+ e[i:i+16], a NaN sum
+#: made positive as format.md §10 says), out = its binary16 bits, enew = c - float32(out) (fp16.md
+#: §3 and §5, each step IEEE and exact as the separate kernels do it); returns how many of the 16
+#: residuals are infinite or NaN.
 f16_feedback16 = _feedbacker(True)
 f16_feedback16_noe = _feedbacker(False)

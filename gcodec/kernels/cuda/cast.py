@@ -3,7 +3,8 @@
 The scalar conversions are :mod:`gcodec.kernels.scalar`'s, the CPU backend's too, compiled as CUDA
 device functions: integer steps plus one float addition that rounds to nearest even at the
 binary16 ulp (no multiply, so nothing for the compiler to contract; subnormals are kept: Numba
-compiles without flush-to-zero unless ``fastmath``). One thread per element, grid-stride.
+compiles without flush-to-zero unless ``fastmath``). Sums follow the NaN rule of specs/format.md §10
+(``launch.pos_nan``), as the CPU's. One thread per element, grid-stride.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 from numba import cuda
 
 from .. import scalar
-from .launch import device, grid, host, upload
+from .launch import device, grid, host, pos_nan, upload
 
 __all__ = [
     "decode_bf16",
@@ -53,7 +54,7 @@ def _enc_bf16(x, out):  # pragma: no cover - device
 def _fb_f16(x, e, has_e, out, enew, bad):  # pragma: no cover - device
     c = np.int64(0)
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
-        v = np.float32(x[i] + e[i]) if has_e else np.float32(x[i])
+        v = pos_nan(np.float32(x[i] + e[i])) if has_e else np.float32(x[i])
         h = f32_to_f16_bits(v)
         out[i] = h
         r = np.float32(v - f16_bits_to_f32(h))
@@ -68,7 +69,7 @@ def _fb_f16(x, e, has_e, out, enew, bad):  # pragma: no cover - device
 def _fb_bf16(x, e, has_e, out, enew, bad):  # pragma: no cover - device
     c = np.int64(0)
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
-        v = np.float32(x[i] + e[i]) if has_e else np.float32(x[i])
+        v = pos_nan(np.float32(x[i] + e[i])) if has_e else np.float32(x[i])
         h = f32_to_bf16_bits(v)
         out[i] = h
         r = np.float32(v - bf16_bits_to_f32(h))
@@ -84,7 +85,7 @@ def _dec_f16(h, out, accumulate):  # pragma: no cover - device
     for i in range(cuda.grid(1), h.shape[0], cuda.gridsize(1)):
         v = f16_bits_to_f32(h[i])
         if accumulate:
-            out[i] += v
+            out[i] = pos_nan(out[i] + v)
         else:
             out[i] = v
 
@@ -94,7 +95,7 @@ def _dec_bf16(h, out, accumulate):  # pragma: no cover - device
     for i in range(cuda.grid(1), h.shape[0], cuda.gridsize(1)):
         v = bf16_bits_to_f32(h[i])
         if accumulate:
-            out[i] += v
+            out[i] = pos_nan(out[i] + v)
         else:
             out[i] = v
 
@@ -103,28 +104,28 @@ def _dec_bf16(h, out, accumulate):  # pragma: no cover - device
 def _sum2_f16(a, b, out):  # pragma: no cover - device
     for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
         s = np.float32(np.float32(0) + f16_bits_to_f32(a[i]))  # from +0, as an accumulator sums
-        out[i] = f32_to_f16_bits(np.float32(s + f16_bits_to_f32(b[i])))
+        out[i] = f32_to_f16_bits(pos_nan(np.float32(s + f16_bits_to_f32(b[i]))))
 
 
 @cuda.jit
 def _sum2_bf16(a, b, out):  # pragma: no cover - device
     for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
         s = np.float32(np.float32(0) + bf16_bits_to_f32(a[i]))  # from +0, as an accumulator sums
-        out[i] = f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i])))
+        out[i] = f32_to_bf16_bits(pos_nan(np.float32(s + bf16_bits_to_f32(b[i]))))
 
 
 @cuda.jit
 def _sum2w_f16(a, b, out):  # pragma: no cover - device
     for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
         s = np.float32(np.float32(0) + f16_bits_to_f32(a[i]))
-        out[i] = f16_bits_to_f32(f32_to_f16_bits(np.float32(s + f16_bits_to_f32(b[i]))))
+        out[i] = f16_bits_to_f32(f32_to_f16_bits(pos_nan(np.float32(s + f16_bits_to_f32(b[i])))))
 
 
 @cuda.jit
 def _sum2w_bf16(a, b, out):  # pragma: no cover - device
     for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
         s = np.float32(np.float32(0) + bf16_bits_to_f32(a[i]))
-        out[i] = bf16_bits_to_f32(f32_to_bf16_bits(np.float32(s + bf16_bits_to_f32(b[i]))))
+        out[i] = bf16_bits_to_f32(f32_to_bf16_bits(pos_nan(np.float32(s + bf16_bits_to_f32(b[i])))))
 
 
 def encode_f16(x, out):  # type: ignore[no-untyped-def]

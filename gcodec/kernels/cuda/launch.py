@@ -14,7 +14,9 @@ host (:func:`host`) are copied on that stream and the stream is synchronised: th
 Float steps whose rounding the spec fixes go through :func:`mul32` / :func:`mul64` / :func:`sub64`:
 on a GPU they are libdevice's ``__fmul_rn`` / ``__dmul_rn`` / ``__dsub_rn``, which the compiler never
 contracts into a fused multiply-add (it contracts ``a * b + c`` by default); in the simulator they are
-plain operators (NumPy never fuses).
+plain operators (NumPy never fuses). Every sum a kernel writes goes through :func:`pos_nan`, the NaN
+rule of specs/format.md §10 (a NaN sum is a positive NaN; :mod:`gcodec.kernels.scalar`'s, the CPU
+backend's too).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 from numba import cuda
 
 from ...errors import ConfigError
+from .. import scalar
 
 __all__ = [
     "SIM",
@@ -39,6 +42,7 @@ __all__ = [
     "mul32",
     "mul64",
     "one",
+    "pos_nan",
     "stream",
     "sub64",
     "transferred",
@@ -174,6 +178,11 @@ else:  # pragma: no cover - needs a GPU
     @cuda.jit(device=True)
     def sub64(a, b):
         return _ld.dsub_rn(np.float64(a), np.float64(b))
+
+
+#: specs/format.md §10's NaN rule, compiled for the device: ``pos_nan(a + b)`` is the sum, a NaN one
+#: with its sign bit cleared (a GPU's NaN sums are positive already; the simulator's are NumPy's).
+pos_nan = cuda.jit(device=True)(scalar.pos_nan)
 
 
 def is_device(a: Any) -> bool:
