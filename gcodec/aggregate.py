@@ -195,7 +195,7 @@ def sum_pair(a: Any, b: Any, out: Any, dtype: Any = None) -> int:
         if isinstance(out, np.ndarray):
             with np.errstate(over="ignore", invalid="ignore"):  # one rounding, as the accumulator's
                 np.add(a, out.dtype.type(0), out=out)
-                np.add(out, b, out=out)
+            xp.add(out, b)  # a NaN sum is a positive NaN (format.md §10), as on a device
         else:  # +0 first, then a and b: -0 + -0 comes out +0, as on the host
             xp.fill(out, 0)
             xp.add(out, a)

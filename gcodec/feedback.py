@@ -191,18 +191,23 @@ class ErrorFeedback:
         return wd, e, scratch
 
     def _corrected(self, arr: np.ndarray, e: np.ndarray | None, wd: np.dtype) -> np.ndarray:
-        """A new array ``x + decay * e`` in the work dtype (``x`` itself is never written)."""
-        if e is not None and self.decay != 1.0:
+        """A new array ``x + decay * e`` in the work dtype (``x`` itself is never written). The sum
+        follows specs/format.md §10's NaN rule (a NaN sum is a positive NaN), as the fused kernels'."""
+        if e is None:
+            return arr.astype(wd, copy=True)
+        K = kernels.of(arr)
+        if self.decay != 1.0:
             corrected = arr.astype(wd, copy=True)
-            K = kernels.of(corrected)
             with K.threads_for(corrected.size):
                 K.feedback.add_decayed(corrected.reshape(-1), e.reshape(-1), self.decay)
             return corrected
-        if e is not None and arr.dtype == wd:
-            return np.add(arr, e)
-        corrected = arr.astype(wd, copy=True)
-        if e is not None:
-            corrected += e
+        if arr.dtype == wd and arr.flags.c_contiguous:
+            corrected = np.empty(arr.shape, wd)
+            src = arr
+        else:  # widened (or made contiguous) first, exactly, then added in place
+            corrected = src = arr.astype(wd, copy=True)
+        with K.threads_for(corrected.size):
+            K.feedback.add(corrected.reshape(-1), src.reshape(-1), e.reshape(-1))
         return corrected
 
     def _keep_residual(self, key: str, residual: np.ndarray, bad: int) -> None:
@@ -323,11 +328,12 @@ class ErrorFeedback:
         wd, shape, e, scratch = self._device_state(K, dev, key)
         n = int(dev.size)
         corrected = K.memory.empty(n, wd)
-        K.memory.copy(corrected, dev.reshape(n))
-        if e is not None and self.decay != 1.0:
-            K.feedback.add_decayed(corrected, e, self.decay)  # x + fl(decay * e), as on the host
-        elif e is not None:
-            K.memory.copy(corrected, e, True)  # x + e: one IEEE addition, as np.add
+        if e is not None and self.decay == 1.0:
+            K.feedback.add(corrected, dev.reshape(n), e)  # x + e: one IEEE addition, as on the host
+        else:
+            K.memory.copy(corrected, dev.reshape(n))
+            if e is not None:
+                K.feedback.add_decayed(corrected, e, self.decay)  # x + fl(decay * e), as on the host
         self._scratch[key] = scratch
         return K, corrected, shape, scratch
 

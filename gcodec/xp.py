@@ -181,11 +181,9 @@ def copy(dst: Any, src: Any) -> None:
 
 
 def add(dst: Any, src: Any) -> None:
-    """``dst += src`` (flat, one length; the addition in dst's type)."""
-    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
-        # as NumPy promotes (float16 or bfloat16 + float32: in float32), rounded once into dst
-        np.add(dst, src, out=dst, casting="unsafe")
-        return
+    """``dst += src`` (flat, one length; the addition in dst's type; on the host as NumPy promotes,
+    float16 or bfloat16 + float32 in float32, rounded once into dst). A NaN sum is a positive NaN
+    on every backend (specs/format.md §10's NaN rule)."""
     kernels.of(dst).memory.copy(dst, src, True)
 
 

@@ -243,6 +243,84 @@ def run_sum2(pairs: list) -> list:
     return out
 
 
+def run_nan_rule(req: dict) -> dict:
+    """:func:`nan_rule_results`, or the error it raised (judged by the parent)."""
+    try:
+        return nan_rule_results(req)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def nan_rule_results(req: dict) -> dict:
+    """The device's sums where IEEE 754 leaves the NaN open (specs/format.md §10, "NaN sums"), on
+    NaN pairs in both orders: the fused 16-bit feedback kernels, error feedback's corrected input
+    (``feedback.add``, ``add_decayed``, the generic device path through ``encode_values``),
+    ``memory.copy(..., accumulate=True)`` (what ``xp.add`` runs), the accumulating 16-bit decodes,
+    the pair sums, and codecs' accumulating decodes into an ``out`` of negative NaNs. Bits as hex."""
+    from numba import cuda
+
+    import gcodec
+    from gcodec.kernels.cuda import cast, feedback, memory
+
+    def arr(h: str, dtype: Any) -> np.ndarray:
+        return np.frombuffer(bytes.fromhex(h), dtype).copy()
+
+    def hexof(d: Any) -> str:
+        return d.copy_to_host().tobytes().hex()
+
+    res: dict = {}
+    for key, dt in (("f32", np.float32), ("f64", np.float64)):
+        x, e = (arr(h, dt) for h in req[key])
+        for tag, (a, b) in (("xe", (x, e)), ("ex", (e, x))):
+            c = cuda.device_array(a.size, dt)
+            feedback.add(c, cuda.to_device(a), cuda.to_device(b))
+            res[f"add_{key}_{tag}"] = hexof(c)
+            d = cuda.to_device(a)
+            feedback.add_decayed(d, cuda.to_device(b), 0.5)
+            res[f"add_decayed_{key}_{tag}"] = hexof(d)
+            d = cuda.to_device(a)
+            memory.copy(d, cuda.to_device(b), True)
+            res[f"copy_acc_{key}_{tag}"] = hexof(d)
+            if key != "f32":
+                continue
+            for kind in ("f16", "bf16"):
+                bits, enew = cuda.device_array(a.size, np.uint16), cuda.device_array(a.size, np.float32)
+                bad = getattr(cast, f"encode_{kind}_feedback")(cuda.to_device(a), cuda.to_device(b), bits, enew)
+                res[f"fb_{kind}_{tag}"] = [hexof(bits), int(bad)]
+            for codec, decay in (("fp16", 1.0), ("bf16", 1.0), ("fp16", 0.9)):
+                ef = gcodec.ErrorFeedback(codec, decay=decay)
+                ef.set_residual("k", cuda.to_device(b))
+                out = cuda.to_device(np.zeros(a.size, np.uint16))
+                try:
+                    ef.encode_values(cuda.to_device(a), "k", out)
+                    outcome = "accepted"
+                except gcodec.PayloadValueError:
+                    outcome = "refused"
+                res[f"ef_{codec}_{decay}_{tag}"] = [hexof(out), outcome]
+    for kind, (ha, hb) in req["h16"].items():
+        a, b = arr(ha, np.uint16), arr(hb, np.uint16)
+        for tag, (p, q) in (("ab", (a, b)), ("ba", (b, a))):
+            d = cuda.device_array(a.size, np.uint16)
+            n1 = getattr(cast, f"sum2_{kind}")(cuda.to_device(p), cuda.to_device(q), d)
+            w = cuda.device_array(a.size, np.float32)
+            n2 = getattr(cast, f"sum2_widen_{kind}")(cuda.to_device(p), cuda.to_device(q), w)
+            res[f"sum2_{kind}_{tag}"] = [hexof(d), hexof(w), int(n1), int(n2)]
+    for kind, (ho, hh) in req["acc16"].items():
+        o, h = arr(ho, np.float32), arr(hh, np.uint16)
+        d = cuda.to_device(o)
+        getattr(cast, f"decode_{kind}")(cuda.to_device(h), d, True)
+        res[f"dec_acc_{kind}"] = hexof(d)
+    res["codec_acc"] = []
+    for _cfg, payload, start in req["codecs"]:
+        d = cuda.to_device(arr(start, np.float32))
+        try:
+            gcodec.decode(bytes.fromhex(payload), out=d, accumulate=True)
+            res["codec_acc"].append(hexof(d))
+        except Exception as e:
+            res["codec_acc"].append(f"error: {type(e).__name__}: {e}")
+    return res
+
+
 def run_reader(items: list) -> list:
     """``gcodec.validate`` and ``gcodec.decode`` (into a device ``out=``) of payloads uploaded to the
     device whole: the outcome (error class and message, or the decoded bits), the bytes gcodec moved
@@ -353,6 +431,7 @@ def main() -> None:
         "randomk_indices": watched("randomk_indices", run_randomk_indices, req.get("randomk_indices", [])),
         "crc": watched("crc", run_crc, req.get("crc", [])),
         "sum2": watched("sum2", run_sum2, req.get("sum2", [])),
+        "nan_rule": watched("nan_rule", run_nan_rule, req["nan_rule"]) if "nan_rule" in req else None,
         "reader": watched("reader", run_reader, req.get("reader", [])),
     }
     result["seconds"] = SECONDS

@@ -31,6 +31,7 @@ from gcodec.checksum import crc32c
 from gcodec.kernels.cpu import philox as cpu_philox
 
 from .gpu_sim_worker import ef_inputs, make_array
+from .test_nan_sums import NANS16, NANS32, NANS64, OTHERS16, OTHERS32, OTHERS64, QNAN16, _accumulate_cases, nan_pairs
 
 pytestmark = pytest.mark.gpu
 
@@ -239,6 +240,38 @@ def _sum2_pairs() -> list[tuple[str, np.ndarray, np.ndarray]]:
 SUM2_PAIRS = _sum2_pairs()
 
 
+def _nan_rule_inputs() -> dict[str, Any]:
+    """NaN pairs of tests/test_nan_sums.py (both orders, both signs, quiet and signalling, payloads,
+    +inf + -inf) for the device's sums, and the CPU payloads of codecs whose accumulating decode
+    meets a negative NaN in ``out``."""
+    f32 = nan_pairs(NANS32, OTHERS32, np.float32)
+    f64 = nan_pairs(NANS64, OTHERS64, np.float64)
+    h16 = {k: nan_pairs(NANS16[k], OTHERS16[k], np.uint16) for k in ("f16", "bf16")}
+    acc16 = {k: _accumulate_cases(k) for k in ("f16", "bf16")}
+    x = make_array(96, 99, "normal")
+    start = np.resize(np.array([n for n in NANS32 if n >> 31], np.uint32), x.size).view(np.float32)
+    codecs = [(cfg, bytes(gcodec.encode(x, cfg)).hex(), start.tobytes().hex()) for cfg in NAN_ACC_CODECS]
+    return {
+        "f32": [a.tobytes().hex() for a in f32],
+        "f64": [a.tobytes().hex() for a in f64],
+        "h16": {k: [a.tobytes().hex() for a in v] for k, v in h16.items()},
+        "acc16": {k: [a.tobytes().hex() for a in v] for k, v in acc16.items()},
+        "codecs": codecs,
+    }
+
+
+#: Codecs whose decoded values are finite: an accumulating decode into negative NaNs (dense ones:
+#: every element is a NaN sum) must leave positive NaNs on the device as on the CPU.
+NAN_ACC_CODECS: list[dict[str, Any]] = [
+    {"id": "uniform", "bits": 8, "group_size": 32},
+    {"id": "uniform", "bits": 4, "group_size": 16},
+    {"id": "sign", "group_size": 24},
+    {"id": "qsgd", "levels": 15, "seed": 2},
+    {"id": "mx", "element": "e2m1"},
+    {"id": "dct", "chunk": 16, "k": 3},
+]
+
+
 def _cpu_payload(cfg: dict[str, Any], n: int, seed: int, step: int | None, kind: str, cid: str = "") -> bytes:
     codec = gcodec.get_codec(cfg)
     return bytes(gcodec.encode(make_array(n, seed, kind).reshape(SHAPES.get(cid, (n,))), codec, step=step))
@@ -285,6 +318,7 @@ def worker_request() -> dict[str, Any]:
         "randomk_indices": RANDOMK_INDICES,
         "crc": [b.hex() for b in CRC_BLOBS],
         "sum2": [(kind, a.tobytes().hex(), b.tobytes().hex()) for kind, a, b in SUM2_PAIRS],
+        "nan_rule": _nan_rule_inputs(),
     }
 
 
@@ -480,16 +514,84 @@ def test_device_pair_sums_equal_cpu(sim: dict[str, Any]) -> None:
         want = np.empty_like(a)
         want_bad = getattr(cast, f"sum2_{kind}")(a, b, want)
         dev = np.frombuffer(bytes.fromhex(got), np.uint16)
-        # NaN sums (the transport refuses them) may carry either operand's sign: compare the rest
+        # every sum bit for bit, NaN sums included (the positive quiet NaN: format.md §10)
         nan = (want & 0x7FFF) > (0x7C00 if kind == "f16" else 0x7F80)
-        assert (((dev & 0x7FFF) > (0x7C00 if kind == "f16" else 0x7F80)) == nan).all(), kind
-        assert dev[~nan].tolist() == want[~nan].tolist(), kind
+        assert nan.any() and (want[nan] == QNAN16[kind]).all(), kind
+        assert dev.tolist() == want.tolist(), kind
         # the one-pass sum and decode: the float32 of the CPU's sums, and the same count
         wide = np.empty(a.size, np.float32)
         getattr(cast, f"decode_{kind}")(want, wide, False)
         dw = np.frombuffer(bytes.fromhex(widened), np.float32)
-        assert np.isnan(dw[nan]).all() and dw.view(np.uint32)[~nan].tolist() == wide.view(np.uint32)[~nan].tolist()
+        assert dw.view(np.uint32).tolist() == wide.view(np.uint32).tolist()
         assert bad == want_bad, kind
+
+
+def _positive_nans(h: str, dtype: Any) -> bool:
+    v = np.frombuffer(bytes.fromhex(h), dtype)
+    bits = v.view(np.uint64 if v.dtype.itemsize == 8 else np.uint32)
+    return bool(np.isnan(v).all() and not (bits >> (63 if v.dtype.itemsize == 8 else 31)).any())
+
+
+def test_device_nan_sums_are_positive(sim: dict[str, Any]) -> None:
+    """specs/format.md §10's NaN rule on the device: error feedback's corrected input (the fused
+    16-bit kernels: exactly 0x7E00 / 0x7FC0; ``feedback.add``, ``add_decayed``; the generic device
+    path's values through ``encode_values``), ``memory.copy`` accumulating, for NaN pairs in both
+    orders. The simulator adds as NumPy on this CPU does (the first operand's NaN), so without the
+    rule half of these would be negative NaNs."""
+    got = sim["nan_rule"]
+    assert got is not None and "error" not in got, got and got.get("error")
+    n = nan_pairs(NANS32, OTHERS32, np.float32)[0].size
+    for tag in ("xe", "ex"):
+        for key, dt in (("f32", np.float32), ("f64", np.float64)):
+            for what in ("add", "add_decayed", "copy_acc"):
+                assert _positive_nans(got[f"{what}_{key}_{tag}"], dt), (what, key, tag)
+        for kind in ("f16", "bf16"):
+            bits, bad = got[f"fb_{kind}_{tag}"]
+            assert np.frombuffer(bytes.fromhex(bits), np.uint16).tolist() == [QNAN16[kind]] * n, (kind, tag)
+            assert bad == n
+        for codec, decay in (("fp16", 1.0), ("bf16", 1.0), ("fp16", 0.9)):
+            bits, outcome = got[f"ef_{codec}_{decay}_{tag}"]
+            assert outcome == "refused"  # and the values written before the refusal are the rule's
+            assert (
+                np.frombuffer(bytes.fromhex(bits), np.uint16).tolist()
+                == [QNAN16[{"fp16": "f16", "bf16": "bf16"}[codec]]] * n
+            )
+
+
+def test_device_16_bit_nan_sums_equal_the_cpu(sim: dict[str, Any]) -> None:
+    """The pair sums of NaN pairs (both orders) and the accumulating decodes with a NaN in ``out``
+    or in the payload: the CPU kernels' bits exactly (16-bit: 0x7E00 / 0x7FC0, float32 0x7FC00000 for
+    the widened sums; accumulated float32: positive NaNs)."""
+    from gcodec.kernels.cpu import cast
+
+    got = sim["nan_rule"]
+    assert got is not None and "error" not in got, got and got.get("error")
+    for kind in ("f16", "bf16"):
+        a, b = nan_pairs(NANS16[kind], OTHERS16[kind], np.uint16)
+        for tag, (p, q) in (("ab", (a, b)), ("ba", (b, a))):
+            bits, wide, n1, n2 = got[f"sum2_{kind}_{tag}"]
+            want = np.empty_like(p)
+            assert cast.__dict__[f"sum2_{kind}"](p, q, want) == n1 == n2 == p.size
+            assert np.frombuffer(bytes.fromhex(bits), np.uint16).tolist() == want.tolist() == [QNAN16[kind]] * p.size
+            assert np.frombuffer(bytes.fromhex(wide), np.uint32).tolist() == [0x7FC00000] * p.size
+        assert _positive_nans(got[f"dec_acc_{kind}"], np.float32), kind
+
+
+@pytest.mark.parametrize(
+    "i", range(len(NAN_ACC_CODECS)), ids=[str(c["id"]) + str(i) for i, c in enumerate(NAN_ACC_CODECS)]
+)
+def test_device_accumulate_into_negative_nans_gives_positive_nans(sim: dict[str, Any], i: int) -> None:
+    """A codec whose decoded values are finite, accumulated into an ``out`` of negative NaNs: on the
+    device as on the CPU, every element (a NaN sum) is a positive NaN."""
+    got = sim["nan_rule"]
+    assert got is not None and "error" not in got, got and got.get("error")
+    dev = got["codec_acc"][i]
+    assert not dev.startswith("error"), dev
+    assert _positive_nans(dev, np.float32)
+    _cfg, payload, start = _nan_rule_inputs()["codecs"][i]  # and the CPU, from the same payload
+    out = np.frombuffer(bytes.fromhex(start), np.float32).copy()
+    gcodec.decode(bytes.fromhex(payload), out=out, accumulate=True)
+    assert _positive_nans(out.tobytes().hex(), np.float32)
 
 
 #: Codecs of the real-GPU round trips below (in this process, not the simulator's child).

@@ -204,14 +204,15 @@ def kept_feedback_plan(
     out_e = new_residual.reshape(-1)
     if flat.dtype != np.float32 or out_e.dtype != np.float32:
         return None
-    if residual is None:
-        np.copyto(out_e, flat)
-    else:
-        e = residual.reshape(-1)
-        if e.dtype != np.float32:
-            return None
-        np.add(flat, e, out=out_e)  # the generic path's float32 addition, element for element
-    with kernels.of(flat).threads_for(flat.shape[0]):  # as the API runs a plan: small tensors on this thread
+    e = None if residual is None else residual.reshape(-1)
+    if e is not None and e.dtype != np.float32:
+        return None
+    K = kernels.of(flat)
+    with K.threads_for(flat.shape[0]):  # as the API runs a plan: small tensors on this thread
+        if e is None:
+            np.copyto(out_e, flat)
+        else:  # the generic path's float32 addition, element for element (format.md §10's NaN rule)
+            K.feedback.add(out_e, flat, e)
         plan, idx = plan_of(out_e)
     inner = plan.fill
     nested = getattr(host, "_nested", None)

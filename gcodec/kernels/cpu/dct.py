@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .cast import pos_nan
 from .quant import CHUNK
 from .threads import run_chunks
 
@@ -58,8 +59,8 @@ def _inverse_range(idx, vals, chunk, k, table, n, out, accumulate, lo, hi):  # p
             for j in range(j0, j0 + k):
                 acc += np.float64(table[idx[j] - s, i]) * np.float64(vals[j])
             v = np.float32(acc)
-            if accumulate:
-                out[s + i] += v
+            if accumulate:  # a NaN sum made positive (format.md §10)
+                out[s + i] = pos_nan(out[s + i] + v)
             else:
                 out[s + i] = v
     return 0
@@ -146,7 +147,7 @@ def _inverse2_range(idx, vals, rows, cols, s, k, table, out, accumulate, lo, hi)
                 v = np.float32(acc)
                 o = (r0 + i) * cols + c0 + jj
                 if accumulate:
-                    out[o] += v
+                    out[o] = pos_nan(out[o] + v)
                 else:
                     out[o] = v
     return 0

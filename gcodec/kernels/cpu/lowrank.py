@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .cast import pos_nan
 from .threads import run_chunks
 
 _FM = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: NaN and inf propagate as usual
@@ -134,11 +135,12 @@ def _reconstruct_rows(P, Qt, out, i0, i1, accumulate):  # pragma: no cover - jit
     """Rows i0 .. i1-1 of out (+)= P @ Qt, in the order of specs/codecs/powersgd.md §6.
 
     For each output element the sum starts at +0 and adds the rounded products for c = 0 .. r-1
-    in turn; with ``accumulate`` the finished sum is added to ``out`` once. The terms go four per
-    pass over a tile of columns (still added one after the other: ``((s + t0) + t1) + ...``), and
-    each update is elementwise over the tile, so it vectorises without reassociation. Without
-    ``accumulate`` the sums are built in ``out`` itself; with it, in a tile ``acc`` whose last pass
-    ends in the add into ``out`` (ranks 1 and 4 need no tile).
+    in turn; with ``accumulate`` the finished sum is added to ``out`` once (a NaN result made
+    positive, format.md §10: only a NaN already in ``out`` can give one, P and Q being finite). The
+    terms go four per pass over a tile of columns (still added one after the other:
+    ``((s + t0) + t1) + ...``), and each update is elementwise over the tile, so it vectorises
+    without reassociation. Without ``accumulate`` the sums are built in ``out`` itself; with it, in
+    a tile ``acc`` whose last pass ends in the add into ``out`` (ranks 1 and 4 need no tile).
     """
     r = P.shape[1]
     n = Qt.shape[1]
@@ -162,9 +164,12 @@ def _reconstruct_rows(P, Qt, out, i0, i1, accumulate):  # pragma: no cover - jit
                     if first and last:
                         if accumulate:
                             for j in range(w):
-                                out[b + j] = out[b + j] + (
-                                    (((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j])
-                                    + p3 * Qt[c + 3, u + j]
+                                out[b + j] = pos_nan(
+                                    out[b + j]
+                                    + (
+                                        (((z + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j])
+                                        + p3 * Qt[c + 3, u + j]
+                                    )
                                 )
                         else:
                             for j in range(w):
@@ -184,9 +189,12 @@ def _reconstruct_rows(P, Qt, out, i0, i1, accumulate):  # pragma: no cover - jit
                                 ) + p3 * Qt[c + 3, u + j]
                     elif last and accumulate:
                         for j in range(w):
-                            out[b + j] = out[b + j] + (
-                                (((acc[j] + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j])
-                                + p3 * Qt[c + 3, u + j]
+                            out[b + j] = pos_nan(
+                                out[b + j]
+                                + (
+                                    (((acc[j] + p0 * Qt[c, u + j]) + p1 * Qt[c + 1, u + j]) + p2 * Qt[c + 2, u + j])
+                                    + p3 * Qt[c + 3, u + j]
+                                )
                             )
                     elif accumulate:
                         for j in range(w):
@@ -203,13 +211,13 @@ def _reconstruct_rows(P, Qt, out, i0, i1, accumulate):  # pragma: no cover - jit
                     if accumulate:
                         if first and last:
                             for j in range(w):
-                                out[b + j] = out[b + j] + (z + p0 * Qt[c, u + j])
+                                out[b + j] = pos_nan(out[b + j] + (z + p0 * Qt[c, u + j]))
                         elif first:
                             for j in range(w):
                                 acc[j] = z + p0 * Qt[c, u + j]
                         elif last:
                             for j in range(w):
-                                out[b + j] = out[b + j] + (acc[j] + p0 * Qt[c, u + j])
+                                out[b + j] = pos_nan(out[b + j] + (acc[j] + p0 * Qt[c, u + j]))
                         else:
                             for j in range(w):
                                 acc[j] = acc[j] + p0 * Qt[c, u + j]

@@ -14,6 +14,7 @@ import struct
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from ... import alloc as _alloc
 from ...arrays import torch_view
@@ -21,6 +22,8 @@ from ...checksum import crc32c as _crc32c
 from ...errors import FormatError
 from ...excerpt import short
 from ...layout.minifloat import ELEMENTS, values_table
+from .cast import CHUNK, pos_nan
+from .threads import run_chunks
 
 __all__ = [
     "VALUE_RULES",
@@ -62,10 +65,39 @@ def empty(n: int, dtype: Any, what: str = "a codec's temporary") -> np.ndarray:
     return _alloc.empty(what, n, dtype)
 
 
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@njit(cache=True, nogil=True)
+def _add_range(dst, src, lo, hi):  # pragma: no cover - jitted
+    base = np.uint64(lo)
+    for j in range(hi - lo):
+        i = base + np.uint64(j)  # unsigned: no wraparound select, so the loop vectorises
+        dst[i] = pos_nan(dst[i] + src[i])
+    return 0
+
+
+def _positive_nans(a: np.ndarray) -> None:
+    """Clear the sign bit of every NaN in the float array ``a`` (float16 and bfloat16 too), in
+    place: specs/format.md §10's NaN rule applied after a NumPy addition. One ``isnan`` pass; only
+    an array that holds a NaN is written."""
+    if a.dtype.kind in "biu":
+        return
+    nan = np.isnan(a)
+    if nan.any():
+        np.abs(a, out=a, where=nan)
+
+
 def copy(dst: np.ndarray, src: np.ndarray, accumulate: bool = False) -> None:
-    """dst[:] = src, or dst += src (NumPy's conversion of the element type)."""
+    """dst[:] = src, or dst += src (NumPy's conversion of the element type: float16 or bfloat16 +
+    float32 added in float32 and rounded once into ``dst``), where a NaN sum is a positive NaN
+    whatever the operands' signs (specs/format.md §10's NaN rule)."""
     if accumulate:
-        dst += src
+        if dst.shape == src.shape and dst.ndim == 1 and dst.dtype in _FLOATS and src.dtype in _FLOATS:
+            run_chunks(_add_range, dst.shape[0], CHUNK, dst, src)  # the sum in the wider type, as NumPy
+        else:
+            np.add(dst, src, out=dst, casting="unsafe")
+            _positive_nans(dst)  # the sign survives the rounding into dst, so it is cleared there
     else:
         dst[...] = src
 

@@ -57,6 +57,7 @@ from numba import njit
 from ...layout.minifloat import ELEMENTS, SCALE_E4M3, SCALE_E8M0, SCALE_F32, values_table
 from ...rng import split64
 from .bitpack import _pack_bytes, _pack_octets
+from .cast import pos_nan
 from .philox import fill_blocks, key_schedule
 from .quant import _closure
 from .simd import block_amax16, div_groups16, pack6_x64, round_groups16
@@ -644,8 +645,8 @@ def _make_decode(BITS, SCALE, ACC, NAN):  # type: ignore[no-untyped-def]
                         bad += np.isnan(v0) + np.isnan(v1)
                     i = base + np.uint64(2 * m)
                     if ACC:
-                        out[i] += np.float32(v0 * s)
-                        out[i + np.uint64(1)] += np.float32(v1 * s)
+                        out[i] = pos_nan(out[i] + np.float32(v0 * s))  # format.md §10's NaN rule
+                        out[i + np.uint64(1)] = pos_nan(out[i + np.uint64(1)] + np.float32(v1 * s))
                     else:
                         out[i] = np.float32(v0 * s)
                         out[i + np.uint64(1)] = np.float32(v1 * s)
@@ -662,7 +663,7 @@ def _make_decode(BITS, SCALE, ACC, NAN):  # type: ignore[no-untyped-def]
                         if NAN:
                             bad += np.isnan(v)
                         if ACC:
-                            out[i + np.uint64(t)] += np.float32(v * s)
+                            out[i + np.uint64(t)] = pos_nan(out[i + np.uint64(t)] + np.float32(v * s))
                         else:
                             out[i + np.uint64(t)] = np.float32(v * s)
                 continue
@@ -685,7 +686,7 @@ def _make_decode(BITS, SCALE, ACC, NAN):  # type: ignore[no-untyped-def]
                     bad += np.isnan(v)
                 y = np.float32(v * s)
                 if ACC:
-                    out[i] += y
+                    out[i] = pos_nan(out[i] + y)
                 else:
                     out[i] = y
         return bad

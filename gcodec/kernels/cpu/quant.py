@@ -46,7 +46,7 @@ from numba import njit
 from ...layout.quant import RULE_MAX, QuantLayout
 from ...rng import split64
 from .bitpack import _field, _pack_bytes, _pack_octets, _unpack_bytes, _unpack_octets
-from .cast import f16_bits_to_f32
+from .cast import f16_bits_to_f32, pos_nan
 from .philox import fill_blocks, key_schedule, u16_to_open01
 from .scales import _f16_scale, _group_stats, _rule_scale, large_group_scales
 from .threads import run_chunks
@@ -294,7 +294,7 @@ def _decode_groups(codes, sc32, sc16, out, G, full, b0, b1, w, qmax, accumulate,
             q = np.int32(np.int8(codes[base + jj])) if w == 8 else np.int32(qb[qo + jj])
             bad += (q > qmax) | (q < -qmax)
             if accumulate:
-                out[base + jj] += np.float32(q) * s
+                out[base + jj] = pos_nan(out[base + jj] + np.float32(q) * s)  # format.md §10
             else:
                 out[base + jj] = np.float32(q) * s
     return bad
@@ -317,7 +317,7 @@ def _decode_groups_packed(codes, sc32, sc16, out, G, b0, b1, w, qmax, accumulate
                 q = _field(u, t, w)
                 bad += (q > qmax) | (q < -qmax)
                 if accumulate:
-                    out[k + np.uint64(t)] += np.float32(q) * s
+                    out[k + np.uint64(t)] = pos_nan(out[k + np.uint64(t)] + np.float32(q) * s)
                 else:
                     out[k + np.uint64(t)] = np.float32(q) * s
     return bad

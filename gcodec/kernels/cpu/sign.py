@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from ...layout.quant import RULE_MEANABS
+from .cast import pos_nan
 from .quant import CHUNK, geometry
 from .scales import _scale, lane_sum, large_group_scales
 from .simd import add_signs8, put_signs8, sign_bits64, store_u64
@@ -85,11 +86,12 @@ def sign_encode(x, codes, scales, G, L, C, fused):  # type: ignore[no-untyped-de
 
 @njit(cache=True, inline="always")
 def _put_sign(codes, out, i, s, accumulate):  # pragma: no cover - jitted
-    """out[i] (+)= -s or +s by bit i (one element; for group edges inside a byte)."""
+    """out[i] (+)= -s or +s by bit i (one element; for group edges inside a byte; a NaN sum made
+    positive, format.md §10)."""
     neg = (codes[np.uint64(i >> 3)] >> np.uint8(i & 7)) & np.uint8(1)
     v = np.float32(-1.0 if neg else 1.0) * s
     if accumulate:
-        out[i] += v
+        out[i] = pos_nan(out[i] + v)
     else:
         out[i] = v
 
@@ -124,12 +126,13 @@ def sign_decode(codes, scales, out, G, accumulate):  # type: ignore[no-untyped-d
 
 @njit(cache=True, inline="always")
 def _corrected(x, e, has_e, enew, lo, hi):  # pragma: no cover - jitted
-    """enew[lo:hi] = c = float32(x) + e (or float32(x) without a residual)."""
+    """enew[lo:hi] = c = float32(x) + e, a NaN sum made positive (format.md §10), or float32(x)
+    without a residual."""
     base = np.uint64(lo)
     if has_e:
         for j in range(hi - lo):
             i = base + np.uint64(j)
-            enew[i] = np.float32(x[i]) + e[i]
+            enew[i] = pos_nan(np.float32(x[i]) + e[i])
     else:
         for j in range(hi - lo):
             i = base + np.uint64(j)

@@ -37,6 +37,7 @@ from numba.extending import intrinsic
 
 from ... import alloc
 from ...layout.sparse import ERR_BYTES, ERR_NOT_MINIMAL, ERR_ORDER, ERR_PAD, ERR_RANGE, GAP_BLOCK, OK
+from .cast import pos_nan
 
 _SAMPLE = 1 << 14  # keys in the threshold sample
 _SMALL = 1 << 16  # below this many elements, select on all keys directly
@@ -526,10 +527,11 @@ def check_raw_indices(raw, numel):  # pragma: no cover - jitted
 
 @njit(cache=True)
 def scatter(idx, vals, out, accumulate):  # pragma: no cover - jitted
-    """out[idx[j]] (+)= vals[j] (the caller zeroes ``out`` first when not accumulating)."""
+    """out[idx[j]] (+)= vals[j] (the caller zeroes ``out`` first when not accumulating; a NaN sum
+    made positive, format.md §10)."""
     if accumulate:
         for j in range(idx.shape[0]):
-            out[idx[j]] += vals[j]
+            out[idx[j]] = pos_nan(out[idx[j]] + vals[j])
     else:
         for j in range(idx.shape[0]):
             out[idx[j]] = vals[j]

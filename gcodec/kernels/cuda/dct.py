@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .launch import device, grid, mul32
+from .launch import device, grid, mul32, pos_nan
 
 __all__ = ["forward", "forward2", "inverse", "inverse2", "table"]
 
@@ -58,8 +58,8 @@ def _inverse(idx, vals, chunk, k, tab, out, accumulate):  # pragma: no cover - d
         for j in range(c * k, c * k + k):
             acc += np.float64(tab[idx[j] - s, i]) * np.float64(vals[j])
         v = np.float32(acc)
-        if accumulate:
-            out[g] = out[g] + v
+        if accumulate:  # a NaN sum made positive (format.md §10)
+            out[g] = pos_nan(out[g] + v)
         else:
             out[g] = v
 
@@ -130,8 +130,8 @@ def _inverse2(idx, vals, rows, cols, s, k, tab, out, accumulate):  # pragma: no 
             b = mul32(tab[pq // s, i], tab[pq % s, jj])
             acc += np.float64(b) * np.float64(vals[j])
         v = np.float32(acc)
-        if accumulate:
-            out[g] = out[g] + v
+        if accumulate:  # a NaN sum made positive (format.md §10)
+            out[g] = pos_nan(out[g] + v)
         else:
             out[g] = v
 

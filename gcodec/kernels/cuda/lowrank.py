@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda
 
 from ...rng import split64
-from .launch import SIM, device, grid, host, mul32, mul64, one, stream, sub64, upload
+from .launch import SIM, device, grid, host, mul32, mul64, one, pos_nan, stream, sub64, upload
 from .philox import word
 
 __all__ = [
@@ -277,7 +277,7 @@ def _recon32(P, Qt, out, accumulate):  # pragma: no cover - device
         s = np.float32(0.0)
         for c in range(r):
             s = s + mul32(P[i, c], Qt[c, j])
-        out[t] = out[t] + s if accumulate else s
+        out[t] = pos_nan(out[t] + s) if accumulate else s  # format.md §10's NaN rule
 
 
 @cuda.jit
@@ -290,7 +290,7 @@ def _recon64(P, Qt, out, accumulate):  # pragma: no cover - device
         s = np.float64(0.0)
         for c in range(r):
             s = s + mul64(P[i, c], Qt[c, j])
-        out[t] = out[t] + s if accumulate else s
+        out[t] = pos_nan(out[t] + s) if accumulate else s  # format.md §10's NaN rule
 
 
 def reconstruct(P: Any, Qt: Any, out: Any, accumulate: bool) -> None:

@@ -27,7 +27,21 @@ import numpy as np
 from numba import cuda
 
 from ...errors import ConfigError
-from .launch import SIM, _count, adopt, device, grid, host, is_device, mul32, one, stream, transferred, upload
+from .launch import (
+    SIM,
+    _count,
+    adopt,
+    device,
+    grid,
+    host,
+    is_device,
+    mul32,
+    one,
+    pos_nan,
+    stream,
+    transferred,
+    upload,
+)
 from .minifloat import e4m3_value
 
 __all__ = [
@@ -201,15 +215,16 @@ def empty(n: int, dtype: Any, what: str = "a codec's temporary") -> Any:
 @cuda.jit
 def _copy(dst, src, accumulate):  # pragma: no cover - device
     for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
-        if accumulate:
-            dst[i] = dst[i] + src[i]
+        if accumulate:  # a NaN sum made positive (format.md §10)
+            dst[i] = pos_nan(dst[i] + src[i])
         else:
             dst[i] = src[i]
 
 
 def copy(dst: Any, src: Any, accumulate: bool = False) -> None:
-    """dst[:] = src (or dst += src), converting the element type as NumPy's assignment does (flat
-    arrays of one length; ``src`` may be host memory: copied once)."""
+    """dst[:] = src (or dst += src, a NaN sum a positive NaN: specs/format.md §10), converting the
+    element type as NumPy's assignment does (flat arrays of one length; ``src`` may be host memory:
+    copied once)."""
     if int(dst.shape[0]):
         _copy[grid(dst.shape[0])](dst, device(src), bool(accumulate))
 

@@ -24,7 +24,7 @@ from numba import cuda
 
 from ...layout.minifloat import ELEMENTS, SCALE_E4M3, SCALE_E8M0, SCALE_F32, values_table
 from ...rng import split64
-from .launch import device, grid, host, mul32, one, upload
+from .launch import device, grid, host, mul32, one, pos_nan, upload
 from .philox import block
 
 __all__ = ["count_bad_elements", "decode", "encode"]
@@ -263,8 +263,8 @@ def _decode(codes, sc32, sc8, out, G, BITS, RULE, tscale, table, accumulate, nba
         else:
             s = mul32(e4m3_value(sc8[gi]), tscale)
         y = mul32(v, s)
-        if accumulate:
-            out[i] = out[i] + y
+        if accumulate:  # a NaN sum made positive (format.md §10)
+            out[i] = pos_nan(out[i] + y)
         else:
             out[i] = y
 

@@ -26,7 +26,7 @@ from numba import cuda
 from ...layout.quant import RBLOCK, RULE_ABSMAX, RULE_L2, RULE_MAX, RULE_MEANABS, QuantLayout
 from ...rng import split64
 from .cast import f16_bits_to_f32, f32_to_f16_bits
-from .launch import device, grid, host, mul32, mul64, sub64, upload
+from .launch import device, grid, host, mul32, mul64, pos_nan, sub64, upload
 from .philox import block, u16_to_open01
 
 __all__ = ["count_bad", "count_scale_overflows", "encode", "group_scales", "scaled_decode"]
@@ -247,8 +247,8 @@ def _decode(codes, sc32, sc16, f16, out, G, w, qmax, accumulate, nbad):  # pragm
             cuda.atomic.add(nbad, 0, 1)
         s = f16_bits_to_f32(sc16[i // G]) if f16 else sc32[i // G]
         v = mul32(np.float32(q), s)
-        if accumulate:
-            out[i] = out[i] + v
+        if accumulate:  # a NaN sum made positive (format.md §10)
+            out[i] = pos_nan(out[i] + v)
         else:
             out[i] = v
 

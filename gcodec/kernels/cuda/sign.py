@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda
 
 from ...layout.quant import RULE_MEANABS
-from .launch import device, grid, host, mul32
+from .launch import device, grid, host, mul32, pos_nan
 from .quant import group_scales
 
 __all__ = ["encode", "encode_feedback", "fuses_feedback", "sign_decode"]
@@ -55,8 +55,8 @@ def _decode(bits, scales, out, G, accumulate):  # pragma: no cover - device
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         neg = (np.uint32(bits[i >> 3]) >> np.uint32(i & 7)) & np.uint32(1)
         v = mul32(np.float32(-1.0) if neg else np.float32(1.0), scales[i // G])
-        if accumulate:
-            out[i] = out[i] + v
+        if accumulate:  # a NaN sum made positive (format.md §10)
+            out[i] = pos_nan(out[i] + v)
         else:
             out[i] = v
 
@@ -74,10 +74,11 @@ def fuses_feedback(n: int, group_size: int) -> bool:
 
 @cuda.jit
 def _corrected(x, e, has_e, c):  # pragma: no cover - device
-    """c = float32(x) + e (one IEEE addition), or float32(x) without a residual."""
+    """c = float32(x) + e (one IEEE addition, a NaN sum made positive: format.md §10), or float32(x)
+    without a residual."""
     for i in range(cuda.grid(1), c.shape[0], cuda.gridsize(1)):
         if has_e:
-            c[i] = np.float32(x[i]) + e[i]
+            c[i] = pos_nan(np.float32(x[i]) + e[i])
         else:
             c[i] = np.float32(x[i])
 

@@ -44,7 +44,7 @@ import numpy as np
 from numba import cuda
 
 from ...layout.sparse import GAP_BLOCK
-from .launch import SIM, device, grid, host, missing, one, upload
+from .launch import SIM, device, grid, host, missing, one, pos_nan, upload
 
 __all__ = [
     "candidate_capacity",
@@ -448,8 +448,8 @@ def gather(x: Any, idx: Any, out: Any) -> None:
 def _scatter(idx, vals, out, accumulate):  # pragma: no cover - device
     for j in range(cuda.grid(1), idx.shape[0], cuda.gridsize(1)):
         i = idx[j]
-        if accumulate:
-            out[i] = out[i] + vals[j]
+        if accumulate:  # a NaN sum made positive (format.md §10)
+            out[i] = pos_nan(out[i] + vals[j])
         else:
             out[i] = vals[j]
 
