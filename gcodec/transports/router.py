@@ -742,7 +742,9 @@ class Router:
         shapes = [(comm.size,)] if form == "split" else [tuple(x.shape)]
         flush = self.place(ts, key, form, whole, shapes)
         if flush is not None and flush[0] is not None:  # no feedback in the new codec: send it now
-            x = (x.reshape(-1).astype(work_dtype(x.dtype)) + flush[0]).astype(x.dtype).reshape(x.shape)
+            c = x.reshape(-1).astype(np.result_type(work_dtype(x.dtype), flush[0].dtype))
+            xp.add(c, flush[0])  # x + residual, a NaN sum a positive NaN (format.md §10)
+            x = c.astype(x.dtype).reshape(x.shape)
         yield from allreduce_protocol(comm, ts, x, out, key, op, self.mode, report)
         rec = dict(ts._stats._last[key])
         rec["codec"] = codec.get_config()
@@ -761,7 +763,7 @@ class Router:
         yield from ex.begin()  # the sum's size follows from the configuration: agree on it first
         buf = x.reshape(-1).astype(work_dtype(x.dtype))
         if carried is not None and carried.size == buf.size:
-            buf += carried.astype(buf.dtype)
+            xp.add(buf, carried.reshape(-1).astype(buf.dtype))  # x + residual (format.md §10's NaN rule)
         st = StepStats(key, step, DENSE, x.nbytes)
         st.add("payload_bytes", buf.nbytes)
         st.add("wire_bytes", 2 * (p - 1) * buf.nbytes // p)
