@@ -93,11 +93,12 @@ def _add_bf16_range(h, out, lo, hi):  # pragma: no cover - jitted
 
 
 # The NaN rule of specs/format.md §10 in the kernels below that count their infinite or NaN
-# results: the sum is NaN exactly where its bits are, so when the count is not 0 a second pass over
-# the range writes the bits the spec's conversion gives a positive NaN there (binary16 0x7E00,
-# bfloat16 0x7FC0, their float32 0x7FC00000), and when it is 0, the usual case, nothing is done. The
-# same bits as pos_nan on each sum, without its compare and select in loops that are compute-bound
-# (8-10 % of the scalar binary16 feedback kernel's time, measured).
+# results (the pair sums, and the fused feedback kernels, whose residual is NaN where c = x + e is),
+# scalar and 16-lane: the sum is NaN exactly where its bits are, so when the count is not 0 a second
+# pass over the range writes the bits the spec's conversion gives a positive NaN there (binary16
+# 0x7E00, bfloat16 0x7FC0, their float32 0x7FC00000, payloads dropped), and when it is 0, the usual
+# case, nothing is done. The same bits as pos_nan on each sum, without its compare and select in
+# loops that are compute-bound (8-10 % of the scalar binary16 feedback kernel's time, measured).
 @njit(cache=True, nogil=True)
 def _nan_bits16(out, lo, hi, exp, qnan):  # pragma: no cover - jitted
     """out[i] = ``qnan`` for each 16-bit NaN pattern in out[lo:hi] (exponent bits ``exp`` all set and a
@@ -212,6 +213,8 @@ def _sum2_f16_range_v(a, b, out, lo, hi):  # pragma: no cover - jitted
     while i + 16 <= hi:
         bad += simd.f16_sum2_16(a, b, out, i)
         i += 16
+    if bad:  # NaN sums: +NaN (format.md §10); the tail's are set by the scalar kernel
+        _nan_bits16(out, lo, i, np.uint16(0x7C00), np.uint16(0x7E00))
     return bad + _sum2_f16_range(a, b, out, i, hi)
 
 
@@ -222,6 +225,8 @@ def _sum2w_f16_range_v(a, b, out, lo, hi):  # pragma: no cover - jitted
     while i + 16 <= hi:
         bad += simd.f16_sum2_widen16(a, b, out, i)
         i += 16
+    if bad:  # NaN sums: +NaN (format.md §10); the tail's are set by the scalar kernel
+        _nan_bits32(out, lo, i)
     return bad + _sum2w_f16_range(a, b, out, i, hi)
 
 
@@ -272,6 +277,8 @@ def _feedback_f16_range_v(x, e, has_e, out, enew, lo, hi):  # pragma: no cover -
         while i + 16 <= hi:
             bad += simd.f16_feedback16(x, e, out, enew, i)
             i += 16
+        if bad:  # a NaN c = x + e encodes as +NaN (format.md §10); the tail's is set by the scalar kernel
+            _nan_bits16(out, lo, i, np.uint16(0x7C00), np.uint16(0x7E00))
     else:
         while i + 16 <= hi:
             bad += simd.f16_feedback16_noe(x, e, out, enew, i)

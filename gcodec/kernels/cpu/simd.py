@@ -642,24 +642,18 @@ def _summer(widen: bool):  # type: ignore[no-untyped-def]
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
             aa, ba, oa, iv = args
             # Plain conversions: they differ from the scalar ones in NaN lanes only, and there the
-            # sum is NaN, which format.md §10's NaN rule makes +NaN: a select puts its spec bits in
-            # those lanes (binary16 0x7E00, widened 0x7FC00000), whatever payload the hardware kept.
+            # sum is NaN, whose sign and payload the caller sets afterwards (the NaN rule of
+            # format.md §10: cast._nan_bits16 / _nan_bits32 when the count is not 0).
             pa = _vec_ptr(builder, signature.args[0], aa, iv, context, _V16H)
             pb = _vec_ptr(builder, signature.args[1], ba, iv, context, _V16H)
             fa = builder.fpext(builder.load(pa, align=2), _V16F32)
             fb = builder.fpext(builder.load(pb, align=2), _V16F32)
             # from +0, as an accumulator sums (-0 + -0 is +0), then rounded once
-            sm = builder.fadd(builder.fadd(_c16(_V16F32, 0.0), fa), fb)
-            nan = builder.fcmp_unordered("uno", sm, sm)
-            hh = builder.fptrunc(sm, _V16H)
-            h = builder.select(nan, _c16(_V16I16, 0x7E00), builder.bitcast(hh, _V16I16))
-            if widen:
-                wide = builder.fpext(hh, _V16F32)
-                qnan = builder.bitcast(_c16(_V16U32, 0x7FC00000), _V16F32)
-                dst = _vec_ptr(builder, signature.args[2], oa, iv, context, _V16F32)
-                builder.store(builder.select(nan, qnan, wide), dst, align=4)
-            else:
-                builder.store(h, _vec_ptr(builder, signature.args[2], oa, iv, context, _V16I16), align=2)
+            hh = builder.fptrunc(builder.fadd(builder.fadd(_c16(_V16F32, 0.0), fa), fb), _V16H)
+            h = builder.bitcast(hh, _V16I16)
+            vty = _V16F32 if widen else _V16I16
+            dst = _vec_ptr(builder, signature.args[2], oa, iv, context, vty)
+            builder.store(builder.fpext(hh, _V16F32) if widen else h, dst, align=4 if widen else 2)
             return _nonfinite16(builder, h)
 
         return types.uint32(a, b, out, i), codegen
@@ -667,9 +661,9 @@ def _summer(widen: bool):  # type: ignore[no-untyped-def]
     return sum16
 
 
-#: out[i:i+16] = binary16 bits of (0 + a) + b rounded once, a NaN sum 0x7E00 (the cast module's
-#: sum2_f16), returning how many of the 16 sums are infinite or NaN; ``..._widen16`` writes the
-#: float32 of those sums.
+#: out[i:i+16] = binary16 bits of (0 + a) + b rounded once (the cast module's sum2_f16, which sets
+#: the NaN sums' bits afterwards), returning how many of the 16 sums are infinite or NaN;
+#: ``..._widen16`` writes the float32 of those sums.
 f16_sum2_16 = _summer(False)
 f16_sum2_widen16 = _summer(True)
 
@@ -684,9 +678,9 @@ def _feedbacker(has_e: bool):  # type: ignore[no-untyped-def]
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
             xa, ea, oa, na, iv = args
             c = builder.load(_vec_ptr(builder, signature.args[0], xa, iv, context, _V16F32), align=4)
-            if has_e:  # c = x + e, one IEEE addition per lane, a NaN sum made positive (format.md §10)
+            if has_e:  # c = x + e, one IEEE addition per lane (a NaN c's bits are set by the caller)
                 ev = builder.load(_vec_ptr(builder, signature.args[1], ea, iv, context, _V16F32), align=4)
-                c = _pos_nan(builder, builder.fadd(c, ev))
+                c = builder.fadd(c, ev)
             h = _narrow_f16(builder, c)
             builder.store(h, _vec_ptr(builder, signature.args[2], oa, iv, context, _V16I16), align=2)
             r = builder.fsub(c, _widen_f16(builder, h))
@@ -701,9 +695,9 @@ def _feedbacker(has_e: bool):  # type: ignore[no-untyped-def]
     return feedback16
 
 
-#: Error feedback fused into the binary16 encode, 16 lanes: c = x[i:i+16] (+ e[i:i+16], a NaN sum
-#: made positive as format.md §10 says), out = its binary16 bits, enew = c - float32(out) (fp16.md
-#: §3 and §5, each step IEEE and exact as the separate kernels do it); returns how many of the 16
-#: residuals are infinite or NaN.
+#: Error feedback fused into the binary16 encode, 16 lanes: c = x[i:i+16] (+ e[i:i+16]), out = its
+#: binary16 bits, enew = c - float32(out) (fp16.md §3 and §5, each step IEEE and exact as the
+#: separate kernels do it); returns how many of the 16 residuals are infinite or NaN (the cast
+#: module then gives a NaN c the bits of format.md §10's NaN rule).
 f16_feedback16 = _feedbacker(True)
 f16_feedback16_noe = _feedbacker(False)
