@@ -85,6 +85,24 @@ def test_fsdp_rows_saved_on_4_ranks_are_placed_on_2() -> None:
     assert r2.ranges().keys() == {"fc[0:5]", "fc[5:10]"}
 
 
+def test_a_bucket_rebuild_keeps_every_matrixs_lowrank_residual() -> None:
+    """PowerSGD keeps its residuals by matrix. A rebuild that splits a group {w1, w2} into {w2}
+    placed first and {w1} placed second must keep both: releasing the old group once its last
+    matrix has left must not drop the residual that w2's new group already holds (it did: error
+    feedback then lost a step's residual at DDP's rebuild, and a resumed job drifted)."""
+    r = Router(codec={"id": "powersgd", "rank": 1})
+    tp = r.state_for(r.codec({"id": "powersgd", "rank": 1}))  # type: ignore[arg-type]
+    r.place(tp, "A", "lowrank", [[Piece.whole("w1", 6)], [Piece.whole("w2", 4)]], [(2, 3), (2, 2)])
+    a1, a2 = _res(6, 1).reshape(2, 3), _res(4, 2).reshape(2, 2)
+    tp.lowrank_residuals["w1"], tp.lowrank_residuals["w2"] = a1.copy(), a2.copy()  # what a step left
+    r.place(tp, "B", "lowrank", [[Piece.whole("w2", 4)]], [(2, 2)])
+    r.place(tp, "C", "lowrank", [[Piece.whole("w1", 6)], [Piece.whole("w3", 9)]], [(2, 3), (3, 3)])
+    np.testing.assert_array_equal(tp.lowrank_residuals["w2"], a2)
+    np.testing.assert_array_equal(tp.lowrank_residuals["w1"], a1)
+    assert "w3" not in tp.lowrank_residuals  # a new matrix owes nothing
+    assert sorted(r.ranges()) == ["w1[0:6]", "w2[0:4]"]
+
+
 def test_a_codec_switch_and_a_dense_step_lose_nothing() -> None:
     r = Router(codec=U8)
     tu = r.state_for(r.codec(U8))  # type: ignore[arg-type]

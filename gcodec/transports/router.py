@@ -429,8 +429,11 @@ class Router:
             if ts is None:
                 continue
             if store.form == "lowrank":
+                # lowrank residuals are kept by parameter name: a matrix that moved to another
+                # group (a DDP bucket rebuild) is already that group's, under the same name
                 for v in store.vectors:
-                    ts.lowrank_residuals.pop(v[0].name, None)
+                    if v[0].name not in self._owner:
+                        ts.lowrank_residuals.pop(v[0].name, None)
             elif ts.worker is not None:
                 n = len(store.vectors) if store.form == "rows" else 0
                 if store.form == "split" and store.shape:
