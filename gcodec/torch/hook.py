@@ -32,6 +32,7 @@ rank; the size rules (``min_numel``, a codec that would pass a shape through) ke
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -167,6 +168,7 @@ class HookState:
             telemetry=telemetry,
         )
         self._comm: TorchCommunicator | None = None
+        self._expected: tuple[int | None, int | None] | None = None  # (rank, world) a loaded state was saved by
         #: The error of the last bucket that failed on this rank (None while none has), as raised:
         #: DDP re-raises it from ``backward()`` as a ``RuntimeError`` with its message only
         #: (``except RuntimeError: raise state.last_error``). Its message starts with its class.
@@ -236,18 +238,77 @@ class HookState:
 
     def state_dict(self) -> dict[str, Any]:
         """Iteration and the router's state (every codec's steps and factors, the residuals by
-        parameter and element range, a controller's figures), as tensors, ints and strings only
-        (``torch.load(weights_only=True)`` accepts it)."""
-        return {"iter": self.iter, "router": tensors_from_arrays(self.router.state_dict())}
+        parameter and element range, a controller's figures), with whose state it is: this rank,
+        the world size and the configuration. Tensors, ints and strings only
+        (``torch.load(weights_only=True)`` accepts it). The residuals are this rank's own: every
+        rank saves its own state and loads its own (docs/transports.md, "Checkpoints")."""
+        rank, world = _rank_and_world(self.process_group)
+        return {
+            "version": _STATE_VERSION,
+            "rank": rank,
+            "world_size": world,
+            "config": self._config_json(),
+            "iter": self.iter,
+            "router": tensors_from_arrays(self.router.state_dict()),
+        }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved. Refused (:class:`gcodec.ConfigError`) when it
+        was saved with another configuration (naming the fields that differ), or by another rank
+        or world size: at once when the process group is up, else at the first bucket, on every
+        rank. A state saved before these fields existed (no ``version``) loads unchecked."""
+        if "version" in sd:
+            if int(sd["version"]) > _STATE_VERSION:
+                raise ConfigError(
+                    f"this hook state has version {int(sd['version'])}; this gcodec reads up to {_STATE_VERSION}"
+                )
+            _same_config(json.loads(str(sd["config"])), json.loads(self._config_json()))
+            saved = (
+                None if sd["rank"] is None else int(sd["rank"]),
+                None if sd["world_size"] is None else int(sd["world_size"]),
+            )
+            self._expected = saved
+            self._check_owner()
         self._agreed.clear()  # agree again after a restore: the peers may have changed
         self.iter = int(sd["iter"])
         self.router.load_state_dict(arrays_from_tensors(sd["router"]))
 
+    def _config_json(self) -> str:
+        """The configuration a saved state belongs to, as canonical JSON."""
+        d = self._config()
+        d.pop("num_threads")  # threads change no result
+        if not (d["policy"] is None or isinstance(d["policy"], Mapping)):  # a callable or a controller
+            d["policy"] = f"<{type(d['policy']).__name__}>"
+        return json.dumps(d, sort_keys=True, default=str)
+
+    def _check_owner(self) -> None:
+        """Raise ConfigError when the state loaded here was saved by another rank or world size
+        (a no-op until the process group is up; the hook checks again at its first bucket)."""
+        if self._expected is None:
+            return
+        rank, world = _rank_and_world(self.process_group)
+        if rank is None:
+            return
+        want_rank, want_world = self._expected
+        if want_world is not None and want_world != world:
+            raise ConfigError(
+                f"this hook state was saved by a job of {want_world} ranks; this job has {world}: its residuals "
+                "and warm starts belong to that job's ranks (start this job's hook afresh instead)"
+            )
+        if want_rank is not None and want_rank != rank:
+            raise ConfigError(
+                f"this hook state was saved by rank {want_rank}; this is rank {rank}: every rank must load its own "
+                "state (residuals are per rank; docs/transports.md, 'Checkpoints')"
+            )
+        self._expected = None
+
     def __getstate__(self) -> dict[str, Any]:
         # Like torch's PowerSGDState: the configuration and the state, not the process group (nor
         # the live adapter, nor parameter identities, which name parameters of this process only).
+        return {**self._config(), "state": self.state_dict()}
+
+    def _config(self) -> dict[str, Any]:
+        """The constructor's arguments that pickling keeps."""
         policy: Any = self.policy
         if isinstance(policy, CodecPolicy):
             policy = {_POLICY_MARK: policy.to_dict()}
@@ -262,7 +323,6 @@ class HookState:
             "policy": policy,
             "num_threads": self.num_threads,
             "warmup_codec": None if self.warmup_codec is None else self.warmup_codec.get_config(),
-            "state": self.state_dict(),
         }
 
     def __setstate__(self, d: dict[str, Any]) -> None:
@@ -385,6 +445,26 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
 
 def _one(work: Any) -> Any:
     yield work
+
+
+#: The layout of HookState.state_dict: 2 added the rank, world size and configuration it belongs to.
+_STATE_VERSION = 2
+
+
+def _rank_and_world(group: Any) -> tuple[int | None, int | None]:
+    """(this rank, the world size) of ``group`` (None: the default group), or (None, None) before
+    the process group is up."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None, None
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _same_config(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Raise ConfigError naming every field in which a saved state's configuration differs."""
+    diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+    if diff:
+        parts = "; ".join(f"{k}: saved {saved.get(k)!r}, here {mine.get(k)!r}" for k in diff)
+        raise ConfigError(f"this hook state was saved with another configuration ({parts})")
 
 
 def _warn_no_gain(state: HookState, plan: _Plan, grads: list[torch.Tensor]) -> None:
@@ -527,6 +607,7 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
     router = state.router
     # Name parameters on every call, warm-up included: without a module, names follow the order in
     # which DDP first hands parameters over, which is the same in every fresh DDP (before rebuild).
+    state._check_owner()  # a state loaded before the process group was up: whose it is
     names = [state._name(q) for q in bucket.parameters()]
     common = {"bucket": bucket.index(), "numel": int(buf.numel()), "dtype": str(buf.dtype), "size": p}
     if it < state.start_iter and state.warmup_codec is None:
