@@ -53,7 +53,7 @@ def test_fragments_are_contiguous_balanced_and_never_empty() -> None:
         assign_fragments([1, 2], 3)
 
 
-@pytest.mark.parametrize("phase", ["reference", "streaming", "resume", "diverge"])
+@pytest.mark.parametrize("phase", ["reference", "streaming", "resume", "diverge", "mismatch"])
 def test_diloco_on_two_gloo_ranks(tmp_path, phase: str) -> None:
     """Each phase's checks are listed in the rank program's docstring."""
     pytest.importorskip("torch")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,14 +28,15 @@ from ..errors import ConfigError, GcodecError
 from ..lowcomm import Schedule, assign_fragments
 from ..transports import Router
 from ..transports.comm import Communicator, Protocol
-from ..transports.control import Exchange, failed_exchange
+from ..transports.control import Exchange, control_bytes, failed_exchange
 from ..transports.handshake import fingerprint
-from .comm import FutureWork, comm_for, queue_for, synchronize
+from .comm import FutureWork, comm_for, own_group, queue_for, synchronize
 from .convert import arrays_from_tensors, as_array
 
 __all__ = ["DiLoCo"]
 
-_STATE_VERSION = 1
+#: 2: the state records its rank and world size and holds the local parameters.
+_STATE_VERSION = 2
 
 
 def _agree_step(comm: Communicator, fp: dict[str, Any], agreed: dict[str, str], step: int, fragment: int) -> Protocol:
@@ -174,10 +175,15 @@ class DiLoCo:
         #: (inner step, fragment, "send" or "apply") of every synchronisation event, in order.
         self.log: list[tuple[int, int, str]] = []
         self._bytes = 0
+        self._control = 0  # control messages' bytes (agreement, sizes, fingerprints)
+        self._control_mark = 0
         self._payload = 0
         self._raw = 0
         self._wait_s = 0.0
         synchronize(group)  # nothing of gcodec's may be in flight on the group during the broadcast
+        # Agree on the parameters first: a broadcast of tensors whose shapes differ between ranks
+        # aborts gloo (or copies a transposed one silently when only the element counts agree).
+        _agree_parameters(named, group)
         with torch.no_grad():
             for _, p in named:
                 dist.broadcast(p.data, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
@@ -198,6 +204,8 @@ class DiLoCo:
     def _send(self, f: int, t: int) -> None:
         comm = comm_for(self.group)
         queue = queue_for(self.group)
+        if not self._pending:  # control bytes are counted from here to the last pending exchange's end
+            self._control_mark = control_bytes(comm)
         check = queue.submit(_agree_step(comm, self._config, self._agreed, t, f))
         deltas = {}
         with torch.no_grad():
@@ -222,6 +230,10 @@ class DiLoCo:
         t0 = time.perf_counter()
         avg = self._pending.pop(f).wait()
         self._wait_s += time.perf_counter() - t0
+        if not self._pending:  # every exchange sent since the mark has ended: its control messages too
+            now = control_bytes(comm_for(self.group))
+            self._control += now - self._control_mark
+            self._control_mark = now
         for name in self.fragments[f]:
             rec = self.router.last(name)
             if rec is not None:
@@ -270,17 +282,25 @@ class DiLoCo:
 
     def stats(self) -> dict[str, Any]:
         """Inner steps, outer steps, this rank's encoded pseudo-gradient bytes (``payload_bytes``:
-        what it contributes to each exchange) and the bytes it put on the wire for them as the
-        transports count them (``wire_bytes``), against the raw pseudo-gradient bytes, and seconds
-        spent waiting for exchanges (what the overlap did not hide)."""
+        what it contributes to each exchange), the bytes it put on the wire for its exchanges
+        (``wire_bytes``: the data as the transports count them, ``data_wire_bytes``, plus the
+        control messages, ``control_bytes``: the agreement on the configuration and the step, the
+        size exchanges, and the full fingerprint at the first synchronisation), against the raw
+        pseudo-gradient bytes, and seconds spent waiting for exchanges (what the overlap did not
+        hide). Control bytes are counted on the group's communicator between a synchronisation's
+        first send and its last exchange's end: another engine exchanging on the same group
+        meanwhile would be counted here too."""
         outer = sum(1 for _, _, kind in self.log if kind == "apply")
+        wire = self._bytes + self._control
         return {
             "inner_steps": self.inner_step,
             "outer_steps": outer,
             "payload_bytes": self._payload,
-            "wire_bytes": self._bytes,
+            "wire_bytes": wire,
+            "data_wire_bytes": self._bytes,
+            "control_bytes": self._control,
             "raw_bytes": self._raw,
-            "wire_bytes_per_inner_step": self._bytes / max(1, self.inner_step),
+            "wire_bytes_per_inner_step": wire / max(1, self.inner_step),
             "wait_s": self._wait_s,
         }
 
@@ -305,29 +325,60 @@ class DiLoCo:
         return {
             "version": _STATE_VERSION,
             "config": json.dumps(self._config, sort_keys=True),
+            "rank": dist.get_rank(self.group),
+            "world_size": dist.get_world_size(self.group),
             "inner_step": self.inner_step,
             "global": {n: t.detach().cpu().clone() for n, t in self._global.items()},
+            # this replica's own parameters between synchronisations: restored by load_state_dict
+            # whatever was loaded into the model before (the constructor's broadcast of rank 0's
+            # parameters would otherwise overwrite a model restored before DiLoCo was built)
+            "local": {n: p.detach().cpu().clone() for n, p in self._params.items()},
             "outer_optimizer": self.outer_optimizer.state_dict(),
             "router": tensors_from_arrays(self.router.state_dict()),
             "ready": {
                 str(f): {"sent": sent, "average": {n: t.detach().cpu().clone() for n, t in avg.items()}}
                 for f, (sent, avg) in self._ready.items()
             },
-            "counters": {"wire_bytes": self._bytes, "payload_bytes": self._payload, "raw_bytes": self._raw},
+            "counters": {
+                "wire_bytes": self._bytes,
+                "control_bytes": self._control,
+                "payload_bytes": self._payload,
+                "raw_bytes": self._raw,
+            },
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output; the configuration must be the one it was saved with."""
-        if sd.get("version") != _STATE_VERSION:
-            raise ConfigError(f"DiLoCo state version {sd.get('version')!r}, this gcodec reads {_STATE_VERSION}")
+        """Restore :meth:`state_dict`'s output, this replica's local parameters included (so it
+        does not matter whether the model was loaded before or after DiLoCo was built). Refused
+        (:class:`gcodec.ConfigError`) when saved with another configuration (naming the fields
+        that differ), by another rank (the single-file habit of loading rank 0's checkpoint on
+        every rank gives every replica rank 0's local parameters: another run) or by a job of
+        another world size. A version-1 state (before local parameters were saved) loads, and
+        then keeps the model's parameters as they are."""
+        version = sd.get("version")
+        if version not in (1, _STATE_VERSION):
+            raise ConfigError(f"DiLoCo state version {version!r}, this gcodec reads 1 to {_STATE_VERSION}")
         mine = json.dumps(self._config, sort_keys=True)
         if sd["config"] != mine:
-            raise ConfigError(f"DiLoCo state was saved with another configuration: {sd['config']} (now {mine})")
+            raise ConfigError(f"DiLoCo state was saved with another configuration ({_config_diff(sd['config'], mine)})")
+        if version == _STATE_VERSION:
+            rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+            if int(sd["world_size"]) != world:
+                raise ConfigError(
+                    f"DiLoCo state was saved by a job of {int(sd['world_size'])} replicas; this one has {world}"
+                )
+            if int(sd["rank"]) != rank:
+                raise ConfigError(
+                    f"DiLoCo state was saved by rank {int(sd['rank'])}; this is rank {rank}: every replica must load "
+                    "its own (its local parameters and residuals are its own; docs/lowcomm.md, 'Checkpoints')"
+                )
         self.sync()
         self._pending.clear()
         with torch.no_grad():
             for n, t in sd["global"].items():
                 self._global[n].copy_(t)
+            for n, t in sd.get("local", {}).items():
+                self._params[n].copy_(t)
         self.outer_optimizer.load_state_dict(sd["outer_optimizer"])
         self.router.load_state_dict(arrays_from_tensors(sd["router"]))
         self._agreed.clear()  # agree again after a restore: the peers may have changed
@@ -337,8 +388,45 @@ class DiLoCo:
         }
         self.inner_step = int(sd["inner_step"])
         self._bytes = int(sd["counters"]["wire_bytes"])
+        self._control = int(sd["counters"].get("control_bytes", 0))
         self._raw = int(sd["counters"]["raw_bytes"])
         self._payload = int(sd["counters"]["payload_bytes"])
+
+
+def _agree_parameters(named: Sequence[tuple[str, torch.Tensor]], group: Any) -> None:
+    """Every replica's parameter list (names, shapes, dtypes), compared on every rank before any
+    tensor moves: the first one that differs raises the same ConfigError on every rank, naming the
+    parameter, and what each rank holds."""
+    mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
+    world = dist.get_world_size(group)
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine, group=own_group(group))  # gcodec's own group: nobody else's collectives
+    if all(e == everyone[0] for e in everyone):
+        return
+    if len({len(e) for e in everyone}) > 1:
+        counts = ", ".join(f"rank {r}: {len(e)}" for r, e in enumerate(everyone))
+        first = next(
+            i for i in range(max(len(e) for e in everyone)) if len({e[i] if i < len(e) else None for e in everyone}) > 1
+        )
+    else:
+        counts = ""
+        first = next(i for i in range(len(mine)) if len({e[i] for e in everyone}) > 1)
+    held = "; ".join(
+        f"rank {r}: " + (f"{e[first][0]!r} {list(e[first][1])} {e[first][2]}" if first < len(e) else "nothing")
+        for r, e in enumerate(everyone)
+    )
+    raise ConfigError(
+        "DiLoCo replicas differ in their parameters"
+        + (f" (parameter counts: {counts})" if counts else "")
+        + f": the first that differs is #{first}: {held}"
+    )
+
+
+def _config_diff(saved: str, mine: str) -> str:
+    """The fields in which two configuration JSONs differ, each with both values."""
+    a, b = json.loads(saved), json.loads(mine)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return "; ".join(f"{k}: saved {a.get(k)!r}, here {b.get(k)!r}" for k in keys) or "the same fields, another order"
 
 
 def _hyper(opt: torch.optim.Optimizer) -> dict[str, Any]:

@@ -59,7 +59,18 @@ from .collectives import error_code, raise_agreed
 from .comm import Communicator, Protocol, Work, with_riders
 from .handshake import Agreement, compare_fingerprints
 
-__all__ = ["AGREE", "BEGIN", "FINGERPRINT", "HEAD", "SIZES", "TAG", "Exchange", "digest_of", "failed_exchange"]
+__all__ = [
+    "AGREE",
+    "BEGIN",
+    "FINGERPRINT",
+    "HEAD",
+    "SIZES",
+    "TAG",
+    "Exchange",
+    "control_bytes",
+    "digest_of",
+    "failed_exchange",
+]
 
 #: The magic of word 0 ("gcdc"), shifted past the kind byte.
 TAG = 0x67636463 << 8
@@ -81,6 +92,17 @@ def digest_of(text: str) -> int:
 
 def _seq(comm: Communicator) -> int:
     return int(getattr(comm, "_control_seq", 0))
+
+
+def control_bytes(comm: Communicator) -> int:
+    """Bytes this rank has sent to its peers in control messages on ``comm`` so far: every
+    control all-gather's words and every fingerprint exchange's JSON, to each of the p - 1 peers
+    (what an all-gather puts on the wire from one rank), besides the data the protocols count."""
+    return int(getattr(comm, "_control_bytes", 0))
+
+
+def _count(comm: Communicator, nbytes: int) -> None:
+    comm._control_bytes = control_bytes(comm) + (comm.size - 1) * int(nbytes)  # type: ignore[attr-defined]
 
 
 def _kind_name(word: int) -> str:
@@ -164,7 +186,9 @@ class Exchange:
         self, kind: int, sizes: Sequence[int], local: BaseException | None, cap: int | None = None
     ) -> Protocol:
         """All-gather one control message; check order and codes; return the (p, p) sizes table."""
-        w = self.comm.allgather(self._words(kind, sizes, local))
+        words = self._words(kind, sizes, local)
+        _count(self.comm, words.nbytes)
+        w = self.comm.allgather(words)
         return (yield from self._finish(w, kind, local, cap))
 
     def _finish(self, w: Work, kind: int, local: BaseException | None, cap: int | None = None) -> Protocol:
@@ -212,6 +236,7 @@ class Exchange:
         )
         sizes = yield from self._control(FINGERPRINT, [mine.shape[0]], None)
         counts = [int(c) for c in sizes[:, 0]]
+        _count(comm, max(counts))  # every buffer is sent padded to the largest
         w = comm.allgatherv(mine, counts)
         yield w
         parts = w.result()
@@ -230,7 +255,9 @@ class Exchange:
         :meth:`begin`: the agreement is exactly as strong, only earlier on the wire. A no-op once
         begun or started."""
         if not self.begun and self._started is None:
-            self._started = self.comm.allgather(self._words(BEGIN, [], None))
+            words = self._words(BEGIN, [], None)
+            _count(self.comm, words.nbytes)
+            self._started = self.comm.allgather(words)
 
     def begin(self, local: BaseException | None = None) -> Protocol:
         """The exchange's BEGIN on its own, unless a control message already began it (for protocols

@@ -9,8 +9,13 @@ Phases (tests/test_diloco.py runs each with its own processes):
   error feedback: the send/apply schedule, the global parameters bit-identical, the wire bytes;
 * ``resume``: a run checkpointed mid-way (an exchange in flight), loaded with
   ``torch.load(weights_only=True)`` into a fresh model and continued, ends bit-identical to the
-  uninterrupted run;
+  uninterrupted run, whether the model is loaded after DiLoCo is built or before (when the
+  constructor's broadcast of rank 0's parameters overwrites it); another rank's state, another
+  configuration's, are refused;
 * ``diverge``: rank 1 syncs every 3 steps, rank 0 every 4: both raise ConfigError.
+* ``mismatch``: replicas whose models differ in a parameter's shape (transposed: the same element
+  count) or in their number of parameters: every rank raises a ConfigError naming the first
+  parameter that differs and what each rank holds, before any broadcast (gloo aborted on it).
 
 Writes OUTDIR/rank<r>.json (checks) and OUTDIR/globals<r>.json (digests of the global parameters).
 """
@@ -110,6 +115,20 @@ def reference(rank: int, world: int) -> None:
     n_elems = sum(p.numel() for p in net.parameters())
     # dense float32 sums: 4 bytes per element a round
     check("uncompressed: raw bytes are 4 per element per round", st["raw_bytes"] == 3 * 4 * n_elems, str(st))
+    # the control messages are counted: wire bytes are the data plus them; after the first round's
+    # fingerprint (its JSON names every parameter), each round costs a few control words only
+    check(
+        "control bytes counted in wire_bytes",
+        st["control_bytes"] > 0 and st["wire_bytes"] == st["data_wire_bytes"] + st["control_bytes"],
+        str(st),
+    )
+    before = dl.stats()["control_bytes"]
+    for step in range(10, 13):
+        inner(net, opt, rank, step)
+        dl.step()
+    per_round = dl.stats()["control_bytes"] - before
+    words = (5 + world) * 8 * (world - 1)  # one control message, to each peer
+    check("a later round's control traffic is a few control messages", 0 < per_round <= 4 * words, f"{per_round} B")
 
 
 def streaming(rank: int, world: int, outdir: Path) -> None:
@@ -179,12 +198,46 @@ def resume(rank: int, world: int, outdir: Path) -> None:
         bad = [n for n in a if not torch.equal(a[n], b[n])]
         check(f"resumed run's {what} parameters bit-identical to the uninterrupted run's", not bad, str(bad))
 
+    # the model loaded before DiLoCo is built: the constructor broadcasts rank 0's parameters over
+    # it, and load_state_dict puts this replica's own local parameters back (the checkpoint read
+    # anew: loaded optimizer states share the tensors they were loaded from, and the run above
+    # moved them)
+    buf.seek(0)
+    sd = torch.load(buf, weights_only=True)
+    net = model(7)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    net.load_state_dict(sd["model"])
+    opt.load_state_dict(sd["opt"])
+    dl = gcodec.torch.DiLoCo(net, opt, **cfg)
+    dl.load_state_dict(sd["diloco"])
+    _run(net, opt, rank, range(8, 15))
+    dl.close()
+    bad = [n for n, p in net.named_parameters() if not torch.equal(p.detach(), straight[0][n])]
+    check("the model loaded before DiLoCo is built: resumed bit-identical too", not bad, str(bad))
+
+    # every rank's state gathered into one file (the single-file habit): each loads its own; rank 0's
+    # on rank 1 is refused, naming both ranks
+    states: list = [None] * world
+    dist.all_gather_object(states, sd["diloco"])
+    net = model(0)
+    dl = gcodec.torch.DiLoCo(net, torch.optim.AdamW(net.parameters(), lr=1e-2), **cfg)
+    try:
+        dl.load_state_dict(states[(rank + 1) % world])
+        check("another replica's state is refused", False, "loaded")
+    except ConfigError as e:
+        check("another replica's state is refused", f"saved by rank {(rank + 1) % world}" in str(e), str(e))
+    dl.close()
+
     other = gcodec.torch.DiLoCo(model(0), torch.optim.SGD(model(0).parameters(), lr=0.1), sync_every=5)
     try:
         other.load_state_dict(sd["diloco"])
         check("a state saved with another configuration is refused", False)
     except ConfigError as e:
-        check("a state saved with another configuration is refused", "configuration" in str(e), str(e))
+        check(
+            "a state saved with another configuration is refused, naming the field",
+            "configuration" in str(e) and "schedule: saved" in str(e),
+            str(e),
+        )
     other.close()
 
 
@@ -201,6 +254,34 @@ def diverge(rank: int, world: int) -> None:
     gcodec.torch.synchronize()
 
 
+def mismatch(rank: int, world: int) -> None:
+    """Rank 1's first Linear is transposed (the same element count), then it has one parameter
+    more: every rank raises ConfigError naming the parameter, before anything is broadcast."""
+    import time
+
+    for kind in ("transposed", "extra"):
+        net = model(0)
+        if rank == 1 and kind == "transposed":
+            w = net[0].weight
+            net[0].weight = torch.nn.Parameter(w.detach().t().contiguous())
+        if rank == 1 and kind == "extra":
+            net.register_parameter("extra", torch.nn.Parameter(torch.zeros(3)))
+        t0 = time.monotonic()
+        try:
+            gcodec.torch.DiLoCo(net, torch.optim.SGD(net.parameters(), lr=0.1), sync_every=4)
+            check(f"{kind}: the replicas' models differ: ConfigError", False, "no error")
+        except ConfigError as e:
+            msg = str(e)
+            named = (
+                ("'0.weight'" in msg and "[32, 16]" in msg and "[16, 32]" in msg)
+                if kind == "transposed"
+                else "'extra'" in msg
+            )
+            check(f"{kind}: ConfigError on every rank naming the first parameter that differs", named, msg[:400])
+            check(f"{kind}: ... at once", time.monotonic() - t0 < 20, f"{time.monotonic() - t0:.1f} s")
+    dist.barrier()
+
+
 def main() -> None:
     outdir, phase = Path(sys.argv[1]), sys.argv[2]
     rank, world, port = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -210,6 +291,7 @@ def main() -> None:
         "streaming": lambda: streaming(rank, world, outdir),
         "resume": lambda: resume(rank, world, outdir),
         "diverge": lambda: diverge(rank, world),
+        "mismatch": lambda: mismatch(rank, world),
     }
     run_checked(bodies[phase], CHECKS, outdir, rank)
     finish_gloo()
