@@ -55,17 +55,22 @@ def outcomes() -> dict[tuple[str, str], tuple[str, str]]:
     # earlier frees; a fixed threshold makes every large allocation map new address space, which the
     # cap then counts
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_ARENA_MAX="1")
+    rows = _worker_rows("oom_worker.py", [str(ROOT), str(HEADROOM)], env, 900)
+    return {(case, call): (outcome, msg) for case, call, outcome, msg in rows}
+
+
+def _worker_rows(worker: str, args: list[str], env: dict[str, str], timeout: float) -> list:
+    """Run ``tests/<worker> *args`` in a child process and return the JSON rows of its last line."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "oom_worker.py"), str(ROOT), str(HEADROOM)],
+        [sys.executable, str(ROOT / "tests" / worker), *args],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
         check=False,
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {(case, call): (outcome, msg) for case, call, outcome, msg in rows}
+    return list(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def test_golden_vectors_decode_under_the_cap(outcomes):
@@ -131,16 +136,7 @@ def test_the_first_decode_of_a_fresh_process_under_a_cap(tmp_path, headroom_mib)
         gcodec.decode(buf)  # fills Numba's disk cache here, so the child only loads it
         (tmp_path / f"{i:02d}_{codec.codec_id}.gcd").write_bytes(buf)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GCODEC_NUM_THREADS": "2"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "oom_cold_worker.py"), str(tmp_path), str(headroom_mib << 20)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = _worker_rows("oom_cold_worker.py", [str(tmp_path), str(headroom_mib << 20)], env, 300)
     assert len(rows) == len(_COLD)
     escaped = [r for r in rows if r[1].startswith("ESCAPED")]
     assert not escaped, escaped
