@@ -31,12 +31,13 @@ from .convert import to_numpy as to_numpy
 from .convert import to_tensor as to_tensor
 from .diloco import DiLoCo
 from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
-from .hook import HookState, TensorChooser, comm_hook
+from .hook import HookNotCalledWarning, HookState, TensorChooser, comm_hook
 
 __all__ = [
     "AllReduceWork",
     "DiLoCo",
     "FSDPState",
+    "HookNotCalledWarning",
     "HookState",
     "QuantizedAllGather",
     "ReduceScatter",

@@ -36,6 +36,7 @@ import json
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import xp
 from ..arrays import BFLOAT16, tensors_from_arrays
@@ -65,7 +67,7 @@ from ..warmup import warm_for_training
 from .comm import TorchCommunicator, comm_for, queue_for
 from .convert import arrays_from_tensors, as_array
 
-__all__ = ["HookState", "TensorChooser", "comm_hook"]
+__all__ = ["HookNotCalledWarning", "HookState", "TensorChooser", "comm_hook"]
 
 #: A callable policy: (parameter name, its gradient; under FSDP2 a meta tensor of the parameter's
 #: shape) to a codec, or to None to keep the tensor dense. Not :class:`gcodec.policy.Policy`, the
@@ -77,6 +79,61 @@ __getattr__ = renamed_names("gcodec.torch.hook", {"Policy": ("TensorChooser", Te
 _POLICY_MARK = "gcodec.policy.Policy"  # how a pickled HookState tells a Policy from a pattern dict
 
 _FLAT = {"summable": summable_protocol, "gather": gather_protocol, "two_phase": two_phase_protocol}
+
+
+class HookNotCalledWarning(UserWarning):
+    """An optimizer stepped before any gradient bucket reached a :class:`HookState`: DDP never called
+    :func:`comm_hook` with it, so the gradients were averaged uncompressed by DDP itself.
+
+    Raised once per state, at the first optimizer step that updates a parameter of the state's
+    ``module`` (without ``module``: the first optimizer step of the process, while no state has
+    been handed a bucket). The usual cause is a framework that takes the hook and drops it:
+    Lightning's ``DDPStrategy(ddp_comm_hook=..., ddp_comm_state=...)`` registers it on CUDA only
+    (docs/integrations.md has the recipe that works on every device)."""
+
+
+_any_bucket = False  # a bucket reached some HookState of this process
+
+
+def _watch(state: HookState) -> Any:
+    """Until the first bucket reaches ``state``: an optimizer post-step hook of its own that warns
+    (HookNotCalledWarning) at the first step of the state's model, then removes itself; the first
+    bucket removes it too (:func:`comm_hook`), and so does the state's collection. Nothing of it runs
+    on later steps."""
+    ref = weakref.ref(state)
+
+    def after_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        st = ref()
+        if st is None or st._reached:
+            handle.remove()
+            return
+        if st._watched is None:
+            concerned = not _any_bucket
+        else:
+            groups = getattr(opt, "param_groups", None) or ()
+            concerned = any(id(q) in st._watched for g in groups for q in g.get("params", ()))
+        if concerned:
+            handle.remove()
+            warnings.warn(
+                f"gcodec: {type(opt).__name__}.step() ran before DDP handed any gradient bucket to this "
+                "HookState: its comm_hook was never called, and the gradients were averaged uncompressed "
+                "by DDP. Register it on the DDP model that trains: ddp.register_comm_hook(state, "
+                "gcodec.torch.comm_hook). Lightning's DDPStrategy(ddp_comm_hook=..., ddp_comm_state=...) "
+                "registers hooks on CUDA only and drops them on the CPU without a word; register the hook "
+                "in a Callback's on_fit_start instead (docs/integrations.md).",
+                HookNotCalledWarning,
+                stacklevel=3,
+            )
+
+    handle = register_optimizer_step_post_hook(after_step)
+    weakref.finalize(state, handle.remove)
+    return handle
+
+
+def _first_bucket(state: HookState) -> None:
+    global _any_bucket
+    _any_bucket = state._reached = True
+    state._watch_handle.remove()
 
 
 class HookState:
@@ -109,9 +166,12 @@ class HookState:
             Or an adaptive controller (:class:`gcodec.adaptive.AdaptiveController`): one rung of
             its ladder per bucket, chosen every few steps from what the bucket's exchanges
             measured. Names come from ``module``.
-        module: the model (or the DDP wrapper), used only to name parameters for the policy and for
+        module: the model (or the DDP wrapper), used to name parameters for the policy and for
             statistics. Without it, parameters are named ``param0``, ``param1``, ... in the order DDP
-            first hands them to the hook (the same order in every run).
+            first hands them to the hook (the same order in every run). Also tells which optimizer
+            steps are this model's: one that comes before any bucket reached the state warns
+            (:class:`HookNotCalledWarning`: the hook was never registered on the DDP that trains);
+            without ``module``, the first optimizer step of a process where no state got a bucket.
         num_threads: kernel threads per rank; None follows the job (docs/transports.md, "Threads").
         telemetry: a :class:`gcodec.telemetry.Telemetry` sampling the quality of every compressed
             group every ``telemetry.every`` steps (``stats()[key]["quality"]``). Not pickled.
@@ -187,6 +247,11 @@ class HookState:
                 [np.dtype(str(d).replace("torch.", "")) if d != torch.bfloat16 else BFLOAT16 for d in dtypes],
                 error_feedback=self.error_feedback,
             )
+        # Until the first bucket arrives, an optimizer step that updates these parameters means
+        # DDP never called the hook (HookNotCalledWarning); None: the module is not known.
+        self._reached = False
+        self._watched = None if module is None else {id(q) for q in module.parameters()}
+        self._watch_handle = _watch(self)
 
     # ---- the configuration the router's shorthand policy holds (changes reach the router) ----
     codec = RouterSetting(get_codec)
@@ -708,6 +773,8 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     """
     if not isinstance(state, HookState):
         raise ConfigError(f"comm_hook needs a gcodec.torch.HookState, not {type(state).__name__}")
+    if not state._reached:
+        _first_bucket(state)
     it = state.iter
     if bucket.is_last():
         state.iter += 1
