@@ -234,6 +234,8 @@ class HookState:
         #: (``except RuntimeError: raise state.last_error``). Its message starts with its class.
         self.last_error: BaseException | None = None
         self._agreed: dict[str, str] = {}  # bucket -> the plan its exchange last agreed on
+        # bucket index -> (what its compressed plan followed from, the fingerprint, its JSON)
+        self._plans: dict[int, tuple[Any, dict[str, Any], str]] = {}
         #: per-iteration totals over every bucket (:meth:`step_report`)
         self.reports = StepReports()
         self.warmup_codec = self.router.codec(warmup_codec)
@@ -445,7 +447,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         plan = _plan(state, bucket, it, p, rung)
     except Exception as e:  # take part, so that the peers raise too instead of waiting
         yield from failed_exchange(comm, e, what)
-    ex = Exchange(comm, plan.fingerprint, state._agreed, f"bucket{bucket.index()}", what, plan.on_agree)
+    ex = Exchange(comm, plan.fingerprint, state._agreed, f"bucket{bucket.index()}", what, plan.on_agree, plan.text)
     if plan.warmup or not plan.groups:
         # Warm-up, or everything dense this step (a policy's choice): plain average of the whole
         # bucket, in its own dtype, as torch's allreduce hook (and DDP itself) averages: each rank
@@ -660,6 +662,7 @@ class _Plan:
     groups: list[_Group] = field(default_factory=list)
     carrier: _Group | None = None
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    text: str | None = None  # the fingerprint's JSON, when kept from an earlier step
     carried: dict[int, np.ndarray] = field(default_factory=dict)  # dense tensor -> residual it brings
 
     def on_agree(self, agreement: Agreement) -> None:
@@ -721,6 +724,21 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
         if taken is not None:
             plan.carried = {i: r for i, r in zip(plan.dense, taken) if r is not None}
         plan.carrier = plan.groups[0] if plan.groups else None
+    # The fingerprint follows from these; a bucket whose plan is the one of its last step (every
+    # step of a steady job) reuses its fingerprint and JSON instead of writing them again.
+    same_as = (
+        tuple(names),
+        tuple((tuple(g.shape), g.dtype) for g in grads),
+        tuple(plan.dense),
+        tuple((g.key, g.mode, g.state.codec.config_key, tuple(g.idx)) for g in plan.groups),
+        None if plan.carrier is None else plan.carrier.key,
+        state.error_feedback,
+        tuple(common.items()),
+    )
+    kept = state._plans.get(bucket.index())
+    if kept is not None and kept[0] == same_as:
+        plan.fingerprint, plan.text = kept[1], kept[2]
+        return plan
     plan.fingerprint = fingerprint(
         phase="compressed",
         ef=state.error_feedback,
@@ -733,6 +751,8 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
         carrier=None if plan.carrier is None else plan.carrier.key,
         **common,
     )
+    plan.text = json.dumps(plan.fingerprint, sort_keys=True)
+    state._plans[bucket.index()] = (same_as, plan.fingerprint, plan.text)
     return plan
 
 

@@ -122,6 +122,8 @@ class Exchange:
         key: the key under which ``agreed`` remembers this exchange.
         what: names the exchange in errors.
         on_agree: called with the :class:`Agreement` after a full fingerprint exchange succeeds.
+        text: ``fp``'s canonical JSON (``json.dumps(fp, sort_keys=True)``) when the caller kept it
+            from an earlier exchange of the same plan, so that it is not written again each step.
     """
 
     def __init__(
@@ -132,10 +134,11 @@ class Exchange:
         key: str,
         what: str,
         on_agree: Callable[[Agreement], None] | None = None,
+        text: str | None = None,
     ) -> None:
         self.comm = comm
         self.fp = fp
-        self.text = json.dumps(fp, sort_keys=True)
+        self.text = json.dumps(fp, sort_keys=True) if text is None else text
         self.digest = digest_of(self.text)
         self.agreed = agreed
         self.key = key
