@@ -2,7 +2,7 @@
 minimises the predicted step time, while the quality telemetry stays within bounds.
 
 >>> ctl = AdaptiveController(bandwidth="1Gbit", interval=20)            # doctest: +SKIP
->>> state = gcodec.mpi.PolicyState(ctl, error_feedback=True, telemetry=Telemetry(every=10))
+>>> state = gcodec.mpi.Router(ctl, error_feedback=True, telemetry=Telemetry(every=10))
 >>> mean = gcodec.mpi.allreduce(comm, grad, None, key="layer1", state=state)  # doctest: +SKIP
 
 The ladder runs from light to strong: none (fp32 allreduce) → fp16 → uniform 8 → uniform 4 →
@@ -36,7 +36,7 @@ a slow one) the controller
    that ran slower than dense goes back to dense at the next decision and is not taken again for
    that link, and a change of link moves the prices as the model says.
 
-The :class:`~gcodec.transports.PolicyState` carries the residual over when a key changes rung, so
+The :class:`~gcodec.transports.Router` carries the residual over when a key changes rung, so
 what one codec dropped is sent by the next (or flushed with the dense allreduce).
 """
 
@@ -54,7 +54,7 @@ import numpy as np
 from .advise import CodecSpeed, Link, LinkFit, fit_link, measure_protocol_speed, parse_bandwidth, predict
 from .codecs import get_codec
 from .errors import ConfigError
-from .transports import DENSE, Communicator, PolicyState, Protocol
+from .transports import DENSE, Communicator, Protocol, Router
 from .transports.control import Exchange
 from .transports.handshake import fingerprint
 
@@ -90,7 +90,7 @@ def _median_window(m: dict[str, Any], field: str, value: float) -> float:
 
 
 class AdaptiveController:
-    """Chooses each key's rung of ``ladder`` (module docstring); pass it to ``PolicyState``.
+    """Chooses each key's rung of ``ladder`` (module docstring); pass it to ``Router``.
 
     Args:
         ladder: codec configs from light to strong; None is the dense fp32 allreduce.
@@ -197,7 +197,7 @@ class AdaptiveController:
     # ---- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Each key's rung and measured figures, the measured link and the calibrated speeds (saved
-        with ``PolicyState.state_dict()``; a restored job keeps its rungs instead of starting over)."""
+        with ``Router.state_dict()``; a restored job keeps its rungs instead of starting over)."""
         return {
             "level": dict(self.level),
             "measured": {k: [dict(m) for m in v] for k, v in self.measured.items()},
@@ -233,7 +233,7 @@ class AdaptiveController:
         return self._keys.index(k) if k in self._keys else None
 
     def observe(self, key: str, record: Mapping[str, Any], error_feedback: bool) -> None:
-        """Fold one step's transport record (``PolicyState.stats()[key]``) into the figures."""
+        """Fold one step's transport record (``Router.stats()[key]``) into the figures."""
         rung = self._rung_of(record.get("codec"))
         if rung is None or self._seen.get(key) == (record.get("codec"), record["step"]):
             return
@@ -469,13 +469,13 @@ class AdaptiveController:
     def select(
         self,
         comm: Communicator,
-        state: PolicyState,
+        state: Router,
         key: str,
         shape: tuple[int, ...],
         step: int,
         shapes: Sequence[tuple[int, ...]] | None = None,
     ) -> Protocol:
-        """The chooser protocol :class:`~gcodec.transports.PolicyState` runs before each exchange
+        """The chooser protocol :class:`~gcodec.transports.Router` runs before each exchange
         (``shapes``: the key's tensors, when the engine knows them; see :meth:`choose`)."""
         cur = self.level.setdefault(key, self.start)
         rec = state.last(key)

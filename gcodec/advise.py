@@ -640,7 +640,7 @@ def _mirror_lowrank_step(
     def once() -> None:
         ex = exchange_for(comm, state, "t", "advise's timing", shapes=shapes, size=comm.size)
         step = state.next_step("t")
-        st = StepStats("t", step, "powersgd", sum(x.nbytes for x in xs))
+        st = StepStats("t", step, "lowrank", sum(x.nbytes for x in xs))
         run_blocking(lowrank_protocol(ex, state, items, "mean", step, st))
 
     return once
@@ -703,7 +703,7 @@ def _volume_latency(
     if collective == "gather" or (collective == "summable" and p == 2):  # p = 2: one all-gather of the values
         vol, lat = (p - 1) * nbytes, (p - 1) * link.latency_s
     else:
-        n_rounds = 2 if collective == "powersgd" else 1
+        n_rounds = 2 if collective == "lowrank" else 1
         vol, lat = 2 * (p - 1) / p * nbytes, n_rounds * 2 * (p - 1) * link.latency_s
     if rounds is not None:
         gather = link.for_collective("gather")
@@ -789,7 +789,7 @@ def predict(
         payload = sum(speed.payload_bytes(n) for n in numels)
         enc = sum(speed.encode_seconds(n) for n in numels)
         dec = sum(speed.decode_seconds(n) for n in numels)
-        if coll == "powersgd":
+        if coll == "lowrank":
             payload = 0.0
             r = int(cfg.get("rank", 4))
             for s in tensors:
@@ -797,7 +797,7 @@ def predict(
                 k = int(np.prod(s[1:])) if len(s) > 1 else 1
                 payload += 4.0 * (m + k) * min(r, m, k)
     dense_extra = 4.0 * sum(int(np.prod(s)) for s in dense_tensors)
-    measured = transport is not None and cfg is not None and (coll != "powersgd" or transport.per_shape is not None)
+    measured = transport is not None and cfg is not None and (coll != "lowrank" or transport.per_shape is not None)
     rounds = None  # the protocol's counted collectives: one exchange per tensor, or one for all (joined)
     if measured and transport is not None and transport.rounds is not None:
         n_ex = 1 if transport.joined else len(numels)  # the exchanges of one step
@@ -809,7 +809,7 @@ def predict(
         comm = comm_seconds(coll, workers, payload, link, rounds)
         if dense_extra:
             comm += comm_seconds("allreduce", workers, dense_extra, link)
-    if error_feedback and cfg is not None and coll != "powersgd":
+    if error_feedback and cfg is not None and coll != "lowrank":
         enc += dec  # the residual is (x + e) minus the decoded payload
     formula = compute_seconds(coll, workers, enc, dec)
     compute = sum(transport.seconds_of(s) for s in tensors) if transport is not None and measured else formula

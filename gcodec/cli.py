@@ -932,7 +932,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--latency", type=float, default=None, help=f"assumed seconds per message, alpha (default {LATENCY_DEFAULT:g})"
     )
     p.add_argument("--codec", action="append", help="a codec id or JSON config to compare (repeatable)")
-    p.add_argument("--mode", default="auto", help="transport mode (auto, summable, gather, two_phase, powersgd)")
+    p.add_argument("--mode", default="auto", help="transport mode (auto, summable, gather, two_phase, lowrank)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads per rank for the measurement")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (best is kept)")
     p.add_argument("--error-feedback", action="store_true", help="price error feedback (a decode per encode)")

@@ -14,6 +14,9 @@ from typing import Any
 #: The release that drops the names this module keeps.
 REMOVED_IN = "0.3"
 
+#: Old transport ``mode=`` names -> their names now (a mode is named for its protocol, not a codec).
+RENAMED_MODES = {"powersgd": "lowrank"}
+
 
 def renamed_names(module: str, names: Mapping[str, tuple[str, Any]]) -> Callable[[str], Any]:
     """A module ``__getattr__`` serving ``names`` (old name -> (new name, object))."""

@@ -27,16 +27,19 @@ from mpi4py import MPI
 from . import xp
 from .arrays import host_array
 from .codecs import Codec, get_codec
-from .deprecation import renamed_kwarg
+from .deprecation import renamed_kwarg, renamed_names
 from .errors import ConfigError
 from .feedback import ErrorFeedback
 from .policy import Policy
 from .transports import Communicator, Serial, Task, TransportState, Work, allreduce_protocol
 from .transports.collectives import joined
 from .transports.control import failed_exchange
-from .transports.router import PolicyState
+from .transports.router import Router
 
-__all__ = ["MPICommunicator", "PolicyState", "Request", "State", "allreduce", "iallreduce"]
+__all__ = ["MPICommunicator", "Request", "Router", "State", "allreduce", "iallreduce"]
+
+#: ``PolicyState``, the router's old name here
+__getattr__ = renamed_names("gcodec.mpi", {"PolicyState": ("Router", Router)})
 
 #: The transport state: error-feedback residuals (worker and two-phase server), PowerSGD factors,
 #: step counters, agreed keys and statistics (``state.stats()``), with ``state_dict()``.
@@ -111,7 +114,7 @@ class MPICommunicator(Communicator):
 # start in the same order on every rank, which the queue makes the call order.
 _adapters: dict[int, tuple[MPICommunicator, Serial]] = {}
 _default_states: dict[tuple[int, str, str], TransportState] = {}
-_policy_states: dict[tuple[int, int], PolicyState] = {}
+_policy_states: dict[tuple[int, int], Router] = {}
 _ef_states: weakref.WeakKeyDictionary[ErrorFeedback, TransportState] = weakref.WeakKeyDictionary()
 
 
@@ -149,8 +152,7 @@ def _state_for(comm: MPI.Comm, codec: Codec, mode: str, given: Any) -> Transport
         return st
     if given is not None:
         raise ConfigError(
-            "state= must be None, a gcodec.ErrorFeedback, a gcodec.mpi.State or a PolicyState, "
-            f"not {type(given).__name__}"
+            f"state= must be None, a gcodec.ErrorFeedback, a gcodec.mpi.State or a Router, not {type(given).__name__}"
         )
     k = (id(comm), repr(codec), mode)
     st = _default_states.get(k)
@@ -161,11 +163,11 @@ def _state_for(comm: MPI.Comm, codec: Codec, mode: str, given: Any) -> Transport
     return st
 
 
-def _policy_state(comm: MPI.Comm, policy: Policy) -> PolicyState:
+def _policy_state(comm: MPI.Comm, policy: Policy) -> Router:
     k = (id(comm), id(policy))
     st = _policy_states.get(k)
     if st is None or st.chooser is not policy:
-        st = _policy_states[k] = PolicyState(policy, error_feedback=False)
+        st = _policy_states[k] = Router(policy, error_feedback=False)
     return st
 
 
@@ -178,7 +180,7 @@ def iallreduce(
     key: str | None = None,
     mode: str = "auto",
     out: np.ndarray | None = None,
-    state: TransportState | ErrorFeedback | PolicyState | None = None,
+    state: TransportState | ErrorFeedback | Router | None = None,
     ef: Any = _UNSET,
 ) -> Request:
     """Start a compressed allreduce; returns a request whose ``wait()`` returns the result array.
@@ -197,8 +199,8 @@ def iallreduce(
             raise ConfigError(f"out= must be a numpy or device array, not {type(out).__name__}")
         elif xp.backend(out) != xp.backend(arr):
             raise ConfigError(f"out= lives in {xp.backend(out)} memory and x in {xp.backend(arr)}")
-        if isinstance(given, PolicyState) or isinstance(codec, Policy):  # per-key choice: policy or controller
-            routed = given if isinstance(given, PolicyState) else _policy_state(comm, codec)  # type: ignore[arg-type]
+        if isinstance(given, Router) or isinstance(codec, Policy):  # per-key choice: policy or controller
+            routed = given if isinstance(given, Router) else _policy_state(comm, codec)  # type: ignore[arg-type]
             return queue.submit(routed.protocol(adapter, arr, out, key or "tensor", op))
         c = given.codec if isinstance(given, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)  # type: ignore[arg-type]
         ts = _state_for(comm, c, mode, given)
@@ -216,7 +218,7 @@ def allreduce(
     key: str | None = None,
     mode: str = "auto",
     out: np.ndarray | None = None,
-    state: TransportState | ErrorFeedback | PolicyState | None = None,
+    state: TransportState | ErrorFeedback | Router | None = None,
     ef: Any = _UNSET,
 ) -> np.ndarray:
     """Compressed allreduce of ``x`` across ``comm``; returns an array of ``x``'s shape and dtype.
@@ -228,15 +230,15 @@ def allreduce(
             device memory; docs/gpu.md).
         codec: a codec, its id or config. Must be the same on every rank (the handshake checks).
             A :class:`gcodec.policy.Policy` picks the codec per key and step (dense when it says
-            None); None when ``state`` is a :class:`PolicyState` (its policy or controller decides).
+            None); None when ``state`` is a :class:`Router` (its policy or controller decides).
         op: ``"mean"`` (the usual gradient average) or ``"sum"``.
         key: names the tensor: its error-feedback residual, warm start, random streams and
             statistics are kept under this key. Give each tensor its own key.
-        mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"powersgd"``.
+        mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"lowrank"``.
         out: the array to write the result into (may be ``x``); a new one by default.
         state: None (no error feedback), a :class:`gcodec.ErrorFeedback` (worker residuals kept in
             it), a :class:`State` (worker and server residuals, steps, statistics, checkpointable),
-            or a :class:`PolicyState` (a policy or adaptive controller choosing per key and step,
+            or a :class:`Router` (a policy or adaptive controller choosing per key and step,
             with residuals that follow a key across codec changes). The same argument as
             ``gcodec.torch.all_reduce(state=)``.
         ef: the old name of ``state`` (a DeprecationWarning).

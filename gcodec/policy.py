@@ -46,10 +46,58 @@ from typing import Any
 from .codecs import Codec, get_codec
 from .errors import ConfigError, GcodecError
 
-__all__ = ["POLICY_VERSION", "Decision", "Policy", "Rule", "Rules", "as_policy"]
+__all__ = ["DEFAULTS", "POLICY_VERSION", "Decision", "Defaults", "Policy", "Rule", "Rules", "as_policy", "size_rule"]
 
 #: The ``version`` written by :meth:`Policy.to_dict`.
 POLICY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The engines' defaults, each defined here once (docs/guide.md, "Defaults"): the DDP hook,
+    FSDP2 and DiLoCo take theirs from :data:`DEFAULTS`, and so do :class:`Policy` and :class:`Rules`.
+
+    Attributes:
+        codec: the codec of compressed tensors (DiLoCo's default is None instead: the papers'
+            uncompressed outer synchronisation, which a codec must be asked for).
+        all_gather: the codec of a standalone FSDP2 ``QuantizedAllGather``.
+        start_iter: iterations averaged uncompressed before compression starts (torch's PowerSGD
+            hook also waits 10); DiLoCo has no such phase.
+        min_numel: tensors with fewer elements stay dense (no gain on the wire, a fixed cost each).
+        dense_1d: 1-D tensors (biases, norm scales) stay dense unless a rule or pattern names a
+            codec for them (a :class:`Policy` keeps them dense whatever its rules say).
+        powersgd_min_rate: a low-rank codec compresses a matrix only at this rate m n / ((m+n) r) or above.
+    """
+
+    codec: str = "fp16"
+    all_gather: str = "uniform"
+    start_iter: int = 10
+    min_numel: int = 1024
+    dense_1d: bool = True
+    powersgd_min_rate: float = 2.0
+
+
+#: The one set of defaults (see :class:`Defaults`).
+DEFAULTS = Defaults()
+
+
+def size_rule(shape: Sequence[int], codec: Codec, *, min_numel: int, dense_1d: bool, named: bool = False) -> str | None:
+    """Why the size rules keep a tensor of ``shape`` dense under ``codec`` (None: ``codec`` compresses
+    it): fewer than ``min_numel`` elements; 1-D while ``dense_1d`` unless a rule ``named`` the codec
+    for it; or a codec that would pass that shape through (PowerSGD on a vector). The one place
+    every engine applies them, whatever chose the codec (a policy, a controller's rung, a warm-up
+    codec)."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    if numel < min_numel:
+        return f"{numel} elements < min_numel {min_numel}: dense"
+    if dense_1d and len(shape) <= 1 and not named:
+        return "1-D tensor: dense"
+    if not codec.compresses(tuple(int(d) for d in shape)):
+        return f"{codec.codec_id} would pass a {[int(d) for d in shape]} tensor through: dense"
+    return None
+
 
 _RULE_FIELDS = ("name", "min_numel", "max_numel", "ndim", "from_step", "until_step", "codec")
 _POLICY_FIELDS = ("version", "default", "warmup_steps", "min_numel", "dense_1d", "powersgd_min_rate", "rules")
@@ -179,11 +227,11 @@ class Policy:
         self,
         rules: Sequence[Rule | Mapping[str, Any]] = (),
         *,
-        default: Codec | str | Mapping[str, Any] | None = "fp16",
+        default: Codec | str | Mapping[str, Any] | None = DEFAULTS.codec,
         warmup_steps: int = 0,
-        min_numel: int = 1024,
-        dense_1d: bool = True,
-        powersgd_min_rate: float = 2.0,
+        min_numel: int = DEFAULTS.min_numel,
+        dense_1d: bool = DEFAULTS.dense_1d,
+        powersgd_min_rate: float = DEFAULTS.powersgd_min_rate,
     ) -> None:
         if isinstance(rules, (str, bytes, Mapping)) or not isinstance(rules, Sequence):
             raise ConfigError(f"policy rules must be a list of rules, not {type(rules).__name__}")
@@ -233,9 +281,8 @@ class Policy:
                 return Decision(None, f"{reason}: {c.codec_id} needs a matrix: dense")
             if rate < need:
                 return Decision(None, f"{reason}: {c.codec_id} rate {rate:.2f} < {need:g}: dense")
-        if not c.compresses(shape):
-            return Decision(None, f"{reason}: {c.codec_id} would pass a {list(shape)} tensor through: dense")
-        return Decision(codec, reason)
+        why = size_rule(shape, c, min_numel=0, dense_1d=False)  # the size rules ran above, before the rules
+        return Decision(codec, reason) if why is None else Decision(None, f"{reason}: {why}")
 
     def codec_for(self, name: str, shape: Sequence[int], step: int = 0, tensor: Any = None) -> Codec | None:
         """Like :meth:`decide`, as a codec object (one instance per config, so stateful codecs keep
@@ -308,10 +355,10 @@ class Rules:
     callable ``policy(name, tensor) -> codec or None`` or a dict ``{fnmatch pattern: codec or None}``
     (first matching pattern wins; unmatched tensors take ``codec``), with the engine's size rules.
 
-    A tensor is dense when the choice is None, when it has fewer than ``min_numel`` elements, when it
-    is 1-D and ``dense_1d`` holds unless a callable or pattern named its codec explicitly (FSDP2's
-    rule; the DDP hook compresses 1-D tensors it is told to), and when the chosen codec would pass a
-    tensor of that shape through (``codec.compresses(shape)``: PowerSGD on a thin matrix).
+    A tensor is dense when the choice is None, and otherwise by :func:`size_rule`: fewer than
+    ``min_numel`` elements, 1-D while ``dense_1d`` holds unless a callable or pattern named its codec
+    explicitly, or a codec that would pass a tensor of that shape through (``codec.compresses(shape)``:
+    PowerSGD on a thin matrix). Defaults: :data:`DEFAULTS`.
     ``decide``/``codec_for`` answer as :class:`Policy`'s do; ``tensor`` is what a callable is handed
     (the gradient, or a meta tensor of the parameter's shape), the shape when the engine gives none.
     """
@@ -320,9 +367,9 @@ class Rules:
         self,
         policy: Any = None,
         *,
-        codec: Codec | str | Mapping[str, Any] | None = "fp16",
-        min_numel: int = 1024,
-        dense_1d: bool = False,
+        codec: Codec | str | Mapping[str, Any] | None = DEFAULTS.codec,
+        min_numel: int = DEFAULTS.min_numel,
+        dense_1d: bool = DEFAULTS.dense_1d,
     ) -> None:
         if policy is not None and not callable(policy) and not isinstance(policy, Mapping):
             raise ConfigError(f"a policy is a gcodec.policy.Policy, a callable or a dict, not {type(policy).__name__}")
@@ -362,17 +409,9 @@ class Rules:
         choice, reason = self._choice(name, shape, tensor)
         if choice is None:
             return None, f"{reason}: dense"
-        numel = 1
-        for d in shape:
-            numel *= d
-        if numel < self.min_numel:
-            return None, f"{numel} elements < min_numel {self.min_numel}: dense"
-        if self.dense_1d and len(shape) <= 1 and reason == "default":
-            return None, "1-D tensor: dense"
         codec = self._codec(choice, f"policy for {name!r}")
-        if not codec.compresses(shape):
-            return None, f"{reason}: {codec.codec_id} would pass a {list(shape)} tensor through: dense"
-        return codec, reason
+        why = size_rule(shape, codec, min_numel=self.min_numel, dense_1d=self.dense_1d, named=reason != "default")
+        return (codec, reason) if why is None else (None, f"{reason}: {why}" if why.startswith(codec.codec_id) else why)
 
     def decide(self, name: str, shape: Sequence[int], step: int = 0, tensor: Any = None) -> Decision:
         codec, reason = self._decide(name, shape, tensor)
@@ -385,9 +424,9 @@ class Rules:
 def as_policy(
     policy: Any,
     *,
-    codec: Codec | str | Mapping[str, Any] | None = "fp16",
-    min_numel: int = 1024,
-    dense_1d: bool = False,
+    codec: Codec | str | Mapping[str, Any] | None = DEFAULTS.codec,
+    min_numel: int = DEFAULTS.min_numel,
+    dense_1d: bool = DEFAULTS.dense_1d,
 ) -> Any:
     """The one policy language of the engines: a :class:`Policy` (it decides alone), a chooser with
     ``select()`` (an adaptive controller) or any object with ``codec_for(name, shape, step)`` as

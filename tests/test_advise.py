@@ -72,7 +72,7 @@ def test_latency_terms() -> None:
     # summable: an all-to-all and an all-gather of the values, or at p = 2 one all-gather
     assert comm_seconds("summable", 4, 1e6, link) == pytest.approx(2 * 3 * 1e-3)
     assert comm_seconds("summable", 2, 1e6, link) == pytest.approx(1e-3)
-    assert comm_seconds("powersgd", 4, 1e6, link) == pytest.approx(4 * 3 * 1e-3)
+    assert comm_seconds("lowrank", 4, 1e6, link) == pytest.approx(4 * 3 * 1e-3)
     assert comm_seconds("allreduce", 1, 1e6, link) == 0.0
 
 
@@ -607,7 +607,7 @@ def test_a_gather_link_prices_gather_and_two_phase_and_moves_the_break_even() ->
     assert comm_seconds("two_phase", 4, n, both) == pytest.approx(4 * comm_seconds("two_phase", 4, n, fast))
     # summable's values travel by all-to-all and all-gather too (gcodec sums them, not the engine)
     assert comm_seconds("summable", 4, n, both) == pytest.approx(4 * comm_seconds("summable", 4, n, fast))
-    for coll in ("allreduce", "powersgd"):
+    for coll in ("allreduce", "lowrank"):
         assert comm_seconds(coll, 4, n, both) == comm_seconds(coll, 4, n, fast)
     dense = 4 * n
     be = break_even_bps("gather", 2, n / 4, 1e-3, dense, both)

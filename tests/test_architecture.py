@@ -183,3 +183,41 @@ def test_auto_mode_keeps_a_codec_that_reads_shapes_out_of_two_phase():
     assert resolve_mode(flat, "auto", 8) == "two_phase"
     with pytest.raises(gcodec.ConfigError, match="reads the tensor's shape"):
         resolve_mode(tiles, "two_phase", 4)
+
+
+def test_no_transport_or_engine_module_names_a_codec():
+    """The transports and the engine adapters ask a codec what it can do and take their default
+    codec from :mod:`gcodec.policy`; a codec id or a protocol named after one (the old mode
+    ``powersgd``, now ``lowrank``) written there would tie them to one codec. Every string
+    constant of those modules is checked against every registered codec id."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(gcodec.__file__).parent
+    ids = set(gcodec.list_codecs())
+    modules = [*sorted((pkg / "transports").glob("*.py")), pkg / "mpi.py"]
+    modules += [pkg / "torch" / n for n in ("__init__.py", "comm.py", "hook.py", "fsdp.py", "diloco.py")]
+    found = []
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in ids:
+                found.append(f"{path.relative_to(pkg)}:{node.lineno}: {node.value!r}")
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("codecs."):
+                if node.module.split(".")[-1] not in ("state", "base", "registry"):
+                    found.append(f"{path.relative_to(pkg)}:{node.lineno}: imports {node.module}")
+    assert not found, "\n".join(found)
+
+
+def test_the_old_mode_name_warns_and_means_the_low_rank_protocol():
+    from gcodec.transports.state import MODES, TransportState, check_mode, resolve_mode
+
+    assert "powersgd" not in MODES and "lowrank" in MODES
+    with pytest.warns(DeprecationWarning, match="mode 'powersgd' is renamed 'lowrank'"):
+        assert check_mode("powersgd") == "lowrank"
+    with pytest.warns(DeprecationWarning):
+        assert TransportState("powersgd", mode="powersgd").mode == "lowrank"
+    assert resolve_mode(gcodec.get_codec("powersgd", rank=2), "auto", 4) == "lowrank"
+    with pytest.raises(gcodec.ConfigError, match="mode 'lowrank' needs a codec that declares low_rank"):
+        resolve_mode(gcodec.get_codec("uniform"), "lowrank", 2)
+    with pytest.raises(gcodec.ConfigError, match="is not one of"):
+        check_mode("ring")

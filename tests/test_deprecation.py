@@ -36,3 +36,14 @@ def test_a_renamed_keyword_takes_the_old_one_warns_and_refuses_both() -> None:
         assert renamed_kwarg("f", "old", "new", None, None, unset=unset) is None  # old=None is given
     with pytest.raises(TypeError, match="both new= and its old name old="):
         renamed_kwarg("f", "old", "new", 5, 3, unset=unset)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("module", ["gcodec.mpi", "gcodec.transports"])
+def test_the_router_answers_to_its_old_name_policystate_with_a_warning(module: str) -> None:
+    if module == "gcodec.mpi":
+        pytest.importorskip("mpi4py")
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=rf"{module}\.PolicyState is renamed {module}\.Router.*{REMOVED_IN}"):
+        old = mod.PolicyState
+    assert old is mod.Router

@@ -1,5 +1,5 @@
 """The declarative policy: the order of its decisions, PowerSGD's minimum rate, dict/JSON round trips,
-validation errors naming the rule, and its use by gcodec.mpi's PolicyState (in process) and the hook."""
+validation errors naming the rule, and its use by gcodec.mpi's Router (in process) and the hook."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import gcodec
 from gcodec.errors import ConfigError
 from gcodec.policy import Policy, Rule
-from gcodec.transports import DENSE, PolicyState, run_blocking
+from gcodec.transports import DENSE, Router, run_blocking
 from tests.localcomm import LocalComm
 
 U8 = {"id": "uniform", "bits": 8}
@@ -115,7 +115,7 @@ def test_load_of_a_non_json_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_policy_state_routes_each_key_and_goes_dense_when_told() -> None:
     p = Policy([{"name": "bias*", "codec": None}], default=U8, warmup_steps=1, min_numel=0, dense_1d=False)
-    ps = PolicyState(p, error_feedback=True)
+    ps = Router(p, error_feedback=True)
     comm = LocalComm()
     rng = np.random.default_rng(0)
     for _step in range(3):
@@ -134,7 +134,7 @@ def test_a_codec_switch_carries_the_residual_over() -> None:
         def codec_for(self, key, shape, step):
             return {"id": "topk", "ratio": 0.01} if step < 2 else ({"id": "uniform", "bits": 4} if step < 4 else None)
 
-    ps = PolicyState(Switch(), error_feedback=True)
+    ps = Router(Switch(), error_feedback=True)
     comm = LocalComm()
     rng = np.random.default_rng(1)
     sent = np.zeros((64, 128))
@@ -166,13 +166,13 @@ def test_policy_state_checkpoint_resumes_identically() -> None:
     comm = LocalComm()
     xs = [np.random.default_rng(s).standard_normal((32, 64)).astype(np.float32) for s in range(8)]
 
-    def run(ps: PolicyState, steps: list[np.ndarray]) -> list[np.ndarray]:
+    def run(ps: Router, steps: list[np.ndarray]) -> list[np.ndarray]:
         return [run_blocking(ps.protocol(comm, x, np.empty_like(x), "w", "mean")) for x in steps]
 
-    whole = run(PolicyState(p), xs)
-    first = PolicyState(p)
+    whole = run(Router(p), xs)
+    first = Router(p)
     head = run(first, xs[:2])
-    again = PolicyState(Policy.from_dict(p.to_dict()))
+    again = Router(Policy.from_dict(p.to_dict()))
     again.load_state_dict(first.state_dict())
     tail = run(again, xs[2:])
     assert all(np.array_equal(a, b) for a, b in zip(whole, head + tail))

@@ -538,13 +538,6 @@ class PowerSGD(Codec):
 
     # ---- header ----------------------------------------------------------------------------
     @classmethod
-    def _factor_specs(cls, params: dict[str, Any]) -> dict[str, compose.NestedSpec | None]:
-        return {
-            role: None if params[role] is None else compose.parse_nested(params[role], role, strict=False)
-            for role in ("p", "q")
-        }
-
-    @classmethod
     def expected_sections(cls, params: dict[str, Any], shape: tuple[int, ...]) -> list[tuple[str, str, int]]:
         mode, r = params["mode"], params["rank"]
         numel = 1

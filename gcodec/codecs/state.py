@@ -80,10 +80,6 @@ class CodecState:
         with self._lock:
             return self._streams.get(key, 0)
 
-    def set_stream(self, key: str | None, value: int) -> None:
-        with self._lock:
-            self._streams[key] = check_step(value)
-
     # ---- arrays per key --------------------------------------------------------------------
     def get_array(self, slot: str, key: str | None) -> np.ndarray | None:
         with self._lock:
@@ -93,13 +89,15 @@ class CodecState:
         with self._lock:
             self._arrays.setdefault(slot, {})[key] = value
 
-    def drop_arrays(self, slot: str, key: str | None = None, *, every: bool = False) -> None:
-        """Forget ``key``'s array in ``slot`` (or, with ``every=True``, all of them)."""
+    def copy_key(self, key: str | None) -> CodecState:
+        """A new state holding a copy of ``key``'s array in every slot (nothing else): what an
+        encode of ``key`` reads, for a trial encode that must not move the real state."""
+        out = CodecState()
         with self._lock:
-            if every:
-                self._arrays.pop(slot, None)
-            else:
-                self._arrays.get(slot, {}).pop(key, None)
+            for slot, d in self._arrays.items():
+                if key in d:
+                    out._arrays[slot] = {key: _host_copy(d[key])}
+        return out
 
     # ---- nested codecs ---------------------------------------------------------------------
     def child(self, role: str) -> CodecState:

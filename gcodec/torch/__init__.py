@@ -85,12 +85,12 @@ def all_reduce(
         group: the process group (None: the default group).
         async_op: return a work object instead of waiting (as ``torch.distributed.all_reduce``).
         key: names the tensor for its state (residuals, streams, statistics).
-        mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"powersgd"``.
+        mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"lowrank"``.
         state: a :class:`TransportState` for error feedback and statistics; by default a shared
             state without error feedback, per group and codec. Or a
             :class:`~gcodec.transports.Router` (a policy or an adaptive controller choosing per key
             and step, residuals that follow a key across codec changes), as ``gcodec.mpi``'s
-            ``PolicyState``.
+            ``Router``.
     """
     comm = comm_for(group)
     if isinstance(state, Router) or isinstance(codec, CodecPolicy):

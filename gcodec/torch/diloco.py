@@ -26,6 +26,7 @@ from ..arrays import tensors_from_arrays
 from ..codecs import get_codec
 from ..errors import ConfigError, GcodecError
 from ..lowcomm import Schedule, assign_fragments
+from ..policy import DEFAULTS
 from ..transports import Router
 from ..transports.comm import Communicator, Protocol
 from ..transports.control import Exchange, control_bytes, failed_exchange
@@ -96,7 +97,9 @@ class DiLoCo:
         error_feedback: keep what the codec dropped and send it at the next synchronisation.
         ef_decay: multiply the residual by this before it is added (``gcodec.ErrorFeedback(decay=)``;
             SparseLoCo uses 0.95 with chunked top-k and no outer momentum).
-        min_numel: parameters with fewer elements go uncompressed (norm gains, biases).
+        min_numel: parameters with fewer elements go uncompressed (norm gains, biases); 1-D
+            parameters go uncompressed too unless ``policy`` names a codec for them
+            (:data:`gcodec.policy.DEFAULTS`, as in every engine).
         mode: the transports' mode (``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"``).
         fragments, delay, mix: Streaming DiLoCo (:class:`gcodec.lowcomm.Schedule`): ``fragments``
             parts synced at staggered steps, each exchange overlapping ``delay`` inner steps, the
@@ -121,7 +124,7 @@ class DiLoCo:
         policy: Any = None,
         error_feedback: bool = True,
         ef_decay: float = 1.0,
-        min_numel: int = 0,
+        min_numel: int = DEFAULTS.min_numel,
         mode: str = "auto",
         fragments: int = 1,
         delay: int = 0,
@@ -152,6 +155,7 @@ class DiLoCo:
             policy,
             codec=codec,
             min_numel=min_numel,
+            dense_1d=DEFAULTS.dense_1d,
             error_feedback=error_feedback,
             mode=mode,
             decay=ef_decay,

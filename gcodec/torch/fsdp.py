@@ -36,6 +36,7 @@ from .. import xp
 from ..codecs import Codec, get_codec
 from ..deprecation import renamed_names
 from ..errors import ConfigError
+from ..policy import DEFAULTS
 from ..policy import Policy as CodecPolicy
 from ..transports import Piece, Router, TransportState
 from ..transports.control import Exchange, failed_exchange
@@ -121,11 +122,11 @@ class FSDPState:
 
     def __init__(
         self,
-        codec: Codec | str | dict[str, Any] = "fp16",
+        codec: Codec | str | dict[str, Any] = DEFAULTS.codec,
         *,
         policy: Any = None,
-        start_iter: int = 10,
-        min_numel: int = 1024,
+        start_iter: int = DEFAULTS.start_iter,
+        min_numel: int = DEFAULTS.min_numel,
         error_feedback: bool = True,
         num_threads: int | None = None,
         all_gather: Codec | str | dict[str, Any] | None = None,
@@ -148,7 +149,7 @@ class FSDPState:
             policy,
             codec=self.codec,
             min_numel=self.min_numel,
-            dense_1d=True,
+            dense_1d=DEFAULTS.dense_1d,
             error_feedback=self.error_feedback,
             num_threads=num_threads,
         )
@@ -171,9 +172,7 @@ class FSDPState:
         the parameter dense."""
         shape = tuple(int(d) for d in shape)
         if self.router.adaptive:
-            if rung is None or int(np.prod(shape)) < self.min_numel or len(shape) <= 1 or not rung.compresses(shape):
-                return None
-            codec: Codec | None = rung
+            codec: Codec | None = self.router.rung_for(shape, rung)
         else:
             meta = torch.empty(shape, device="meta") if callable(self.policy) else None
             codec = self.router.choose(fqn, shape, step, meta)
@@ -407,7 +406,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
 
     def __init__(
         self,
-        state: FSDPState | Codec | str | dict[str, Any] = "fp16",
+        state: FSDPState | Codec | str | dict[str, Any] = DEFAULTS.codec,
         module: torch.nn.Module | None = None,
         *,
         name: str = "",
@@ -657,7 +656,9 @@ class QuantizedAllGather(_AGBase):  # type: ignore[misc,valid-type]
         name: the module's FQN, the prefix of its statistics key (``"<name>:all_gather"``).
     """
 
-    def __init__(self, state: FSDPState | Codec | str | dict[str, Any] = "uniform", *, name: str = "") -> None:
+    def __init__(
+        self, state: FSDPState | Codec | str | dict[str, Any] = DEFAULTS.all_gather, *, name: str = ""
+    ) -> None:
         if not isinstance(state, FSDPState):
             state = FSDPState(all_gather=state)
         if state.all_gather is None:
@@ -711,12 +712,12 @@ class QuantizedAllGather(_AGBase):  # type: ignore[misc,valid-type]
 
 def compress_fsdp(
     model: torch.nn.Module,
-    codec: Codec | str | dict[str, Any] = "fp16",
+    codec: Codec | str | dict[str, Any] = DEFAULTS.codec,
     *,
     policy: TensorChooser | CodecPolicy | Mapping[str, Any] | None = None,
     error_feedback: bool = True,
-    start_iter: int = 10,
-    min_numel: int = 1024,
+    start_iter: int = DEFAULTS.start_iter,
+    min_numel: int = DEFAULTS.min_numel,
     num_threads: int | None = None,
     all_gather: Codec | str | dict[str, Any] | None = None,
     state: FSDPState | None = None,

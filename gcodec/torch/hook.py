@@ -51,6 +51,7 @@ from ..arrays import BFLOAT16, tensors_from_arrays
 from ..codecs import Codec, get_codec
 from ..deprecation import renamed_names
 from ..errors import ConfigError, GcodecError
+from ..policy import DEFAULTS
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
 from ..transports import DENSE, DoneWork, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
@@ -60,6 +61,7 @@ from ..transports.handshake import Agreement, fingerprint
 from ..transports.protocol_helpers import timed
 from ..transports.quality import sample_quality
 from ..transports.router import RouterSetting
+from ..transports.state import check_mode
 from ..transports.stats import StepReports, StepStats
 from ..transports.summable import summable_protocol
 from ..transports.two_phase import two_phase_protocol
@@ -189,11 +191,11 @@ class HookState:
 
     def __init__(
         self,
-        codec: Codec | str | dict[str, Any] = "fp16",
+        codec: Codec | str | dict[str, Any] = DEFAULTS.codec,
         *,
         process_group: Any = None,
-        start_iter: int = 10,
-        min_numel: int = 1024,
+        start_iter: int = DEFAULTS.start_iter,
+        min_numel: int = DEFAULTS.min_numel,
         error_feedback: bool = True,
         mode: str = "auto",
         policy: Any = None,
@@ -209,7 +211,7 @@ class HookState:
         self.start_iter = int(start_iter)
         self.min_numel = int(min_numel)
         self.error_feedback = bool(error_feedback)
-        self.mode = mode
+        self.mode = check_mode(mode)
         self.policy = policy
         self.num_threads = num_threads
         self.iter = 0
@@ -221,9 +223,9 @@ class HookState:
             policy,
             codec=self.codec,
             min_numel=self.min_numel,
-            dense_1d=False,
+            dense_1d=DEFAULTS.dense_1d,
             error_feedback=self.error_feedback,
-            mode=mode,
+            mode=self.mode,
             num_threads=num_threads,
             telemetry=telemetry,
         )
@@ -273,9 +275,7 @@ class HookState:
         compressed warm-up) the bucket's rung unless the size rules keep the tensor dense."""
         if rung is None and step >= self.start_iter and not self.router.adaptive:
             return self.router.choose(name, tuple(grad.shape), step, grad)
-        if rung is None or grad.numel() < self.min_numel or not rung.compresses(tuple(grad.shape)):
-            return None
-        return rung  # type: ignore[no-any-return]
+        return self.router.rung_for(tuple(grad.shape), rung)
 
     def state_for(self, codec: Codec) -> TransportState:
         """The transport state (residuals, statistics) of one codec of this hook."""
@@ -493,7 +493,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         ts, gs = g.state, g.stats
         assert gs is not None
         riders = flat if g is plan.carrier else None
-        if g.mode == "powersgd":
+        if g.mode == "lowrank":
             yield from timed(gs, lowrank_protocol(ex, ts, g.items, "mean", it, gs, riders))
         else:
             proto = _FLAT[g.mode](ex, ts, g.x, g.out, g.key, "mean", gs.step, gs, dense=riders)
@@ -540,7 +540,7 @@ def _warn_no_gain(state: HookState, plan: _Plan, grads: list[torch.Tensor]) -> N
     decode per step, and the user would rather know."""
     for g in plan.groups:
         st = g.stats
-        if st is None or g.mode == "powersgd":
+        if st is None or g.mode == "lowrank":
             continue
         cfg = g.state.codec.config_key
         raw = sum(grads[i].numel() * grads[i].element_size() for i in g.idx)
@@ -595,7 +595,7 @@ def _dense_riders(plan: _Plan) -> tuple[np.ndarray | None, int]:
 def _prepare(state: HookState, buf: torch.Tensor, plan: _Plan, g: _Group, it: int) -> None:
     """Group ``g``'s input (with a residual it must send now), its output and its statistics."""
     ts, grads, idx = g.state, plan.grads, g.idx
-    if g.mode == "powersgd":
+    if g.mode == "lowrank":
         g.items = [LowRankItem(plan.names[i], as_array(grads[i]), as_array(grads[i])) for i in idx]
         if g.flush is not None:
             for item, owed in zip(g.items, g.flush):
@@ -694,7 +694,7 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
             k = c.config_key
             # a codec that reads shapes goes in a group of its own, exchanged in its shape; PowerSGD's
             # matrices share one round of products, unless a flat mode (gather) sends each alone
-            if c.reads_shape and (not c.low_rank or resolve_mode(c, state.mode, p) != "powersgd"):
+            if c.reads_shape and (not c.low_rank or resolve_mode(c, state.mode, p) != "lowrank"):
                 k += f"\0{i}"
             by_codec.setdefault(k, []).append(i)
             codecs[k] = c
@@ -703,8 +703,8 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
         mode = resolve_mode(codec, state.mode, p)
         ts = state.state_for(codec)
         gnames = [names[i] for i in idx]
-        if mode == "powersgd":
-            key = router.group_key("powersgd:", codec, gnames)
+        if mode == "lowrank":
+            key = router.group_key("lowrank:", codec, gnames)
             vectors = [[Piece.whole(names[i], grads[i].numel())] for i in idx]
             like = as_array(grads[idx[0]])
             flush = router.place(ts, key, "lowrank", vectors, [tuple(grads[i].shape) for i in idx], like)

@@ -7,12 +7,16 @@ feedback, statistics, kernel threads) lives here and knows no engine. See docs/t
 
 from __future__ import annotations
 
+from ..deprecation import renamed_names
 from .allreduce import OPS, allreduce_protocol
 from .comm import Communicator, DoneWork, Protocol, Serial, Task, Work, run_blocking
 from .lowrank import LowRankItem, lowrank_protocol
-from .router import DENSE, Piece, PolicyState, Router
+from .router import DENSE, Piece, Router
 from .state import GATHER_MAX_RANKS, MODES, TransportState, resolve_mode
 from .threads import job_threads, kernel_threads
+
+#: ``PolicyState``, the router's old name
+__getattr__ = renamed_names("gcodec.transports", {"PolicyState": ("Router", Router)})
 
 __all__ = [
     "DENSE",
@@ -23,7 +27,6 @@ __all__ = [
     "DoneWork",
     "LowRankItem",
     "Piece",
-    "PolicyState",
     "Protocol",
     "Router",
     "Serial",

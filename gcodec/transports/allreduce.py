@@ -87,7 +87,7 @@ def allreduce_protocol(
     step = state.next_step(key)
     sample_quality(state, key, step, x)
     st = StepStats(key, step, resolved, x.nbytes)
-    if resolved == "powersgd":
+    if resolved == "lowrank":
         yield from timed(st, lowrank_protocol(ex, state, [LowRankItem(key, x, out)], op, step, st))
     else:
         yield from timed(st, _PROTOCOLS[resolved](ex, state, x, out, key, op, step, st))

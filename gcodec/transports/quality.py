@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs.powersgd import Q_SLOT as _Q_SLOT
 from ..codecs.state import CodecState
 from ..telemetry import measure
 from .state import TransportState
@@ -37,11 +36,12 @@ def _residual(state: TransportState, key: str) -> np.ndarray | None:
 
 
 def _codec_state_copy(state: TransportState, key: str) -> CodecState:
-    cs = CodecState()
-    for src in (state.codec_state, state.worker.codec_state if state.worker is not None else None):
-        q = None if src is None else src.get_array(_Q_SLOT, key)
-        if q is not None:
-            cs.put_array(_Q_SLOT, key, np.array(q, copy=True))
+    """``key``'s arrays (a warm start), from whichever of the transport's and error feedback's codec
+    states encodes it, copied: the trial encode must not move the real exchange's state."""
+    cs = state.codec_state.copy_key(key)
+    if state.worker is not None:
+        for slot, d in state.worker.codec_state.copy_key(key)._arrays.items():
+            cs._arrays.setdefault(slot, {}).update(d)
     return cs
 
 

@@ -43,25 +43,20 @@ from .. import xp
 from ..arrays import dtype_name
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError
-from ..policy import Rules, as_policy
+from ..policy import DEFAULTS, Rules, as_policy, size_rule
 from .allreduce import allreduce_protocol
 from .comm import Communicator, Protocol, Work
 from .control import Exchange, failed_exchange
 from .handshake import fingerprint
 from .protocol_helpers import timed, work_dtype
-from .state import MODES, TransportState, resolve_mode
+from .state import TransportState, check_mode, resolve_mode
 from .stats import DENSE, KeyRounds, StepStats
 from .two_phase import owner_bounds
 
-__all__ = ["DENSE", "FORMS", "Piece", "PolicyState", "Router", "RouterSetting", "codec_key"]
+__all__ = ["DENSE", "FORMS", "Piece", "Router", "RouterSetting"]
 
 #: How a group's residual is stored in its codec's state (module docstring).
 FORMS = ("flat", "split", "rows", "lowrank")
-
-
-def codec_key(codec: Codec) -> str:
-    """A codec's configuration as canonical JSON: one state and one instance per key."""
-    return codec.config_key
 
 
 @dataclass(frozen=True)
@@ -146,7 +141,9 @@ class Router:
             ``{pattern: codec}`` dict (adapted with ``codec``, ``min_numel`` and ``dense_1d``), or
             None for ``codec`` everywhere.
         codec, min_numel, dense_1d: the shorthand's default codec and size rules
-            (:class:`gcodec.policy.Rules`); a Policy decides alone.
+            (:class:`gcodec.policy.Rules`); a Policy decides alone. No size rule by default: a
+            tensor handed to ``gcodec.torch.all_reduce`` or ``gcodec.mpi`` is compressed as asked;
+            the engines that plan a model's parameters pass :data:`gcodec.policy.DEFAULTS`.
         error_feedback, mode, num_threads, telemetry, decay: as for :class:`TransportState`,
             applied to the state of every codec the chooser picks.
     """
@@ -155,7 +152,7 @@ class Router:
         self,
         chooser: Any = None,
         *,
-        codec: Codec | str | Mapping[str, Any] | None = "fp16",
+        codec: Codec | str | Mapping[str, Any] | None = DEFAULTS.codec,
         min_numel: int = 0,
         dense_1d: bool = False,
         error_feedback: bool = True,
@@ -164,8 +161,7 @@ class Router:
         telemetry: Any = None,
         decay: float = 1.0,
     ) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
+        mode = check_mode(mode)
         self._shorthand: dict[str, Any] = {"codec": codec, "min_numel": min_numel, "dense_1d": dense_1d}
         self.error_feedback, self.mode = bool(error_feedback), mode
         self.policy = chooser
@@ -219,11 +215,11 @@ class Router:
         if choice is None:
             return None
         c = choice if isinstance(choice, Codec) else get_codec(choice)
-        return self._codecs.setdefault(codec_key(c), c)
+        return self._codecs.setdefault(c.config_key, c)
 
     def state_for(self, codec: Codec) -> TransportState:
         """The transport state (residuals, steps, statistics) of one codec of this router."""
-        k = codec_key(codec)
+        k = codec.config_key
         st = self.states.get(k)
         if st is None:
             st = self.states[k] = TransportState(
@@ -235,6 +231,15 @@ class Router:
                 decay=self.decay,
             )
         return st
+
+    def rung_for(self, shape: Sequence[int], rung: Codec | None) -> Codec | None:
+        """``rung`` (a controller's choice for a bucket or module, or a compressed warm-up's codec)
+        for one tensor of ``shape``, unless the size rules keep the tensor dense (None)."""
+        if rung is None:
+            return None
+        rules = self._shorthand
+        keep = size_rule(shape, rung, min_numel=int(rules["min_numel"]), dense_1d=bool(rules["dense_1d"]))
+        return rung if keep is None else None
 
     def choose(self, name: str, shape: Sequence[int], step: int, tensor: Any = None) -> Codec | None:
         """The policy's codec for parameter ``name`` at ``step`` (None: dense). Not for a controller,
@@ -280,7 +285,7 @@ class Router:
 
     def note_choice(self, key: str, step: int, codec: Codec | None) -> bool:
         """Record ``key``'s codec at ``step``; True when it changed (a switch is logged)."""
-        new = DENSE if codec is None else codec_key(codec)
+        new = DENSE if codec is None else codec.config_key
         old = self.current.get(key)
         self.current[key] = new
         if old is None or old == new:
@@ -460,7 +465,7 @@ class Router:
         """
         if form not in FORMS:
             raise ConfigError(f"residual form {form!r} is not one of {list(FORMS)}")
-        sid = (codec_key(ts.codec), key)
+        sid = (ts.codec.config_key, key)
         layout = tuple(tuple(v) for v in vectors)
         shape = None if not shapes else tuple(shapes[0])
         store = self._stores.get(sid)
@@ -614,10 +619,7 @@ class Router:
         (:attr:`Codec.reads_shape`: each such key goes alone, in its shape); the keys that go
         dense this step are joined into one agreed allreduce. Residuals stay keyed by parameter
         and element range, so a key that changes group keeps what it is owed (:meth:`place`).
-
-        A DiLoCo synchronisation of a model's 28 parameters on 2 gloo ranks took 225 ms one key
-        at a time, most of it the agreement and the collectives of the many small dense keys,
-        and 134 ms with every key 4-bit: one exchange per key."""
+        (What joining saves is measured in docs/lowcomm.md, "A synchronisation's own cost".)"""
         dense: list[tuple[str, Any, Any, int, Any, float]] = []
         order: list[list[_Member]] = []  # the compressed exchanges, in the order of their first key
         joined: dict[tuple[str, str, str], list[_Member]] = {}
@@ -632,7 +634,7 @@ class Router:
             if codec.reads_shape:  # PowerSGD's matrices (low_rank reads shapes) and the 2-D DCT go alone
                 order.append([member])
                 continue
-            gk = (codec_key(codec), dtype_name(x.dtype), xp.backend(x))
+            gk = (codec.config_key, dtype_name(x.dtype), xp.backend(x))
             if gk not in joined:
                 joined[gk] = []
                 order.append(joined[gk])
@@ -741,7 +743,7 @@ class Router:
         whole = [[Piece.whole(key, int(x.size))]]
         ts = self.state_for(codec)
         mode = resolve_mode(codec, ts.mode, comm.size)
-        form = {"powersgd": "lowrank", "two_phase": "split"}.get(mode, "flat")
+        form = {"lowrank": "lowrank", "two_phase": "split"}.get(mode, "flat")
         shapes = [(comm.size,)] if form == "split" else [tuple(x.shape)]
         flush = self.place(ts, key, form, whole, shapes)
         if flush is not None and flush[0] is not None:  # no feedback in the new codec: send it now
@@ -801,10 +803,6 @@ class RouterSetting:
                 router.policy = value
             else:
                 router.configure(**{self.name: value})
-
-
-#: The router under the name ``gcodec.mpi`` has always given it (a per-key chooser's state).
-PolicyState = Router
 
 
 def _host(v: Any) -> np.ndarray:

@@ -8,6 +8,7 @@ strings, lists and dicts, so it can be saved with ``numpy``/``pickle`` (and, con
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..codecs import Aggregation, Codec, get_codec
 from ..codecs.state import CodecState
+from ..deprecation import REMOVED_IN, RENAMED_MODES
 from ..errors import ConfigError
 from ..feedback import ErrorFeedback
 from ..telemetry import Telemetry
@@ -22,10 +24,26 @@ from .sendbuf import SendBuffers
 from .stats import KeyRounds, Stats
 from .threads import job_threads
 
-__all__ = ["MODES", "TransportState", "resolve_mode"]
+__all__ = ["MODES", "TransportState", "check_mode", "resolve_mode"]
 
-#: Accepted ``mode=`` values.
-MODES = ("auto", "summable", "gather", "two_phase", "powersgd")
+#: Accepted ``mode=`` values: the protocols (docs/transports.md), named for what they exchange, never
+#: for a codec: ``lowrank`` sums the factors of any codec that declares ``low_rank``.
+MODES = ("auto", "summable", "gather", "two_phase", "lowrank")
+
+
+def check_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`MODES` (an old name: its new one, with a DeprecationWarning);
+    else ConfigError."""
+    new = RENAMED_MODES.get(mode) if isinstance(mode, str) else None
+    if new is not None:
+        warnings.warn(
+            f"mode {mode!r} is renamed {new!r}; {mode!r} goes in gcodec {REMOVED_IN}", DeprecationWarning, stacklevel=3
+        )
+        return new
+    if mode not in MODES:
+        raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
+    return mode
+
 
 #: ``mode="auto"`` gathers payloads up to this many ranks and uses two-phase above: an all-gather
 #: sends (p-1) payloads per rank against 2 (p-1)/p for two-phase, equal at p = 2 where gathering
@@ -35,22 +53,23 @@ GATHER_MAX_RANKS = 2
 
 def resolve_mode(codec: Codec, mode: str, size: int) -> str:
     """The protocol a codec runs under ``mode`` on ``size`` ranks (ConfigError when it cannot)."""
-    if mode not in MODES:
-        raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
+    mode = check_mode(mode)
     lowrank = codec.low_rank
     if mode == "auto":
         if lowrank:
-            return "powersgd"
+            return "lowrank"
         if codec.aggregation is Aggregation.SUMMABLE:
             return "summable"
         # two-phase owners work on flat chunks: a codec that reads shapes keeps them under gather
         return "gather" if size <= GATHER_MAX_RANKS or codec.reads_shape else "two_phase"
     if mode == "summable" and codec.aggregation is not Aggregation.SUMMABLE:
         raise ConfigError(f"codec {codec.codec_id!r} is not summable; use mode 'gather' or 'two_phase'")
-    if mode == "powersgd" and not lowrank:
-        raise ConfigError(f"mode 'powersgd' needs a low-rank codec (powersgd), not {codec.codec_id!r}")
+    if mode == "lowrank" and not lowrank:
+        raise ConfigError(f"mode 'lowrank' needs a codec that declares low_rank (powersgd), not {codec.codec_id!r}")
     if mode == "two_phase" and lowrank:
-        raise ConfigError("powersgd cannot run two-phase (its chunks are not matrices); use 'powersgd' or 'gather'")
+        raise ConfigError(
+            f"{codec.codec_id} cannot run two-phase (its chunks are not matrices); use 'lowrank' or 'gather'"
+        )
     if mode == "two_phase" and codec.reads_shape:
         raise ConfigError(
             f"codec {codec.get_config()} reads the tensor's shape and cannot run two-phase (its chunks are flat); "
@@ -68,7 +87,7 @@ class TransportState:
             residuals) so that what compression dropped is sent at the next step. Needed for biased
             codecs (top-k, sign, PowerSGD); harmless but useless for fp16/bf16.
         mode: ``"auto"`` (by the codec's aggregation kind), ``"summable"``, ``"gather"``,
-            ``"two_phase"`` or ``"powersgd"`` (see docs/transports.md for the table).
+            ``"two_phase"`` or ``"lowrank"`` (see docs/transports.md for the table).
         num_threads: kernel threads per rank; None follows the job (see
             :mod:`gcodec.transports.threads`).
         worker: an existing :class:`~gcodec.ErrorFeedback` to hold the worker residuals (for
@@ -93,9 +112,7 @@ class TransportState:
         decay: float | None = None,
     ) -> None:
         self.codec = get_codec(codec)
-        if mode not in MODES:
-            raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
-        self.mode = mode
+        self.mode = check_mode(mode)
         self.error_feedback = bool(error_feedback or worker is not None)
         if worker is not None and worker.codec != self.codec:
             raise ConfigError(f"ef's codec {worker.codec!r} differs from the transport's {self.codec!r}")

@@ -2,7 +2,7 @@
 gcodec.lowcomm.Schedule: ``mpiexec -n 2 python -m tests.transport_ranks.diloco_mpi OUTDIR``.
 
 Two fragments (the weight matrix and the bias), 4-bit pseudo-gradients with error feedback on a
-router (``gcodec.mpi.PolicyState``), a Nesterov outer step written out in NumPy. Each rank writes
+router (``gcodec.mpi.Router``), a Nesterov outer step written out in NumPy. Each rank writes
 the digest of its global parameters after every outer step and the losses of the global model."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main() -> None:
         mom = {name: np.zeros_like(v) for name, v in local.items()}
         fragments = {0: ["w"], 1: ["b"]}
         sched = Schedule(sync_every=6, fragments=2)
-        router = gcodec.mpi.PolicyState(None, codec={"id": "uniform", "bits": 4}, error_feedback=True)
+        router = gcodec.mpi.Router(None, codec={"id": "uniform", "bits": 4}, error_feedback=True)
         digests, losses = [], []
         xa = np.concatenate(comm.allgather(x))
         ya = np.concatenate(comm.allgather(y))

@@ -124,7 +124,7 @@ def scenario_matrix() -> None:
     rel = float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
     check("powersgd full rank: equals the mean", rel < 1e-4, f"rel err {rel:.3g}")
     r2 = gcodec.get_codec("powersgd", rank=2, seed=1)
-    for mode in ("powersgd", "gather"):
+    for mode in ("lowrank", "gather"):
         y = gcodec.mpi.allreduce(COMM, xs[ME], r2, key=f"psgd-{mode}", mode=mode)
         rel = float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
         same = COMM.allgather(y.tobytes())
@@ -244,7 +244,7 @@ def scenario_errors() -> None:
 def scenario_checkpoint(path: str) -> None:
     """Train-like loop with error feedback; restore at step 3 from a pickle; the rest is bit-identical."""
     codecs = [{"id": "topk", "ratio": 0.05}, {"id": "uniform", "bits": 4, "rounding": "stochastic", "seed": 4}]
-    for mode in ("gather", "two_phase", "summable", "powersgd"):
+    for mode in ("gather", "two_phase", "summable", "lowrank"):
         for cfg in (
             codecs
             if mode in ("gather", "two_phase")
@@ -278,13 +278,13 @@ def scenario_report() -> None:
 
         bad = check_rounds(ME, P, by_state, state, end_each, dense=0)
         check(f"State's step report adds up (end_step each round: {end_each})", not bad, "; ".join(bad))
-        router = gcodec.mpi.PolicyState({"b": None}, codec={"id": "uniform", "bits": 4}, mode="gather")
+        router = gcodec.mpi.Router({"b": None}, codec={"id": "uniform", "bits": 4}, mode="gather")
 
         def by_policy(k: str, x: np.ndarray, router=router) -> None:  # type: ignore[no-untyped-def]
             gcodec.mpi.allreduce(COMM, x, None, key=k, state=router)
 
         bad = check_rounds(ME, P, by_policy, router, end_each, dense=4 * N_B)
-        check(f"PolicyState's step report adds up, dense key included (end_step: {end_each})", not bad, "; ".join(bad))
+        check(f"Router's step report adds up, dense key included (end_step: {end_each})", not bad, "; ".join(bad))
 
 
 def scenario_kill() -> None:

@@ -85,14 +85,6 @@ def _round(c0, c1, c2, c3, k0, k1):  # pragma: no cover - jitted
     )
 
 
-@njit(cache=True, inline="always")
-def philox10(c0, c1, c2, c3, ks):  # pragma: no cover - jitted
-    """Philox4x32-10 with precomputed round keys ``ks`` (from :func:`key_schedule`), unrolled."""
-    for r in range(10):
-        c0, c1, c2, c3 = _round(c0, c1, c2, c3, ks[2 * r], ks[2 * r + 1])
-    return c0, c1, c2, c3
-
-
 @njit(cache=True)
 def _block(b, s0, s1, ka, ke):  # pragma: no cover - jitted
     """The four words of counter block ``b`` (uint64) of stream (s0, s1); ``ka``, ``ke``: the round
