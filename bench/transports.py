@@ -103,7 +103,7 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
                 "fp16",
                 start_iter=2,
                 warmup_codec="fp16",
-                policy=AdaptiveController(start=1, interval=10, warmup_steps=2),
+                controller=AdaptiveController(start=1, interval=10, warmup_steps=2),
                 module=model,
             ),
             "gcodec powersgd r2": lambda: gcodec.torch.HookState({"id": "powersgd", "rank": 2}, start_iter=2),

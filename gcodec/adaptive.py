@@ -2,7 +2,7 @@
 minimises the predicted step time, while the quality telemetry stays within bounds.
 
 >>> ctl = AdaptiveController(bandwidth="1Gbit", interval=20)            # doctest: +SKIP
->>> state = gcodec.mpi.Router(ctl, error_feedback=True, telemetry=Telemetry(every=10))
+>>> state = gcodec.mpi.Router(controller=ctl, error_feedback=True, telemetry=Telemetry(every=10))
 >>> mean = gcodec.mpi.allreduce(comm, grad, None, key="layer1", state=state)  # doctest: +SKIP
 
 The ladder runs from light to strong: none (fp32 allreduce) → fp16 → uniform 8 → uniform 4 →

@@ -428,9 +428,10 @@ def as_policy(
     min_numel: int = DEFAULTS.min_numel,
     dense_1d: bool = DEFAULTS.dense_1d,
 ) -> Any:
-    """The one policy language of the engines: a :class:`Policy` (it decides alone), a chooser with
-    ``select()`` (an adaptive controller) or any object with ``codec_for(name, shape, step)`` as
-    given; a callable, a ``{pattern: codec}`` dict or None adapted into :class:`Rules`."""
-    if isinstance(policy, Policy) or hasattr(policy, "select") or hasattr(policy, "codec_for"):
+    """The one policy language of the engines: a :class:`Policy` (it decides alone) or any object
+    with ``codec_for(name, shape, step)`` as given; a callable, a ``{pattern: codec}`` dict or None
+    adapted into :class:`Rules`. (An adaptive controller is no policy: engines take it as
+    ``controller=``.)"""
+    if isinstance(policy, Policy) or hasattr(policy, "codec_for"):
         return policy
     return Rules(policy, codec=codec, min_numel=min_numel, dense_1d=dense_1d)

@@ -238,7 +238,7 @@ def test_a_measured_excess_moves_with_the_link_and_unmeasured_rungs_pay_the_leas
 
 def test_decisions_through_select_follow_the_link_and_agree_with_an_allreduce() -> None:
     ctl = _ctl("100Mbit", trial_steps=None)  # the interval's grid (trials: the test below)
-    ps = Router(ctl)
+    ps = Router(controller=ctl)
     comm = FakeComm(4)
     got = []
     for step in range(40):
@@ -261,7 +261,7 @@ def test_warmup_rungs_decide_the_first_step_among_the_light_rungs_then_the_whole
         ctl = _ctl(bandwidth, warmup_rungs=3, trial_steps=None)  # (trials: the test below)
         ctl.warmup_steps = 10
         comm = FakeComm(4)
-        ps = Router(ctl)
+        ps = Router(controller=ctl)
         got = [run_blocking(ctl.select(comm, ps, "w", SHAPE, step)) for step in range(30)]
         assert got[:10] == [ctl.ladder[warm]] * 10 and got[10:] == [ctl.ladder[after]] * 20, bandwidth
         assert [d["step"] for d in ctl.decisions] == [0, 10, 20]  # no decision inside the warm-up
@@ -270,7 +270,7 @@ def test_warmup_rungs_decide_the_first_step_among_the_light_rungs_then_the_whole
         assert np.isfinite(ctl.decisions[1]["predicted_s"][3])
     # without it, warm-up is ``start`` and the first decision is at warmup_steps
     ctl = AdaptiveController(bandwidth="100Mbit", speeds=SPEEDS, interval=10, warmup_steps=10, start=1)
-    got = [run_blocking(ctl.select(FakeComm(4), Router(ctl), "w", SHAPE, step)) for step in range(11)]
+    got = [run_blocking(ctl.select(FakeComm(4), Router(controller=ctl), "w", SHAPE, step)) for step in range(11)]
     assert got[:10] == [ctl.ladder[1]] * 10 and got[10] == ctl.ladder[4]
 
 
@@ -283,7 +283,7 @@ def test_an_unrun_rung_is_taken_on_trial_and_its_first_step_is_not_timed() -> No
     an interval later."""
     ladder = (None, {"id": "topk", "ratio": 0.01})
     ctl = _probed(3e8, ladder=ladder, warmup_steps=5)
-    ps = Router(ctl)
+    ps = Router(controller=ctl)
     comm = FakeComm(2)
     held = {0: 2.7, 1: 4.0}
     got = []
@@ -299,7 +299,7 @@ def test_an_unrun_rung_is_taken_on_trial_and_its_first_step_is_not_timed() -> No
     assert ctl.next_decision["w"] == 28
     # the same without trials: top-k for the whole interval
     ctl = _probed(3e8, ladder=ladder, warmup_steps=5, trial_steps=None)
-    ps = Router(ctl)
+    ps = Router(controller=ctl)
     got = []
     for step in range(16):
         rung = ctl._rung_of(run_blocking(ctl.select(comm, ps, "w", SHAPE, step)))
@@ -341,7 +341,7 @@ def _ran_one(ctl: AdaptiveController, ps: Router, rung: int, held_s: float, step
 
 def test_controller_state_round_trips() -> None:
     ctl = _ctl("100Mbit")
-    ps = Router(ctl)
+    ps = Router(controller=ctl)
     run_blocking(ctl.select(FakeComm(4), ps, "w", SHAPE, 0))
     back = _ctl("100Mbit")
     back.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
@@ -454,7 +454,7 @@ def test_the_probe_measures_the_link_once_and_prices_the_decision_with_it() -> N
     # t = 2 alpha + bytes * s at p = 2 (fit_link's ring model): beta = 1 / s bytes per second
     ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
     comm = TimedComm(2, 1e-3, 4e-9)
-    ps = Router(ctl)
+    ps = Router(controller=ctl)
     run_blocking(ctl.select(comm, ps, "w", SHAPE, 0))
     assert ctl.probed is not None
     bw = ctl.probed.link.bandwidth_bps
@@ -474,7 +474,7 @@ def test_the_probe_measures_the_link_once_and_prices_the_decision_with_it() -> N
 def test_a_slow_link_stops_the_probe_after_two_sizes() -> None:
     ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
     comm = TimedComm(2, 0.0, 1e-6)  # 16 KB take 16 ms, 256 KB 0.26 s: over PROBE_MAX_S
-    run_blocking(ctl.select(comm, Router(ctl), "w", SHAPE, 0))
+    run_blocking(ctl.select(comm, Router(controller=ctl), "w", SHAPE, 0))
     assert ctl.probed is not None and len(ctl.probed.samples) == 2
     assert 0.7 * 8e6 < ctl.probed.link.bandwidth_bps < 1.3 * 8e6
 
@@ -482,7 +482,7 @@ def test_a_slow_link_stops_the_probe_after_two_sizes() -> None:
 def test_a_probe_that_cannot_fit_leaves_the_exchanges_measure() -> None:
     ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
     comm = TimedComm(2, 3e-3, -4e-10)  # larger allreduces take less time (3 ms down to 1.3 ms): no beta
-    run_blocking(ctl.select(comm, Router(ctl), "w", SHAPE, 0))
+    run_blocking(ctl.select(comm, Router(controller=ctl), "w", SHAPE, 0))
     assert ctl.probed is None and ctl.figures("w", 1000)[-1] == -8.0 / 1e9
 
 
@@ -502,9 +502,9 @@ def test_the_router_calibrates_a_controller_when_it_is_installed(monkeypatch) ->
     monkeypatch.setattr(adaptive, "measure_protocol_speed", fake)
     ctl = AdaptiveController(ladder=[None, "fp16", {"id": "uniform", "bits": 8}])
     assert timed == []
-    Router(ctl, error_feedback=True, mode="gather")
+    Router(controller=ctl, error_feedback=True, mode="gather")
     assert timed == [(c, 2, True, "gather") for c in ctl.ladder]  # every rung once, in ladder order
-    Router(ctl)
+    Router(controller=ctl)
     assert len(timed) == 3
 
 

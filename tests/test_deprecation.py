@@ -9,6 +9,7 @@ import importlib
 
 import pytest
 
+import gcodec
 from gcodec.deprecation import REMOVED_IN, renamed_kwarg
 
 
@@ -47,3 +48,28 @@ def test_the_router_answers_to_its_old_name_policystate_with_a_warning(module: s
     with pytest.warns(DeprecationWarning, match=rf"{module}\.PolicyState is renamed {module}\.Router.*{REMOVED_IN}"):
         old = mod.PolicyState
     assert old is mod.Router
+
+
+def test_a_controller_given_as_the_policy_is_taken_as_the_controller_with_a_warning() -> None:
+    """The controller is an explicit stage (controller=); the old form still works, warns, and a
+    setter never takes (nor calibrates) one."""
+    from gcodec.adaptive import AdaptiveController
+    from gcodec.transports import Router
+
+    calls = []
+
+    class Ctl(AdaptiveController):
+        def calibrate(self, **kw: object) -> None:
+            calls.append(kw)
+
+    ctl = Ctl(probe=False)
+    with pytest.warns(DeprecationWarning, match="pass it as controller="):
+        old = Router(ctl, error_feedback=True)
+    assert old.controller is ctl and old.policy is None and old.adaptive
+    assert calls == [{"error_feedback": True, "mode": "auto"}]
+    new = Router(controller=ctl, mode="gather")
+    assert new.controller is ctl and calls[-1] == {"error_feedback": True, "mode": "gather"}
+    with pytest.raises(gcodec.ConfigError, match="controller="):
+        new.policy = ctl
+    new.policy = {"*": None}  # a policy change adapts the chooser and runs nothing
+    assert len(calls) == 2 and not Router({"*": None}).adaptive

@@ -81,10 +81,14 @@ def test_the_warm_up_names_every_configured_codec() -> None:
     from gcodec.torch.hook import _configured_codecs
 
     u8 = gcodec.get_codec("uniform", bits=8)
-    got = _configured_codecs(u8, gcodec.get_codec("fp16"), {"*.bias": None, "*embed*": "bf16"})
+    got = _configured_codecs(u8, gcodec.get_codec("fp16"), {"*.bias": None, "*embed*": "bf16"}, None)
     assert [gcodec.get_codec(c).codec_id for c in got] == ["uniform", "fp16", "bf16"]
     pol = Policy([{"name": "a*", "codec": {"id": "topk", "ratio": 0.01}}], default="sign")
-    assert {gcodec.get_codec(c).codec_id for c in _configured_codecs(u8, None, pol)} == {"uniform", "topk", "sign"}
+    assert {gcodec.get_codec(c).codec_id for c in _configured_codecs(u8, None, pol, None)} == {
+        "uniform",
+        "topk",
+        "sign",
+    }
     ctl = AdaptiveController(probe=False)
-    ids = {gcodec.get_codec(c).codec_id for c in _configured_codecs(u8, None, ctl)}
+    ids = {gcodec.get_codec(c).codec_id for c in _configured_codecs(u8, None, None, ctl)}
     assert len(ids) >= 3 and "fp16" in ids

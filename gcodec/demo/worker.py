@@ -190,17 +190,18 @@ def _wrap(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm)
     ddp = DDP(model, bucket_cap_mb=cap)
     hook_state: Any = None
     if hook == "gcodec":
-        policy = run.get("policy")
+        policy, controller = run.get("policy"), None
         if run.get("adaptive") is not None:  # the controller's arguments: it picks each bucket's codec
             from gcodec.adaptive import AdaptiveController
 
-            policy = AdaptiveController(**run["adaptive"])
+            controller = AdaptiveController(**run["adaptive"])
         hook_state = gcodec.torch.HookState(
             codec=run["codec"],
             start_iter=s.start_iter,
             min_numel=s.min_numel,
             error_feedback=run["error_feedback"],
             policy=policy,
+            controller=controller,
             module=model,
             warmup_codec=run.get("warmup_codec"),
         )

@@ -43,7 +43,7 @@ from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import allgather_protocol
 from ..transports.handshake import Agreement, fingerprint
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
-from ..transports.router import RouterSetting
+from ..transports.router import RouterSetting, split_controller
 from ..transports.stats import Stats, StepReports, StepStats
 from .comm import FutureWork, TorchCommunicator, comm_for, queue_for
 from .convert import as_array
@@ -107,8 +107,10 @@ class FSDPState:
             and the module's reduce-scatter count as its step), a callable
             ``policy(fqn, meta_tensor) -> codec or None`` (the tensor has the parameter's full shape
             on the meta device) or ``{fnmatch pattern: codec or None}`` (first match wins; None
-            means dense; unmatched parameters use ``codec``), or an adaptive controller
-            (:class:`gcodec.adaptive.AdaptiveController`: one rung per module every few steps).
+            means dense; unmatched parameters use ``codec``).
+        controller: an adaptive controller (:class:`gcodec.adaptive.AdaptiveController`: one rung
+            per module every few steps) instead of the policy; calibrated at construction. (Given
+            as ``policy=``, it is taken as the controller, with a DeprecationWarning.)
         start_iter: reduce-scatters per module left uncompressed first (FSDP's own reduce-scatter).
         min_numel: parameters with fewer elements stay dense.
         error_feedback: keep per-rank worker residuals (per parameter chunk and destination).
@@ -130,7 +132,9 @@ class FSDPState:
         error_feedback: bool = True,
         num_threads: int | None = None,
         all_gather: Codec | str | dict[str, Any] | None = None,
+        controller: Any = None,
     ) -> None:
+        policy, controller = split_controller(policy, controller)
         self.codec = get_codec(codec)
         self.all_gather = None if all_gather is None else get_codec(all_gather)
         if self.all_gather is not None and self.all_gather.low_rank:
@@ -147,6 +151,7 @@ class FSDPState:
         self.iters: dict[str, int] = {}  # module FQN -> reduce-scatters done
         self.router = Router(
             policy,
+            controller=controller,
             codec=self.codec,
             min_numel=self.min_numel,
             dense_1d=DEFAULTS.dense_1d,
@@ -721,6 +726,7 @@ def compress_fsdp(
     num_threads: int | None = None,
     all_gather: Codec | str | dict[str, Any] | None = None,
     state: FSDPState | None = None,
+    controller: Any = None,
 ) -> FSDPState:
     """Set a compressed :class:`ReduceScatter` on every FSDP2 module of ``model`` (call after
     ``fully_shard``); returns the shared :class:`FSDPState` (statistics, checkpoints).
@@ -740,6 +746,7 @@ def compress_fsdp(
             error_feedback=error_feedback,
             num_threads=num_threads,
             all_gather=all_gather,
+            controller=controller,
         )
     fqns = {id(p): n for n, p in model.named_parameters()}
     found = 0

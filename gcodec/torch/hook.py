@@ -25,7 +25,7 @@ not by bucket index: DDP rebuilds its buckets after the first iteration (their s
 the router re-slices every pending residual into the new group's layout. PowerSGD's residuals and
 warm-start Q are per parameter already.
 
-An adaptive controller (``policy=gcodec.adaptive.AdaptiveController(...)``) picks one rung of its
+An adaptive controller (``controller=gcodec.adaptive.AdaptiveController(...)``) picks one rung of its
 ladder per bucket every few steps, from what the bucket's exchanges measured, the same on every
 rank; the size rules (``min_numel``, a codec that would pass a shape through) keep their tensors dense.
 """
@@ -60,7 +60,7 @@ from ..transports.gather import gather_protocol
 from ..transports.handshake import Agreement, fingerprint
 from ..transports.protocol_helpers import timed
 from ..transports.quality import sample_quality
-from ..transports.router import RouterSetting
+from ..transports.router import RouterSetting, split_controller
 from ..transports.state import check_mode
 from ..transports.stats import StepReports, StepStats
 from ..transports.summable import summable_protocol
@@ -165,9 +165,11 @@ class HookState:
             step; it then decides alone, ``min_numel`` and ``codec`` unused), a callable
             ``policy(name, grad) -> codec or None`` or a dict ``{fnmatch pattern: codec or None}``
             (first matching pattern wins; unmatched tensors use ``codec``). ``None`` means dense.
-            Or an adaptive controller (:class:`gcodec.adaptive.AdaptiveController`): one rung of
-            its ladder per bucket, chosen every few steps from what the bucket's exchanges
-            measured. Names come from ``module``.
+            Names come from ``module``.
+        controller: an adaptive controller (:class:`gcodec.adaptive.AdaptiveController`): one
+            rung of its ladder per bucket, chosen every few steps from what the bucket's exchanges
+            measured, instead of the policy; calibrated at construction. (Given as ``policy=``, it
+            is taken as the controller, with a DeprecationWarning.)
         module: the model (or the DDP wrapper), used to name parameters for the policy and for
             statistics. Without it, parameters are named ``param0``, ``param1``, ... in the order DDP
             first hands them to the hook (the same order in every run). Also tells which optimizer
@@ -199,12 +201,14 @@ class HookState:
         error_feedback: bool = True,
         mode: str = "auto",
         policy: Any = None,
+        controller: Any = None,
         module: torch.nn.Module | None = None,
         num_threads: int | None = None,
         telemetry: Telemetry | None = None,
         warmup_codec: Codec | str | dict[str, Any] | None = None,
         warm: bool = True,
     ) -> None:
+        policy, controller = split_controller(policy, controller)
         self.codec = get_codec(codec)
         self.telemetry = telemetry
         self.process_group = process_group
@@ -221,6 +225,7 @@ class HookState:
         self._named_by_order = module is None
         self.router = Router(
             policy,
+            controller=controller,
             codec=self.codec,
             min_numel=self.min_numel,
             dense_1d=DEFAULTS.dense_1d,
@@ -247,7 +252,7 @@ class HookState:
         if warm:
             dtypes = {torch.float32} | ({q.dtype for q in module.parameters()} if module is not None else set())
             self.warm_s = warm_for_training(
-                _configured_codecs(self.codec, self.warmup_codec, policy),
+                _configured_codecs(self.codec, self.warmup_codec, policy, controller),
                 [np.dtype(str(d).replace("torch.", "")) if d != torch.bfloat16 else BFLOAT16 for d in dtypes],
                 error_feedback=self.error_feedback,
             )
@@ -256,6 +261,11 @@ class HookState:
         self._reached = False
         self._watched = None if module is None else {id(q) for q in module.parameters()}
         self._watch_handle = _watch(self)
+
+    @property
+    def controller(self) -> Any:
+        """The adaptive controller (None: the policy decides)."""
+        return self.router.controller
 
     # ---- the configuration the router's shorthand policy holds (changes reach the router) ----
     codec = RouterSetting(get_codec)
@@ -344,6 +354,9 @@ class HookState:
         """The configuration a saved state belongs to, as canonical JSON."""
         d = self._config()
         d.pop("num_threads")  # threads change no result
+        controller = d.pop("controller")
+        if controller is not None:  # recorded where states saved before controller= had it
+            d["policy"] = controller
         if not (d["policy"] is None or isinstance(d["policy"], Mapping)):  # a callable or a controller
             d["policy"] = f"<{type(d['policy']).__name__}>"
         return json.dumps(d, sort_keys=True, default=str)
@@ -388,6 +401,7 @@ class HookState:
             "error_feedback": self.error_feedback,
             "mode": self.mode,
             "policy": policy,
+            "controller": self.controller,
             "num_threads": self.num_threads,
             "warmup_codec": None if self.warmup_codec is None else self.warmup_codec.get_config(),
         }
@@ -402,6 +416,7 @@ class HookState:
             error_feedback=d["error_feedback"],
             mode=d["mode"],
             policy=d["policy"],
+            controller=d.get("controller"),
             num_threads=d["num_threads"],
             warmup_codec=d.get("warmup_codec"),
         )
@@ -557,7 +572,7 @@ def _warn_no_gain(state: HookState, plan: _Plan, grads: list[torch.Tensor]) -> N
         )
 
 
-def _configured_codecs(codec: Codec, warmup_codec: Codec | None, policy: Any) -> list[Any]:
+def _configured_codecs(codec: Codec, warmup_codec: Codec | None, policy: Any, controller: Any) -> list[Any]:
     """Every codec configuration a hook state may run: its codec, its warm-up codec, and what its
     policy names (a Policy's codecs, a pattern dict's values, a controller's ladder); a callable
     policy names nothing ahead of time."""
@@ -568,8 +583,7 @@ def _configured_codecs(codec: Codec, warmup_codec: Codec | None, policy: Any) ->
         out += policy.codecs()
     elif isinstance(policy, Mapping):
         out += [v for v in policy.values() if v is not None]
-    else:
-        out += [c for c in getattr(policy, "ladder", None) or [] if c is not None]
+    out += [c for c in getattr(controller, "ladder", None) or [] if c is not None]
     return out
 
 

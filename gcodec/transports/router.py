@@ -5,9 +5,10 @@ Every engine adapter (the DDP hook, FSDP2's reduce-scatter, ``gcodec.torch.all_r
 bucket's items, FSDP's row layout. The router owns
 
 * the one policy language (:func:`gcodec.policy.as_policy`: a :class:`~gcodec.policy.Policy`,
-  an adaptive controller, or a callable / ``{pattern: codec}`` dict adapted into
-  :class:`~gcodec.policy.Rules`), asked per parameter and step (:meth:`Router.choose`), or per key
-  with collectives for a controller (:meth:`Router.select`);
+  or a callable / ``{pattern: codec}`` dict adapted into :class:`~gcodec.policy.Rules`), asked per
+  parameter and step (:meth:`Router.choose`);
+* the adaptive controller, when one is given (``controller=``): a stage of its own that decides
+  per key with collectives (:meth:`Router.select`), calibrated once when the router is built;
 * one codec instance per configuration and one :class:`TransportState` per codec;
 * readable group keys (:meth:`Router.group_key`);
 * the error-feedback residuals, keyed by (parameter name, element range).
@@ -33,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,7 @@ import numpy as np
 from .. import xp
 from ..arrays import dtype_name
 from ..codecs import Codec, get_codec
+from ..deprecation import REMOVED_IN
 from ..errors import ConfigError
 from ..policy import DEFAULTS, Rules, as_policy, size_rule
 from .allreduce import allreduce_protocol
@@ -53,7 +56,7 @@ from .state import TransportState, check_mode, resolve_mode
 from .stats import DENSE, KeyRounds, StepStats
 from .two_phase import owner_bounds
 
-__all__ = ["DENSE", "FORMS", "Piece", "Router", "RouterSetting"]
+__all__ = ["DENSE", "FORMS", "Piece", "Router", "RouterSetting", "split_controller"]
 
 #: How a group's residual is stored in its codec's state (module docstring).
 FORMS = ("flat", "split", "rows", "lowrank")
@@ -129,6 +132,20 @@ def _shares(st: StepStats, keys: Sequence[tuple[str, int, int]], weights: Sequen
     return out
 
 
+def split_controller(policy: Any, controller: Any) -> tuple[Any, Any]:
+    """``(policy, controller)`` as an engine was given them, with an adaptive controller given as
+    the policy (the old form) moved to ``controller``, with a DeprecationWarning."""
+    if controller is None and hasattr(policy, "select"):
+        warnings.warn(
+            f"an adaptive controller given as the policy: pass it as controller= (the old form goes in gcodec "
+            f"{REMOVED_IN})",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return None, policy
+    return policy, controller
+
+
 def _collective(work: Work) -> Protocol:
     yield work
 
@@ -137,9 +154,14 @@ class Router:
     """Codec choice, states, group keys and residual placement for one engine (module docstring).
 
     Args:
-        chooser: a :class:`gcodec.policy.Policy`, an adaptive controller, a callable or a
-            ``{pattern: codec}`` dict (adapted with ``codec``, ``min_numel`` and ``dense_1d``), or
-            None for ``codec`` everywhere.
+        chooser: a :class:`gcodec.policy.Policy`, a callable or a ``{pattern: codec}`` dict
+            (adapted with ``codec``, ``min_numel`` and ``dense_1d``), or None for ``codec``
+            everywhere. (An adaptive controller given here is taken as ``controller``, with a
+            DeprecationWarning.)
+        controller: an adaptive controller (:class:`gcodec.adaptive.AdaptiveController`, or any
+            object with its ``calibrate`` and ``select`` protocol): it decides per key, with
+            collectives of its own, instead of the chooser; calibrated here, at construction (it
+            times its codecs as this router runs them), never inside a step.
         codec, min_numel, dense_1d: the shorthand's default codec and size rules
             (:class:`gcodec.policy.Rules`); a Policy decides alone. No size rule by default: a
             tensor handed to ``gcodec.torch.all_reduce`` or ``gcodec.mpi`` is compressed as asked;
@@ -152,6 +174,7 @@ class Router:
         self,
         chooser: Any = None,
         *,
+        controller: Any = None,
         codec: Codec | str | Mapping[str, Any] | None = DEFAULTS.codec,
         min_numel: int = 0,
         dense_1d: bool = False,
@@ -164,7 +187,12 @@ class Router:
         mode = check_mode(mode)
         self._shorthand: dict[str, Any] = {"codec": codec, "min_numel": min_numel, "dense_1d": dense_1d}
         self.error_feedback, self.mode = bool(error_feedback), mode
+        chooser, controller = split_controller(chooser, controller)
+        #: the adaptive controller (None: the chooser decides alone)
+        self.controller = controller
         self.policy = chooser
+        if controller is not None:  # times its codecs as this engine runs them, at setup, not in a step
+            controller.calibrate(error_feedback=self.error_feedback, mode=self.mode)
         self.num_threads, self.telemetry = num_threads, telemetry
         self.decay = float(decay)
         self.states: dict[str, TransportState] = {}
@@ -183,18 +211,17 @@ class Router:
     # ---- the policy --------------------------------------------------------------------------
     @property
     def policy(self) -> Any:
-        """What the engine was given (a Policy, a controller, a callable, a dict or None); setting it
-        (or :meth:`configure`) takes effect from the next choice, the same on every rank or the
-        exchange that follows refuses it."""
+        """What the engine was given (a Policy, a callable, a dict or None); setting it (or
+        :meth:`configure`) adapts it, from the next choice, the same on every rank or the exchange
+        that follows refuses it. A controller is given at construction (``controller=``)."""
         return self._policy
 
     @policy.setter
     def policy(self, value: Any) -> None:
-        self._policy = value
+        if hasattr(value, "select"):
+            raise ConfigError("an adaptive controller is given when the engine is built (controller=), not as a policy")
         self.chooser = as_policy(value, **self._shorthand)
-        calibrate = getattr(self.chooser, "calibrate", None)
-        if callable(calibrate):  # a controller times its codecs (as this engine runs them) at setup,
-            calibrate(error_feedback=self.error_feedback, mode=self.mode)  # not inside a training step
+        self._policy = value
 
     def configure(self, **shorthand: Any) -> None:
         """Change the shorthand's ``codec``, ``min_numel`` or ``dense_1d`` (see :class:`Router`)."""
@@ -207,8 +234,8 @@ class Router:
     # ---- codecs and states ---------------------------------------------------------------------
     @property
     def adaptive(self) -> bool:
-        """Whether the chooser runs collectives of its own to decide (an adaptive controller)."""
-        return hasattr(self.chooser, "select")
+        """Whether an adaptive controller decides, with collectives of its own."""
+        return self.controller is not None
 
     def codec(self, choice: Any) -> Codec | None:
         """One codec instance per configuration (None stays None: dense)."""
@@ -261,9 +288,8 @@ class Router:
         """The codec of ``key`` at ``step``, as a protocol: a controller may run collectives first
         (the same on every rank); a policy answers at once. ``shapes``: the tensors of a key that
         stands for several (a DDP bucket), which a controller prices a low-rank rung on."""
-        select = getattr(self.chooser, "select", None)
-        if select is not None:
-            choice = yield from select(comm, self, key, shape, step, shapes)
+        if self.controller is not None:
+            choice = yield from self.controller.select(comm, self, key, shape, step, shapes)
             return self.codec(choice)
         try:
             # a policy answers locally (a user's callable may raise, or name a codec that does not
@@ -566,7 +592,7 @@ class Router:
         """Every codec's state (steps, warm starts, server residuals), the residuals by parameter
         and element range, each key's current codec and step, and the chooser's own state (plain
         arrays, ints, strings, dicts)."""
-        chooser_sd = getattr(self.chooser, "state_dict", None)
+        chooser_sd = getattr(self.controller, "state_dict", None)
         states = {}
         for k, ts in self.states.items():
             sd = ts.state_dict()
@@ -591,7 +617,7 @@ class Router:
         self.agreed.clear()  # agree again after a restore: the peers may have changed
         self.current = {str(k): str(v) for k, v in sd["current"].items()}
         self.steps = {str(k): int(v) for k, v in sd["steps"].items()}
-        loader = getattr(self.chooser, "load_state_dict", None)
+        loader = getattr(self.controller, "load_state_dict", None)
         if sd.get("chooser") is not None and callable(loader):
             loader(sd["chooser"])
 

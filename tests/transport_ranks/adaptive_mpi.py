@@ -34,7 +34,7 @@ def main() -> None:
         y = x @ w_true
         w = np.zeros((d, k), np.float32)
         ctl = AdaptiveController(bandwidth="1Mbit", interval=10, warmup_steps=5, latency_s=1e-5)
-        state = gcodec.mpi.Router(ctl, error_feedback=True, telemetry=Telemetry(every=5, warn=False))
+        state = gcodec.mpi.Router(controller=ctl, error_feedback=True, telemetry=Telemetry(every=5, warn=False))
         losses = []
         for step in range(120):
             if step == 60:

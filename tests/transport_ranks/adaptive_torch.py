@@ -106,7 +106,7 @@ def run(rank: int, world: int, outdir: Path) -> None:
     model = torch.nn.Linear(128, 64)
     ctl = controller()
     state = gcodec.torch.HookState(
-        policy=ctl, start_iter=0, min_numel=1024, module=model, telemetry=Telemetry(every=5, warn=False)
+        controller=ctl, start_iter=0, min_numel=1024, module=model, telemetry=Telemetry(every=5, warn=False)
     )
     ddp = DDP(model)
     ddp.register_comm_hook(state, gcodec.torch.comm_hook)
@@ -140,7 +140,7 @@ def run(rank: int, world: int, outdir: Path) -> None:
         fully_shard(m, mesh=mesh)
     fully_shard(net, mesh=mesh)
     ctl = controller()
-    fstate = gcodec.torch.compress_fsdp(net, policy=ctl, start_iter=0, min_numel=1024)
+    fstate = gcodec.torch.compress_fsdp(net, controller=ctl, start_iter=0, min_numel=1024)
     y2 = y @ torch.eye(64)
     losses = train(net, net.parameters(), ctl, x, y2, 0.5)
     check_engine("FSDP2", ctl, fstate.router.switches, losses)
