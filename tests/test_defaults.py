@@ -6,19 +6,16 @@ rung. One gloo rank in this process (DiLoCo broadcasts at construction)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 
 import gcodec  # noqa: E402
 import gcodec.torch  # noqa: E402
 from gcodec.policy import DEFAULTS, Policy, Rules  # noqa: E402
 
-from .procs import free_port  # noqa: E402
+from .gloo import one_rank  # noqa: E402, F401  (a fixture)
 
 pytestmark = [pytest.mark.torch]
 
@@ -42,15 +39,6 @@ class Model(torch.nn.Module):
         super().__init__()
         for name, shape in SHAPES.items():
             self.register_parameter(name.replace(".", "_"), torch.nn.Parameter(torch.zeros(shape)))
-
-
-@pytest.fixture()
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _plans(codec: gcodec.Codec | None = None) -> dict[str, dict[str, str | None]]:
@@ -81,7 +69,8 @@ def _plans(codec: gcodec.Codec | None = None) -> dict[str, dict[str, str | None]
     return out
 
 
-def test_every_engine_built_with_its_defaults_plans_the_same_tensors_the_same_way(group: None) -> None:
+@pytest.mark.usefixtures("one_rank")
+def test_every_engine_built_with_its_defaults_plans_the_same_tensors_the_same_way() -> None:
     plans = _plans()
     first = plans["ddp hook"]
     for engine, plan in plans.items():
@@ -99,7 +88,8 @@ def test_every_engine_built_with_its_defaults_plans_the_same_tensors_the_same_wa
     }
 
 
-def test_the_engines_agree_on_a_codec_that_cannot_compress_every_shape(group: None) -> None:
+@pytest.mark.usefixtures("one_rank")
+def test_the_engines_agree_on_a_codec_that_cannot_compress_every_shape() -> None:
     """PowerSGD passes a thin matrix through (its rate is under powersgd_min_rate): dense everywhere.
     FSDP2 refuses low-rank codecs (its row chunks are not matrices), so it is left out here."""
     codec = gcodec.get_codec("powersgd", rank=2)

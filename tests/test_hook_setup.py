@@ -6,30 +6,18 @@ in this process."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import gcodec.torch  # noqa: E402
 
-from .procs import free_port  # noqa: E402
+from .gloo import one_rank  # noqa: E402, F401  (a fixture)
 
 pytestmark = [pytest.mark.torch]
-
-
-@pytest.fixture()
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        gcodec.torch.synchronize()
-        dist.destroy_process_group()
 
 
 def _steps(model: torch.nn.Module, state: gcodec.torch.HookState, dtype: torch.dtype, n: int = 3) -> list[str]:
@@ -44,9 +32,10 @@ def _steps(model: torch.nn.Module, state: gcodec.torch.HookState, dtype: torch.d
     return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
 
 
+@pytest.mark.usefixtures("one_rank")
 @pytest.mark.parametrize("codec", ["fp16", "bf16"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_16_bit_cast_on_16_bit_gradients_is_warned_about_once(group: None, codec: str, dtype: torch.dtype) -> None:
+def test_a_16_bit_cast_on_16_bit_gradients_is_warned_about_once(codec: str, dtype: torch.dtype) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10)).to(dtype)
     st = gcodec.torch.HookState(codec, start_iter=0, min_numel=16, module=model)
     got = [m for m in _steps(model, st, dtype) if "does not shrink" in m]
@@ -54,8 +43,9 @@ def test_a_16_bit_cast_on_16_bit_gradients_is_warned_about_once(group: None, cod
     assert codec in got[0] and str(dtype).replace("torch.", "") in got[0]
 
 
+@pytest.mark.usefixtures("one_rank")
 @pytest.mark.parametrize("codec", ["fp16", {"id": "uniform", "bits": 8}])
-def test_no_warning_where_the_codec_shrinks_the_gradients(group: None, codec: object) -> None:
+def test_no_warning_where_the_codec_shrinks_the_gradients(codec: object) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10))
     st = gcodec.torch.HookState(codec, start_iter=0, min_numel=16, module=model)
     assert not [m for m in _steps(model, st, torch.float32) if "does not shrink" in m]
