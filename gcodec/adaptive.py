@@ -110,16 +110,13 @@ class AdaptiveController:
             again after this many steps instead of ``interval``, from what the rung measured (its
             first step, which loads kernels and moves residuals, does not count). The calibration
             prices an unrun rung on an idle rank; in a job that shares its cores with the backward
-            pass and the peers its codec seconds run several times that (on the 2-core loopback
-            top-k 1 % was priced at 15 ms and ran 40 ms against dense's 20), and a wrong guess
-            costs ``trial_steps`` steps instead of ``interval``. Once per key and rung; None:
-            no trials.
+            pass and the peers its codec seconds run several times that (docs/telemetry.md has the
+            figures), and a wrong guess costs ``trial_steps`` steps instead of ``interval``. Once
+            per key and rung; None: no trials.
         prior_load: how much slower than its calibration a codec is taken to run in the job until
-            a rung of the key has run and measured it (:meth:`load_factor`). In the DDP hook on the
-            2-core machine, where the ranks' threads and the backward pass share the cores, a
-            codec's protocol ran about twice its calibration (top-k 1 % + EF at 4.35 M elements:
-            8 ms of encode and decode calibrated, 16 ms in the hook's step), and the codec's own
-            encode and decode, the calibration before the protocol's, 3-10x.
+            a rung of the key has run and measured it (:meth:`load_factor`). Where the ranks'
+            threads and the backward pass share the cores, a codec's protocol runs about twice its
+            calibration (docs/telemetry.md, "Unrun rungs pay a prior load").
         min_norm_ratio: the telemetry bound without error feedback (default 0.9).
         max_residual_ratio: the bound with error feedback: residual norm / gradient norm.
         hysteresis: switch only when the predicted step time falls by more than this fraction.
@@ -301,14 +298,11 @@ class AdaptiveController:
         """Time every rung through the transports' protocol on this machine now (those not given as
         ``speeds`` and not timed yet), with the engine's error feedback and mode, as the job's steps
         record them (:func:`gcodec.advise.measure_protocol_speed`: the residual's passes and the
-        decode of the peers' payloads included, which the codec's own encode and decode leave out:
-        top-k 1 % + EF at 4.35 M elements 5 ms by the codec alone, 13 ms through the protocol).
-        The router calls it when the controller is installed, so an engine's setup pays it (about
-        1 s for the default ladder on the 2-core machine), as a job pays its kernels' compilation
-        or autotuning, before the first step rather than inside one; and the kernels a rung's
-        first step calls are loaded by then (the first step of a 4.35 M-element tensor through the
-        protocol took 329 / 164 / 233 ms with uniform 8 / top-k 1 % / fp16 and EF unloaded, 50 /
-        28 / 93 ms loaded, later steps 15-47 ms). Local: no collectives."""
+        decode of the peers' payloads included, which the codec's own encode and decode leave out).
+        The router calls it once, when it is built with this controller (``controller=``), so an
+        engine's setup pays it, as a job pays its kernels' compilation or autotuning, before the
+        first step rather than inside one; and the kernels a rung's first step calls are loaded
+        by then (docs/telemetry.md has what both cost). Local: no collectives."""
         self._cal_ef, self._cal_mode = bool(error_feedback), mode
         for r in range(len(self.ladder)):
             self._speed(r)

@@ -265,10 +265,10 @@ class FutureQueue:
         thread waits for that collective and runs the rest. No other protocol can start a
         collective in between (the queue is idle and the lock is held), so the order of the
         collectives on every rank is the submission order, as before. What it saves is the wake-up
-        of the queue's thread before the first collective: on a 2-core machine (docs/transports.md,
-        the DDP hook), about 2 ms of a DDP step whose bucket goes dense (the BEGIN round trip
-        then starts while DDP's thread is still in the hook, as torch's own ``allreduce_hook``
-        starts its allreduce). A protocol that has heavy local work before its first collective
+        of the queue's thread before the first collective, a measurable part of a DDP step whose
+        bucket goes dense (docs/transports.md, the DDP hook): the BEGIN round trip then starts
+        while DDP's thread is still in the hook, as torch's own ``allreduce_hook`` starts its
+        allreduce. A protocol that has heavy local work before its first collective
         (an encode) should yield a completed work (``DoneWork``) before it, so that the work runs
         on the queue's thread and still overlaps the caller's."""
         stream = None

@@ -1,9 +1,9 @@
 """Kernel threads for ranks that share a machine.
 
 gcodec's kernels run on gcodec's thread pool, which by default has one thread per core. When p
-ranks share a machine, p pools of that size fight for the same cores: on a 2-core machine with two
-gloo ranks a uniform-4 hook took 109 ms per step with Numba's default and 35 ms with one thread per
-rank. Transports therefore pick a thread count from the job, in this order:
+ranks share a machine, p pools of that size fight for the same cores (docs/transports.md,
+"Threads", has what that cost a hook). Transports therefore pick a thread count from the job, in
+this order:
 
 1. the ``num_threads=`` argument of the transport state (an explicit choice always wins);
 2. the ``GCODEC_NUM_THREADS`` environment variable;
