@@ -230,13 +230,17 @@ class FSDPState:
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """This rank's residuals keyed ``"fqn[start:stop]"`` (elements of the flattened parameter
-        that this rank last sent to one owner), shapes, step counters and the configuration.
+        that this rank last sent to one owner), shapes, step counters, the configuration, and whose
+        they are: this rank and the world size (None before the default process group is up).
 
-        Tensors, ints, floats and strings only: ``torch.load(weights_only=True)`` reads it.
+        Tensors, ints, floats, strings and None only: ``torch.load(weights_only=True)`` reads it.
         """
         residuals = {k: torch.from_numpy(v.astype(np.float32)) for k, v in self.router.ranges().items()}
+        rank, world = _rank_and_world()
         return {
             "format": FORMAT,
+            "rank": rank,
+            "world_size": world,
             "codec": self.codec.config_key,
             "error_feedback": self.error_feedback,
             "iters": dict(self.iters),
@@ -254,6 +258,17 @@ class FSDPState:
             raise ConfigError(f"not a gcodec FSDP state dict (format {sd.get('format')!r})")
         if get_codec(json.loads(sd["codec"])) != self.codec:
             raise ConfigError(f"state was saved with codec {sd['codec']}, not {self.codec.get_config()}")
+        # Each rank's residuals are its own: at the world size they were saved at, a rank loads
+        # its own (the single-file habit of loading rank 0's everywhere would give every rank rank
+        # 0's residuals, silently); at another world size, reshard_state_dicts' outputs name the
+        # rank each is for. A state without these fields (saved before them) loads unchecked.
+        rank, world = _rank_and_world()
+        saved = (sd.get("rank"), sd.get("world_size"))
+        if None not in saved and rank is not None and saved != (rank, world):
+            raise ConfigError(
+                f"this FSDP state belongs to rank {saved[0]} of {saved[1]}, not rank {rank} of {world}: each rank "
+                "loads the state it saved (reshard_state_dicts makes one per rank for another world size)"
+            )
         self.iters = {str(k): int(v) for k, v in sd["iters"].items()}
         self._shapes = {str(k): tuple(int(d) for d in v) for k, v in sd["shapes"].items()}
         pending = _assemble(sd["residuals"], self._shapes)
@@ -274,7 +289,7 @@ class FSDPState:
         """
         r = dist.get_rank(group)
         sd = self.state_dict()
-        meta = {k: sd[k] for k in ("format", "codec", "error_feedback", "iters", "shapes")}
+        meta = {k: sd[k] for k in ("format", "rank", "world_size", "codec", "error_feedback", "iters", "shapes")}
         text = json.dumps(meta, sort_keys=True).encode()
         out: dict[str, torch.Tensor] = {f"{DCP_PREFIX}{r}/meta": torch.frombuffer(bytearray(text), dtype=torch.uint8)}
         for k, v in sd["residuals"].items():
@@ -339,6 +354,13 @@ def _assemble(residuals: Mapping[str, Any], shapes: Mapping[str, Sequence[int]])
     return full
 
 
+def _rank_and_world() -> tuple[int | None, int | None]:
+    """(this rank, the world size) of the default process group, or (None, None) before it is up."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None, None
+    return dist.get_rank(), dist.get_world_size()
+
+
 def reshard_state_dicts(state_dicts: Sequence[Mapping[str, Any]], world_size: int) -> list[dict[str, Any]]:
     """Re-partition the per-rank states of a job saved on ``len(state_dicts)`` ranks for
     ``world_size`` ranks; returns one state dict per new rank.
@@ -371,7 +393,7 @@ def reshard_state_dicts(state_dicts: Sequence[Mapping[str, Any]], world_size: in
         for k, v in sd["iters"].items():
             iters[str(k)] = max(iters.get(str(k), 0), int(v))
     out = []
-    for _r in range(world_size):
+    for r in range(world_size):
         res: dict[str, torch.Tensor] = {}
         for fqn, arr in total.items():
             mean = arr / np.float32(n_old)
@@ -386,6 +408,8 @@ def reshard_state_dicts(state_dicts: Sequence[Mapping[str, Any]], world_size: in
         out.append(
             {
                 "format": FORMAT,
+                "rank": r,
+                "world_size": world_size,
                 "codec": first["codec"],
                 "error_feedback": first["error_feedback"],
                 "iters": dict(iters),
