@@ -54,6 +54,18 @@ def run_ranks(module: str, args: Sequence[str], world: int, timeout: float, logs
     return codes
 
 
+def start_program(module: str, args: Sequence[str], log: Path) -> subprocess.Popen:
+    """Start ``python -m module *args`` on its own (a test that kills, stops or restarts it), its
+    output to ``log``, one kernel thread; the caller waits for it and kills it at its deadline.
+    The path holds this checkout, then whatever the test's own ``PYTHONPATH`` held (where an
+    optional extra such as torchft may have been installed)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    with open(log, "a") as f:
+        cmd = [sys.executable, "-m", module, *args]
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
 def run_mpi(module: str, args: Sequence[str], ranks: int, timeout: float) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n ranks python -m module *args`` with the venv's mpiexec (the mpich wheel), one
     kernel thread per rank, output captured."""

@@ -114,6 +114,19 @@ class TorchCommunicator(Communicator):
         self.size = dist.get_world_size(group)
         self._words_on = _host_words_device(group)
 
+    # ---- the engine's collectives (a subclass over another engine replaces these three) ------
+    def _all_reduce(self, t: torch.Tensor, op: str) -> Any:
+        """Start an in-place all-reduce of ``t``; return the engine's work."""
+        return dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True)
+
+    def _all_gather(self, outs: list[torch.Tensor], src: torch.Tensor) -> Any:
+        """Start an all-gather of equal-sized ``src`` into ``outs`` (rank order)."""
+        return dist.all_gather(outs, src, group=self.group, async_op=True)
+
+    def _all_to_all(self, recv: torch.Tensor, send: torch.Tensor, rcounts: list[int], scounts: list[int]) -> Any:
+        """Start an all-to-all of ``send`` (split by ``scounts``) into ``recv`` (split by ``rcounts``)."""
+        return dist.all_to_all_single(recv, send, rcounts, scounts, group=self.group, async_op=True)
+
     def _host(self, a: np.ndarray) -> torch.Tensor:
         """A host array as a tensor this group's backend takes (a device copy on NCCL)."""
         t = torch.from_numpy(a)
@@ -127,19 +140,19 @@ class TorchCommunicator(Communicator):
                 arr[...] = t.cpu().numpy()
                 return arr
 
-            return TorchWork(dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True), back)
+            return TorchWork(self._all_reduce(t, op), back)
         t = _tensor(arr)
-        return TorchWork(dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True), lambda: arr)
+        return TorchWork(self._all_reduce(t, op), lambda: arr)
 
     def allreduce_tensor(self, t: torch.Tensor) -> Work:
         """Sum a tensor of any dtype the engine supports, in place (the uncompressed path)."""
-        return TorchWork(dist.all_reduce(t, group=self.group, async_op=True), lambda: t)
+        return TorchWork(self._all_reduce(t, "sum"), lambda: t)
 
     def allgather(self, arr: np.ndarray) -> Work:
         host = isinstance(arr, np.ndarray)
         src = self._host(np.ascontiguousarray(arr)) if host else _tensor(arr)
         outs = [torch.empty_like(src) for _ in range(self.size)]
-        w = dist.all_gather(outs, src, group=self.group, async_op=True)
+        w = self._all_gather(outs, src)
         if host:  # control words: host int64 back
             return TorchWork(w, lambda: np.stack([o.cpu().numpy() for o in outs]))
         return TorchWork(w, lambda: _array(torch.stack(outs)))
@@ -158,7 +171,7 @@ class TorchCommunicator(Communicator):
             if self._words_on is not None:  # host bytes (a fingerprint) on an NCCL group
                 src = src.to(self._words_on)
                 outs = _receive_buffers(self.size, width, src.device)
-                w = dist.all_gather(outs, src, group=self.group, async_op=True)
+                w = self._all_gather(outs, src)
                 return TorchWork(w, lambda: [o[:c].cpu().numpy() for o, c in zip(outs, counts)])
         else:  # a device buffer: the padding, if any, is made on its device
             src = _tensor(buf)
@@ -167,7 +180,7 @@ class TorchCommunicator(Communicator):
                 pad[: src.shape[0]] = src
                 src = pad
         outs = _receive_buffers(self.size, width, src.device)
-        w = dist.all_gather(outs, src, group=self.group, async_op=True)
+        w = self._all_gather(outs, src)
         return TorchWork(w, lambda: [_array(o[:c]) for o, c in zip(outs, counts)])
 
     def alltoallv(self, bufs: Sequence[Any], recv_counts: Sequence[int]) -> Work:
@@ -176,7 +189,7 @@ class TorchCommunicator(Communicator):
         send = _tensor(joined(bufs))
         recv = _receive_buffers(1, sum(rcounts), send.device)[0]
         try:
-            w = dist.all_to_all_single(recv, send, rcounts, scounts, group=self.group, async_op=True)
+            w = self._all_to_all(recv, send, rcounts, scounts)
         except RuntimeError as e:
             if send.device.type == "cpu":
                 raise
