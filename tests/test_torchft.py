@@ -56,12 +56,12 @@ class Job:
         self.addr = f"http://localhost:{port}"
         self.wait(lambda: _listening(port), 60, "the lighthouse to listen")
 
-    def start(self, index: int, codec: str = CODEC, stop_at: int = -1) -> None:
+    def start(self, index: int, codec: str = CODEC, stop_at: int = -1, algo: str = "diloco") -> None:
         life = self.lives.get(index, -1) + 1
         self.lives[index] = life
         self.procs[index] = start_program(
             "tests.transport_ranks.torchft_replica",
-            [str(self.tmp), str(index), self.addr, codec, str(TIMEOUT_S), str(life), str(stop_at)],
+            [str(self.tmp), str(index), self.addr, codec, str(TIMEOUT_S), str(life), str(stop_at), algo],
             self.tmp / f"replica{index}.log",
         )
 
@@ -233,3 +233,22 @@ def test_replicas_configured_differently_all_raise_instead_of_retrying(tmp_path)
     assert codes[0] != 0 and codes[1] != 0, codes
     for log in logs:
         assert "gcodec.errors.ConfigError" in log and "bits" in log, log[-3000:]
+
+
+@pytest.mark.parametrize("algo", ["localsgd", "ddp"])
+def test_torchfts_localsgd_and_ddp_compress_through_the_same_manager(tmp_path, algo: str) -> None:
+    """torchft's LocalSGD (parameters averaged every 4 steps) and its DistributedDataParallel with
+    OptimizerWrapper (every bucket's gradient, every step) reach the network through the same
+    ``Manager.allreduce``: with gcodec's Manager both go 4-bit, and the two replicas end with
+    bit-identical models (every rank decodes the same average)."""
+    with job(tmp_path) as j:
+        j.start_lighthouse(min_replicas=2)
+        for i in range(2):
+            j.start(i, algo=algo)
+        j.wait(_all_in_world(j, [0, 1], 2, min_step=2), 300, "two replicas training together")
+        _finish(j, [0, 1])
+        res = [j.result(i) for i in range(2)]
+    assert res[0]["model"] == res[1]["model"]
+    for r in res:
+        assert r["algo"] == algo and r["rollbacks"] == []
+        _compressed(r)

@@ -4,7 +4,7 @@ pseudo-gradients through gcodec's compressed allreduce (``gcodec.torch.torchft.M
 Run by tests/test_torchft.py, which starts torchft's lighthouse, several replicas, and kills,
 stops or restarts them. Usage::
 
-    python -m tests.transport_ranks.torchft_replica OUTDIR INDEX LIGHTHOUSE CODEC TIMEOUT_S [LIFE [STOP_AT]]
+    python -m tests.transport_ranks.torchft_replica OUTDIR INDEX LIGHTHOUSE CODEC TIMEOUT_S [LIFE [STOP_AT [ALGO]]]
 
 The replica trains until torchft's step (committed outer steps) reaches the number in
 ``OUTDIR/target`` (written by the test; none yet: keep going), then writes
@@ -14,11 +14,14 @@ re-plans, rolled-back steps and figures. ``OUTDIR/progress<INDEX>`` holds its la
 size, rewritten after every outer step, for the test to act on. CODEC is a JSON codec config or
 ``null`` (uncompressed). STOP_AT >= 0: the replica stops itself (SIGSTOP) right after it started
 its first exchange of that outer step, so that its peers are inside an exchange with a stopped
-process.
+process. ALGO: ``diloco`` (the default), ``localsgd`` (torchft's LocalSGD, parameters averaged
+every 4 steps) or ``ddp`` (torchft's DistributedDataParallel and OptimizerWrapper: gradients
+averaged every step).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import hashlib
@@ -43,11 +46,14 @@ def _digest(tensors: list) -> str:
     return h.hexdigest()
 
 
-def main(outdir: Path, index: int, lighthouse: str, codec: object, timeout_s: float, life: int, stop_at: int) -> None:
+def main(
+    outdir: Path, index: int, lighthouse: str, codec: object, timeout_s: float, life: int, stop_at: int, algo: str
+) -> None:
     import torch
     from torch.distributed import TCPStore
-    from torchft import ProcessGroupGloo
-    from torchft.local_sgd import DiLoCo
+    from torchft import DistributedDataParallel, ProcessGroupGloo
+    from torchft.local_sgd import DiLoCo, LocalSGD
+    from torchft.optim import OptimizerWrapper
 
     from gcodec.torch.torchft import Manager
 
@@ -93,7 +99,16 @@ def main(outdir: Path, index: int, lighthouse: str, codec: object, timeout_s: fl
     target_file = outdir / "target"
     committed: list[dict] = []
     started = time.time()
-    with DiLoCo(manager, [model], inner, outer, sync_every=4) as diloco:
+    if algo == "diloco":
+        engine = DiLoCo(manager, [model], inner, outer, sync_every=4)
+        net, opt = model, inner
+    elif algo == "localsgd":
+        engine = LocalSGD(manager, model, inner, sync_every=4)
+        net, opt = model, inner
+    else:  # torchft's DDP: every bucket's gradient through the manager's allreduce, every step
+        engine = contextlib.nullcontext()
+        net, opt = DistributedDataParallel(manager, model), OptimizerWrapper(manager, inner)
+    with engine:
         last = manager.current_step()
         while True:
             target = int(target_file.read_text()) if target_file.exists() else 1 << 30
@@ -101,9 +116,9 @@ def main(outdir: Path, index: int, lighthouse: str, codec: object, timeout_s: fl
                 break
             x = torch.randn(32, 32, generator=gen)
             y = torch.tanh(x @ w_true)
-            inner.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            inner.step()  # every 4th: torchft's quorum, the compressed exchange, the commit vote
+            opt.zero_grad()  # DDP: torchft's quorum
+            torch.nn.functional.mse_loss(net(x), y).backward()  # DDP: the compressed exchanges
+            opt.step()  # DiLoCo, LocalSGD: every 4th, the quorum and the exchanges; all: the commit vote
             time.sleep(0.01)  # a paced loop: the test's own processes share the machine's cores
             step = manager.current_step()
             if step != last:
@@ -111,12 +126,14 @@ def main(outdir: Path, index: int, lighthouse: str, codec: object, timeout_s: fl
                 committed.append({"step": step, "world": world, "t": time.time() - started})
                 _write(outdir / f"progress{index}", {"step": step, "world": world, "pid": os.getpid()})
                 last = step
-        frag = diloco._fragments[0]
+        # DiLoCo's global parameters are its backup copy; LocalSGD and DDP hold the same in the model
+        glob = list(engine._fragments[0].original_parameters.values()) if algo == "diloco" else list(model.parameters())
         result = {
             "index": index,
             "life": life,
+            "algo": algo,
             "step": manager.current_step(),
-            "global": _digest(list(frag.original_parameters.values())),
+            "global": _digest(glob),
             "model": _digest(list(model.parameters())),
             "committed": committed,
             "replans": manager.replans,
@@ -133,4 +150,4 @@ def main(outdir: Path, index: int, lighthouse: str, codec: object, timeout_s: fl
 if __name__ == "__main__":
     a = sys.argv[1:]
     life, stop_at = (int(a[5]) if len(a) > 5 else 0), (int(a[6]) if len(a) > 6 else -1)
-    main(Path(a[0]), int(a[1]), a[2], json.loads(a[3]), float(a[4]), life, stop_at)
+    main(Path(a[0]), int(a[1]), a[2], json.loads(a[3]), float(a[4]), life, stop_at, a[7] if len(a) > 7 else "diloco")
