@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.torch
+
 pytest.importorskip("torchft", reason="torchft is not installed (an optional extra: pip install 'gcodec[torchft]')")
 
 from tests.procs import free_port, start_program
