@@ -12,7 +12,8 @@ contender.
 
 **Contenders.** DDP fp32 (plain allreduce of every gradient, every step); DDP with gcodec's hook;
 DiLoCo fp32 (:class:`gcodec.torch.DiLoCo`, uncompressed pseudo-gradients every H steps); torchft's
-DiLoCo (``torchft.local_sgd.DiLoCo``, fp32, the outside anchor); gcodec's DiLoCo with 4-bit
+DiLoCo (``torchft.local_sgd.DiLoCo``, fp32, the outside anchor), and the same with gcodec's
+4-bit pseudo-gradients and error feedback inside it (:mod:`gcodec.torch.torchft`); gcodec's DiLoCo with 4-bit
 pseudo-gradients and error feedback, with chunked top-k 2-bit values and error feedback, with the
 chunked DCT (those two when the codecs are registered); Streaming DiLoCo (2 fragments, each
 exchange overlapping 2 inner steps, mix 0.5) with 4-bit values and error feedback.
@@ -80,6 +81,8 @@ def contenders(h: int, diloco_steps: int, quick: bool = False) -> list[dict[str,
         lm_spec(f"DiLoCo H={h} fp32, outer Nesterov 0.7/0.9", "diloco", None, False, sync_every=h, steps=diloco_steps),
         lm_spec(f"torchft DiLoCo H={h} fp32", "torchft", None, False, **d),
         lm_spec(f"DiLoCo H={h} uniform 4 + EF", "diloco", U4, True, **d),
+        # torchft's own DiLoCo and quorum, its pseudo-gradients through gcodec.torch.torchft
+        lm_spec(f"torchft DiLoCo H={h} + gcodec uniform 4 + EF", "torchft", U4, True, **d),
     ]
     if importlib.util.find_spec("torchft") is None:  # pip install 'gcodec[torchft]'
         print("torchft is not installed (pip install 'gcodec[torchft]'): its DiLoCo is left out", file=sys.stderr)
@@ -100,7 +103,13 @@ def contenders(h: int, diloco_steps: int, quick: bool = False) -> list[dict[str,
         lm_spec(f"Streaming DiLoCo H={h} P=2 uniform 4 + EF", "diloco", U4, True, fragments=2, delay=2, mix=0.5, **d)
     )
     if quick:
-        keep = ("DDP fp32", f"DiLoCo H={h} fp32", f"torchft DiLoCo H={h} fp32", f"DiLoCo H={h} uniform 4 + EF")
+        keep = (
+            "DDP fp32",
+            f"DiLoCo H={h} fp32",
+            f"torchft DiLoCo H={h} fp32",
+            f"DiLoCo H={h} uniform 4 + EF",
+            f"torchft DiLoCo H={h} + gcodec uniform 4 + EF",
+        )
         out = [c for c in out if c["label"] in keep]
     return out
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import free_port, start_program
+
 pytestmark = pytest.mark.torch
 
 pytest.importorskip("torchft", reason="torchft is not installed (an optional extra: pip install 'gcodec[torchft]')")
-
-from tests.procs import free_port, start_program
 
 CODEC = json.dumps({"id": "uniform", "bits": 4})
 #: gloo's collective timeout and torchft's manager timeout in the replicas: a stopped peer ends an

@@ -85,8 +85,10 @@ def _hook_bytes(state: Any, model: torch.nn.Module, s: LMSettings, steps: int) -
 
 
 class _TorchFT:
-    """torchft's DiLoCo (``torchft.local_sgd.DiLoCo``, fp32) as the outside anchor: every rank is a
-    replica group of one, with its own store and manager; rank 0 runs the lighthouse."""
+    """torchft's DiLoCo (``torchft.local_sgd.DiLoCo``) as the outside anchor: every rank is a
+    replica group of one, with its own store and manager; rank 0 runs the lighthouse. With a
+    codec in the run, the manager is gcodec's (:class:`gcodec.torch.torchft.Manager`): the same
+    torchft DiLoCo, its pseudo-gradients through gcodec's compressed allreduce; fp32 otherwise."""
 
     def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, run: dict[str, Any], index: int) -> None:
         from torch.distributed import TCPStore
@@ -104,6 +106,15 @@ class _TorchFT:
         dist.broadcast_object_list(addr, src=0)
         self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         timeout = datetime.timedelta(seconds=120)
+        extra: dict[str, Any] = {}
+        if run.get("codec") is not None:
+            from gcodec.torch.torchft import Manager  # type: ignore[assignment]
+
+            extra = {
+                "codec": run["codec"],
+                "error_feedback": bool(run.get("error_feedback")),
+                "ef_decay": float(run.get("ef_decay", 1.0)),
+            }
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
             load_state_dict=lambda sd: model.load_state_dict(sd["model"]),
@@ -119,6 +130,7 @@ class _TorchFT:
             use_async_quorum=False,
             timeout=timeout,
             quorum_timeout=timeout,
+            **extra,
         )
         m = float(run.get("outer_momentum", 0.9))
         outer = torch.optim.SGD(model.parameters(), lr=float(run.get("outer_lr", 0.7)), momentum=m, nesterov=m > 0)
@@ -224,6 +236,8 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
     dist.barrier()
     if method == "ddp":
         per_step = 4.0 * n_params
+    elif method == "torchft" and ft is not None and hasattr(ft.manager, "gcodec_stats"):
+        per_step = ft.manager.gcodec_stats()["payload_bytes"] / max(1, steps)  # as gcodec's DiLoCo counts it
     elif method == "torchft":  # float32 pseudo-gradients, one allreduce per parameter, every H steps
         per_step = 4.0 * n_params * (steps // int(run["sync_every"])) / steps
     elif method == "ddp-gcodec":

@@ -119,7 +119,8 @@ def lm_spec(
     """One language-model run: ``method`` ``ddp`` (plain DDP allreduce), ``ddp-gcodec``
     (:func:`gcodec.torch.comm_hook` with ``codec``), ``diloco`` (:class:`gcodec.torch.DiLoCo` with
     ``codec`` for the pseudo-gradients; ``diloco`` holds ``sync_every``, ``fragments``, ``delay``,
-    ``mix``) or ``torchft`` (torchft's DiLoCo, fp32)."""
+    ``mix``) or ``torchft`` (torchft's DiLoCo: fp32, or with ``codec`` through
+    :mod:`gcodec.torch.torchft`)."""
     if method not in ("ddp", "ddp-gcodec", "diloco", "torchft"):
         raise ValueError(f"unknown method {method!r}")
     return {"label": label, "method": method, "codec": codec, "error_feedback": error_feedback, **diloco}
