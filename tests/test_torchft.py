@@ -254,3 +254,80 @@ def test_torchfts_localsgd_and_ddp_compress_through_the_same_manager(tmp_path, a
     for r in res:
         assert r["algo"] == algo and r["rollbacks"] == []
         _compressed(r)
+
+
+def test_a_step_not_committed_gets_its_residuals_back_and_a_replan_keeps_them(tmp_path) -> None:
+    """One replica in this process (a quorum of one, under an in-process lighthouse), 2-bit with
+    error feedback in two-phase mode (so that it keeps worker residuals per owner chunk and a
+    server residual). A committed step changes the residuals and keeps them; a step whose commit
+    fails (an error reported to the manager, as a lost peer would) leaves them exactly as they
+    were before it; a re-plan keeps every worker residual range and drops the server residuals."""
+    import datetime
+
+    import numpy as np
+    import torch
+    from torch.distributed import TCPStore
+    from torchft import ProcessGroupGloo
+    from torchft.coordination import LighthouseServer
+
+    from gcodec.torch.torchft import Manager
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    timeout = datetime.timedelta(seconds=30)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timeout),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=1,
+        replica_id="solo",
+        lighthouse_addr=lighthouse.address(),
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        hostname="localhost",
+        use_async_quorum=False,
+        timeout=timeout,
+        codec={"id": "uniform", "bits": 2},
+        error_feedback=True,
+        mode="two_phase",
+    )
+    gen = torch.Generator().manual_seed(0)
+
+    def step(fail: bool) -> torch.Tensor:
+        manager.start_quorum()
+        t = torch.randn(1000, generator=gen)
+        assert manager.allreduce(t).wait()
+        if fail:
+            manager.report_error(RuntimeError("a peer was lost"))
+        assert manager.should_commit() is not fail
+        return t
+
+    def residuals() -> dict[str, np.ndarray]:
+        return {k: np.array(v) for k, v in manager.router.ranges().items()}
+
+    try:
+        step(fail=False)
+        before = residuals()
+        assert before and all(np.abs(v).max() > 0 for v in before.values())  # 2 bits drop something
+        step(fail=True)
+        after = residuals()
+        assert after.keys() == before.keys() and all(np.array_equal(after[k], before[k]) for k in before)
+        assert manager.rollbacks == [1]
+        step(fail=False)
+        moved = residuals()
+        assert any(not np.array_equal(moved[k], before[k]) for k in before)  # a committed step keeps its own
+        servers = [ts.server for ts in manager.router.states.values() if ts.server is not None]
+        assert any(s.keys() for s in servers)  # two-phase's owner kept a server residual
+        n = len(manager.replans)  # 2: the first quorum's, and the next quorum's (torchft forms a new
+        manager.replan()  # quorum after a failed commit, on a new process group)
+        assert len(manager.replans) == n + 1 and manager.replans[-1]["residual_ranges"] == len(moved)
+        kept = residuals()
+        assert kept.keys() == moved.keys() and all(np.array_equal(kept[k], moved[k]) for k in moved)
+        assert not any(s.keys() for s in servers)  # dropped (docs/lowcomm.md, "torchft")
+        step(fail=False)  # the re-planned exchange runs (agreement again on a new communicator)
+        assert manager.gcodec_stats()["replans"] == n + 1  # the same quorum: no re-plan of its own
+    finally:
+        manager.shutdown(wait=False)
+        lighthouse.shutdown()
