@@ -136,7 +136,7 @@ class _TorchFT:
         outer = torch.optim.SGD(model.parameters(), lr=float(run.get("outer_lr", 0.7)), momentum=m, nesterov=m > 0)
         # with a codec, one exchange per synchronisation (torchft's bucketization: the parameters as
         # one flat buffer), as gcodec's DiLoCo joins a fragment: one exchange per parameter costs
-        # a payload header and an agreement each (624 against 503 bytes per inner step on this model)
+        # a payload header and an agreement each (docs/lowcomm.md, "torchft", has the bytes)
         self.diloco = FTDiLoCo(
             self.manager, [model], opt, outer, sync_every=int(run["sync_every"]), use_bucketization=bool(extra)
         )

@@ -55,6 +55,7 @@ except ImportError as e:  # an optional extra
 
 from ..arrays import tensors_from_arrays
 from ..errors import ConfigError, GcodecError, ProtocolOrderError
+from ..policy import DEFAULTS
 from ..transports import Router
 from ..transports.comm import Protocol
 from ..transports.control import control_bytes, failed_exchange
@@ -140,7 +141,12 @@ class Manager(_TorchftManager):
         policy: instead, a :class:`gcodec.policy.Policy`, a callable or a ``{pattern: codec}`` dict
             choosing per key (``codec`` is then the shorthand's default). Keys are named
             ``"torchft/<fragment>/<call>[shape]"`` (below).
-        error_feedback, ef_decay, min_numel, mode: as for :class:`gcodec.torch.DiLoCo`.
+        error_feedback, ef_decay, mode: as for :class:`gcodec.torch.DiLoCo`.
+        min_numel: tensors with fewer elements go uncompressed (:data:`gcodec.policy.DEFAULTS`).
+            1-D tensors are compressed (``dense_1d`` off, unlike the engines that plan parameters):
+            torchft hands over flat buckets (its DDP's, its DiLoCo's with ``use_bucketization``),
+            which are 1-D and hold every parameter; a bias or a norm scale handed over alone is
+            small, and ``min_numel`` keeps it dense.
         fragments: how many model fragments torchft's Streaming DiLoCo syncs in turn (its
             ``model_fragments``); 1 for DiLoCo, LocalSGD and DDP.
 
@@ -159,7 +165,7 @@ class Manager(_TorchftManager):
         policy: Any = None,
         error_feedback: bool = True,
         ef_decay: float = 1.0,
-        min_numel: int = 0,
+        min_numel: int = DEFAULTS.min_numel,
         mode: str = "auto",
         fragments: int = 1,
         **kwargs: Any,
@@ -168,7 +174,13 @@ class Manager(_TorchftManager):
             raise ConfigError(f"fragments must be at least 1, not {fragments!r}")
         super().__init__(*args, **kwargs)
         self.router = Router(
-            policy, codec=codec, min_numel=min_numel, error_feedback=error_feedback, mode=mode, decay=ef_decay
+            policy,
+            codec=codec,
+            min_numel=min_numel,
+            dense_1d=False,
+            error_feedback=error_feedback,
+            mode=mode,
+            decay=ef_decay,
         )
         self.fragments = int(fragments)
         self._queue = FutureQueue()
