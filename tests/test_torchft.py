@@ -240,12 +240,14 @@ def test_replicas_configured_differently_all_raise_instead_of_retrying(tmp_path)
         assert "gcodec.errors.ConfigError" in log and "bits" in log, log[-3000:]
 
 
-@pytest.mark.parametrize("algo", ["localsgd", "ddp"])
-def test_torchfts_localsgd_and_ddp_compress_through_the_same_manager(tmp_path, algo: str) -> None:
-    """torchft's LocalSGD (parameters averaged every 4 steps) and its DistributedDataParallel with
-    OptimizerWrapper (every bucket's gradient, every step) reach the network through the same
-    ``Manager.allreduce``: with gcodec's Manager both go 4-bit, and the two replicas end with
-    bit-identical models (every rank decodes the same average)."""
+@pytest.mark.parametrize("algo", ["streaming", "localsgd", "ddp"])
+def test_torchfts_streaming_diloco_localsgd_and_ddp_compress_through_the_same_manager(tmp_path, algo: str) -> None:
+    """torchft's Streaming DiLoCo (two fragments synced in turn, ``fragments=2``: each fragment's
+    calls get keys of their own), LocalSGD (parameters averaged every 4 steps) and its
+    DistributedDataParallel with OptimizerWrapper (every bucket's gradient, every step) reach the
+    network through the same ``Manager.allreduce``: with gcodec's Manager they go 4-bit, and the
+    two replicas end with bit-identical global parameters (every rank decodes the same average),
+    and, but for Streaming DiLoCo's fragment between its syncs, models."""
     with job(tmp_path) as j:
         j.start_lighthouse(min_replicas=2)
         for i in range(2):
@@ -253,10 +255,14 @@ def test_torchfts_localsgd_and_ddp_compress_through_the_same_manager(tmp_path, a
         j.wait(_all_in_world(j, [0, 1], 2, min_step=2), 300, "two replicas training together")
         _finish(j, [0, 1])
         res = [j.result(i) for i in range(2)]
-    assert res[0]["model"] == res[1]["model"]
+    assert res[0]["global"] == res[1]["global"]
+    if algo != "streaming":  # streaming: the fragment not synced last holds each replica's own values
+        assert res[0]["model"] == res[1]["model"]
     for r in res:
         assert r["algo"] == algo and r["rollbacks"] == []
         _compressed(r)
+        if algo == "streaming":  # fragment 0's weight [256, 32] and fragment 1's [8, 256], apart
+            assert {k.split("/")[1] for k in r["router"]} == {"0", "1"}, r["router"]
 
 
 def test_a_step_not_committed_gets_its_residuals_back_and_a_replan_keeps_them(tmp_path) -> None:

@@ -212,6 +212,7 @@ class Manager(_TorchftManager):
         through gcodec's router. ``should_quantize`` is ignored (the codec decides). Another
         reduction (max, min) or an integer tensor goes through torchft's own allreduce."""
         if reduce_op not in (ReduceOp.AVG, ReduceOp.SUM) or not torch.is_floating_point(tensor):
+            self._queue.drain()  # torchft's collective must not start between the queue's on the group
             return super().allreduce(tensor, should_quantize=False, reduce_op=reduce_op)
         if self.errored():
             return _DummyWork(tensor)

@@ -14,7 +14,8 @@ re-plans, rolled-back steps and figures. ``OUTDIR/progress<INDEX>`` holds its la
 size, rewritten after every outer step, for the test to act on. CODEC is a JSON codec config or
 ``null`` (uncompressed). STOP_AT >= 0: the replica stops itself (SIGSTOP) right after it started
 its first exchange of that outer step, so that its peers are inside an exchange with a stopped
-process. ALGO: ``diloco`` (the default), ``localsgd`` (torchft's LocalSGD, parameters averaged
+process. ALGO: ``diloco`` (the default), ``streaming`` (torchft's Streaming DiLoCo, the two linear layers
+as two fragments synced in turn), ``localsgd`` (torchft's LocalSGD, parameters averaged
 every 4 steps) or ``ddp`` (torchft's DistributedDataParallel and OptimizerWrapper: gradients
 averaged every step).
 """
@@ -83,6 +84,7 @@ def main(
         connect_timeout=datetime.timedelta(seconds=30),
         codec=codec,
         error_feedback=True,
+        fragments=2 if algo == "streaming" else 1,  # the key of a call names the fragment synced
     )
     if stop_at >= 0:
         compressed = manager.allreduce
@@ -101,6 +103,12 @@ def main(
     started = time.time()
     if algo == "diloco":
         engine = DiLoCo(manager, [model], inner, outer, sync_every=4)
+        net, opt = model, inner
+    elif algo == "streaming":  # two fragments (the two linear layers), synced in turn
+        # an outer optimizer per fragment (one over the whole model would step the other fragment
+        # with its local gradients, which differ between replicas)
+        outers = [torch.optim.SGD(m.parameters(), lr=0.7, momentum=0.9, nesterov=True) for m in (model[0], model[2])]
+        engine = DiLoCo(manager, [model[0], model[2]], inner, outers, sync_every=4)
         net, opt = model, inner
     elif algo == "localsgd":
         engine = LocalSGD(manager, model, inner, sync_every=4)
@@ -127,7 +135,11 @@ def main(
                 _write(outdir / f"progress{index}", {"step": step, "world": world, "pid": os.getpid()})
                 last = step
         # DiLoCo's global parameters are its backup copy; LocalSGD and DDP hold the same in the model
-        glob = list(engine._fragments[0].original_parameters.values()) if algo == "diloco" else list(model.parameters())
+        glob = (
+            [t for f in engine._fragments for t in f.original_parameters.values()]
+            if algo in ("diloco", "streaming")
+            else list(model.parameters())
+        )
         result = {
             "index": index,
             "life": life,
