@@ -3,6 +3,7 @@
     python bench/convergence.py                       # 3 seeds, 12 epochs (~10 min on 2 busy cores)
     python bench/convergence.py --quick               # 1 seed, 2 epochs, 2 codecs: a smoke run
     python bench/convergence.py --seeds 5 --epochs 20 --markdown docs/convergence.md --plot docs/convergence.png
+    python bench/convergence.py --workload lm         # the language model under AdamW (below)
 
 The training is the demo's (``gcodec demo``): the MLP 64-256-256-10 on the bundled UCI digits, 2 real
 worker processes (DDP over gloo with ``gcodec.torch.comm_hook``), plain SGD with a cosine learning
@@ -17,7 +18,10 @@ the same seeds, the per-seed gap's mean, and the training-loss curves (mean over
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -28,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gcodec.demo.launch import run_job  # noqa: E402
-from gcodec.demo.runs import Settings, run_spec  # noqa: E402
+from gcodec.demo.runs import LMSettings, Settings, lm_spec, run_spec  # noqa: E402
 
 #: (name, codec config) at their usual settings; each runs with and without error feedback
 CODECS: list[tuple[str, dict[str, Any]]] = [
@@ -162,32 +166,240 @@ def plot(result: dict[str, Any], path: str) -> str | None:
     return None
 
 
+# ---- the language model under AdamW (--workload lm) ---------------------------------------------
+
+#: Model sizes: the demo's (``gcodec demo --workload lm``: 437,760 parameters) and a nanoGPT-style
+#: one of 834,304 (twice the layers), both byte-level with a context of 64 and tied embeddings.
+LM_SIZES: dict[str, dict[str, int]] = {
+    "demo": {"d_model": 128, "layers": 2, "heads": 4},
+    "nanogpt": {"d_model": 128, "layers": 4, "heads": 4},
+}
+U4 = {"id": "uniform", "bits": 4}
+TOPK = {"id": "topk", "ratio": 0.01}
+PSGD = {"id": "powersgd", "rank": 2}
+
+
+def lm_runs(quick: bool = False) -> list[dict[str, Any]]:
+    """The LM runs of one job: the baseline, the three codecs with error feedback as the hook runs
+    them by default, and the remedies the study measured (docs/convergence.md)."""
+    runs = [
+        lm_spec("uncompressed", "ddp"),
+        lm_spec("uniform 4 + EF", "ddp-gcodec", U4, True),
+        lm_spec("top-k 1% + EF", "ddp-gcodec", TOPK, True),
+        lm_spec("powersgd r2 + EF", "ddp-gcodec", PSGD, True),
+        # what the bytes buy back under AdamW: a cheaper quantizer, and top-k and PowerSGD with
+        # more of the gradient
+        lm_spec("uniform 2 + EF", "ddp-gcodec", {"id": "uniform", "bits": 2}, True),
+        lm_spec("top-k 10% + EF", "ddp-gcodec", {"id": "topk", "ratio": 0.1}, True),
+        lm_spec("powersgd r16 + EF", "ddp-gcodec", {"id": "powersgd", "rank": 16}, True),
+    ]
+    return runs[:2] if quick else runs
+
+
+def lm_settings(size: str, seed: int, steps: int, quick: bool = False) -> LMSettings:
+    """nanoGPT-like training of one size: AdamW (betas 0.9, 0.95, weight decay 0.1), lr 3e-3 with
+    a linear warm-up of 20 steps and a cosine to 3e-4, gradient clipping at 1.0, batch 16 x 64
+    bytes per worker; the hook's defaults (10 dense steps, tensors under 1024 elements dense)."""
+    if quick:
+        return dataclasses.replace(LMSettings.quick(), seed=seed, grad_clip=1.0)
+    return LMSettings(
+        **LM_SIZES[size],
+        context=64,
+        batch=16,
+        steps=steps,
+        lr=3e-3,
+        warmup=20,
+        eval_every=50,
+        val_windows=256,
+        seed=seed,
+        start_iter=10,
+        min_numel=1024,
+        grad_clip=1.0,
+        timeout_s=600.0,
+    )
+
+
+def run_lm(seeds: int, sizes: list[str], steps: int, quick: bool, workers: int = 2) -> dict[str, Any]:
+    """One job per (size, seed): every run of :func:`lm_runs` from the seed's initial weights and
+    batches, on ``workers`` gloo processes with DDP and the hook."""
+    jobs = []
+    t0 = time.perf_counter()
+    for size in sizes:
+        for seed in range(seeds):
+            s = lm_settings(size, seed, steps, quick)
+            runs = lm_runs(quick)
+            print(f"{size} seed {seed}: {len(runs)} runs, {s.steps} steps ...", file=sys.stderr, flush=True)
+            t1 = time.perf_counter()
+            res = run_job(runs, s, workers, module="gcodec.demo.lm_worker", timeout_s=4 * 3600)
+            jobs.append(
+                {
+                    "size": size,
+                    "seed": seed,
+                    "settings": s.to_dict(),
+                    "corpus": res["corpus"],
+                    "runs": res["runs"],
+                    "elapsed_s": time.perf_counter() - t1,
+                }
+            )
+    return {
+        "workload": "lm",
+        "workers": workers,
+        "seeds": seeds,
+        "sizes": sizes,
+        "steps": jobs[0]["settings"]["steps"] if jobs else steps,
+        "elapsed_s": time.perf_counter() - t0,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+        "jobs": jobs,
+    }
+
+
+def summarise_lm(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (size, run label): validation loss over seeds and its gap to the same seeds'
+    uncompressed run, in % (mean, and the worst seed)."""
+    rows = []
+    for size in result["sizes"]:
+        jobs = [j for j in result["jobs"] if j["size"] == size]
+        for label in [r["label"] for r in jobs[0]["runs"]]:
+            losses, gaps, bits, failed, params = [], [], [], [], 0
+            for job in jobs:
+                runs = {r["label"]: r for r in job["runs"]}
+                r, base = runs[label], runs["uncompressed"]
+                if not r.get("ok") or not base.get("ok"):
+                    failed.append(r.get("error") or base.get("error"))
+                    continue
+                params = r["params"]
+                losses.append(r["val_loss"])
+                gaps.append(r["val_loss"] / base["val_loss"] - 1.0)
+                bits.append(r["bits_per_element"])
+            rows.append(
+                {
+                    "size": size,
+                    "label": label,
+                    "params": params,
+                    "bits_per_element": statistics.mean(bits) if bits else None,
+                    "val_loss_mean": statistics.mean(losses) if losses else None,
+                    "val_loss_min": min(losses) if losses else None,
+                    "val_loss_max": max(losses) if losses else None,
+                    "gap_mean": statistics.mean(gaps) if gaps else None,
+                    "gap_worst": max(gaps) if gaps else None,
+                    "within_1pct": bool(gaps) and max(gaps) <= 0.01,
+                    "failed": failed,
+                }
+            )
+    return rows
+
+
+def markdown_lm(result: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    s = result["jobs"][0]["settings"]
+    out = [
+        f"{result['seeds']} seeds, {result['steps']} steps of {s['batch']}x{s['context']} bytes x {result['workers']} "
+        f"gloo workers (DDP + gcodec.torch.comm_hook), AdamW lr {s['lr']} (warm-up {s['warmup']}, cosine), "
+        f"clip {s['grad_clip']}; {result['elapsed_s'] / 60:.0f} min on {result['machine']}, {result['date']}",
+        "",
+    ]
+    for size in result["sizes"]:
+        mine = [r for r in rows if r["size"] == size]
+        params = next((r["params"] for r in mine if r["params"]), 0)
+        dims = next(j["settings"] for j in result["jobs"] if j["size"] == size)
+        out += [
+            f"**{size}** ({dims['layers']} layers x {dims['d_model']}, {params:,} parameters)",
+            "",
+            "| run | bits/el | val loss, mean (min..max) | vs uncompressed, mean (worst seed) | within 1 % |",
+            "|---|---:|---:|---:|:---:|",
+        ]
+        for r in mine:
+            if r["val_loss_mean"] is None:
+                out.append(f"| {r['label']} | | failed: {r['failed'][0]} | | |")
+                continue
+            base = r["label"] == "uncompressed"
+            gap = "" if base else f"{100 * r['gap_mean']:+.2f} % ({100 * r['gap_worst']:+.2f} %)"
+            ok = "" if base else ("yes" if r["within_1pct"] else "**no**")
+            out.append(
+                f"| {r['label']} | {r['bits_per_element']:.2f} | {r['val_loss_mean']:.4f} "
+                f"({r['val_loss_min']:.3f}..{r['val_loss_max']:.3f}) | {gap} | {ok} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def plot_lm(result: dict[str, Any], path: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install 'gcodec[bench]')"
+    sizes = result["sizes"]
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 5), dpi=100, squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for ax, size in zip(axes[0], sizes):
+        jobs = [j for j in result["jobs"] if j["size"] == size]
+        for i, label in enumerate(r["label"] for r in jobs[0]["runs"]):
+            curves = [next(r for r in j["runs"] if r["label"] == label).get("curve") for j in jobs]
+            curves = [c for c in curves if c]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            x = [curves[0][k]["step"] for k in range(n)]
+            y = [statistics.mean(c[k]["val_loss"] for c in curves) for k in range(n)]
+            style = {"color": "k", "ls": "--", "lw": 2.0} if label == "uncompressed" else {"color": colors(i % 10)}
+            ax.plot(x, y, label=label, **style)
+        ax.set_xlabel("step")
+        ax.set_title(f"{size}: validation loss, mean over {result['seeds']} seeds")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("nats per byte")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", choices=("mlp", "lm"), default="mlp", help="the digits MLP (SGD) or the LM (AdamW)")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--epochs", type=int, default=12, help="MLP: epochs")
+    ap.add_argument("--steps", type=int, default=300, help="LM: steps")
+    ap.add_argument("--sizes", default="demo,nanogpt", help=f"LM: model sizes, of {', '.join(LM_SIZES)}")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="1 seed, 2 epochs, 2 codecs")
+    ap.add_argument("--quick", action="store_true", help="1 seed, 2 codecs (MLP: 2 epochs; LM: the tiny model)")
     ap.add_argument("--json", metavar="FILE", help="write every run of every seed")
     ap.add_argument("--markdown", metavar="FILE", help="write the table (Markdown)")
-    ap.add_argument("--plot", metavar="FILE", help="write the training-loss curves (PNG)")
-    ap.add_argument("--from-json", metavar="FILE", help="re-make the table and plot from an earlier --json")
+    ap.add_argument("--plot", metavar="FILE", help="write the loss curves (PNG)")
+    ap.add_argument(
+        "--from-json", metavar="FILE", nargs="+", help="re-make the table and plot from earlier --json files (merged)"
+    )
     args = ap.parse_args(argv)
-    seeds, epochs = (1, 2) if args.quick else (args.seeds, args.epochs)
     if args.from_json:
-        result = json.loads(Path(args.from_json).read_text())
+        parts = [json.loads(Path(f).read_text()) for f in args.from_json]
+        result = parts[0]
+        for more in parts[1:]:  # jobs of other sizes or seeds, run apart
+            result["jobs"] += more["jobs"]
+            result["sizes"] += [x for x in more.get("sizes", []) if x not in result["sizes"]]
+            result["elapsed_s"] += more["elapsed_s"]
+    elif args.workload == "lm":
+        sizes = ["demo"] if args.quick else [x for x in args.sizes.split(",") if x]
+        unknown = [x for x in sizes if x not in LM_SIZES]
+        if unknown:
+            ap.error(f"unknown size(s) {unknown}; choose from {list(LM_SIZES)}")
+        result = run_lm(1 if args.quick else args.seeds, sizes, args.steps, args.quick, args.workers)
     else:
+        seeds, epochs = (1, 2) if args.quick else (args.seeds, args.epochs)
         result = run(seeds, epochs, args.quick, args.workers)
-    rows = summarise(result)
+    lm = result.get("workload") == "lm"
+    rows = summarise_lm(result) if lm else summarise(result)
     result["summary"] = rows
-    md = markdown(result, rows)
+    md = markdown_lm(result, rows) if lm else markdown(result, rows)
     print(md)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.markdown:
         Path(args.markdown).write_text(md)
     if args.plot:
-        why = plot(result, args.plot)
+        why = plot_lm(result, args.plot) if lm else plot(result, args.plot)
         print(why or f"loss curves: {args.plot}")
     return 0
 

@@ -13,6 +13,7 @@ causal mask, a final LayerNorm and the embedding as output layer (tied weights).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -75,13 +76,68 @@ def lr_at(s: LMSettings, step: int, total: int | None = None) -> float:
     return s.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
-def _hook_bytes(state: Any, model: torch.nn.Module, s: LMSettings, steps: int) -> float:
-    """Bytes per step the DDP hook's rank contributed: its statistics' payloads after the dense
-    warm-up, plus the dense warm-up steps at 4 bytes per element."""
-    total = sum(float(v["total"]["payload_bytes"]) for v in state.stats().values())
+def _hook_bytes(state: Any, model: torch.nn.Module, s: LMSettings, steps: int) -> tuple[float, float]:
+    """Bytes per step the DDP hook's rank contributed, from its step reports (compressed payloads,
+    the small tensors sent dense beside them, the dense warm-up steps): over the whole run, and per
+    compressed step (after the warm-up, whose steps send 4 bytes per element)."""
+    total = state.step_report()["total"]
+    sent = float(total["payload_bytes"]) + float(total["dense_bytes"])
     n = sum(p.numel() for p in model.parameters())
     warm = min(steps, s.start_iter)
-    return (total + warm * 4.0 * n) / max(1, steps)
+    after = sent - (warm * 4.0 * n if state.warmup_codec is None else 0.0)
+    return sent / max(1, steps), after / max(1, steps - (warm if state.warmup_codec is None else 0))
+
+
+def optimizer_diagnostics(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    before: list[torch.Tensor],
+    start: list[torch.Tensor],
+    s: LMSettings,
+    step: int,
+    grad_norm: float,
+) -> dict[str, float]:
+    """What one optimizer step did to the tensors the hook compresses (those of ``min_numel``
+    elements or more), on this rank: the share of gradient elements that are non-zero (a sparse
+    codec's average leaves the rest at 0), the step's size per element in units of the learning
+    rate (RMS, and the share of elements that moved by more than lr / 10), the distance travelled
+    from the initial weights (RMS per element), and for Adam the median of sqrt(v_hat) (the
+    second-moment estimate, bias-corrected) and the median of |m_hat| / (sqrt(v_hat) + eps)."""
+    lr = opt.param_groups[0]["lr"]
+    nz = n = 0
+    sq = moved = dist0 = 0.0
+    ratios, roots = [], []
+    for p, b, p0 in zip(model.parameters(), before, start):
+        if p.numel() < s.min_numel or p.grad is None:
+            continue
+        d = (p.detach() - b).abs()
+        n += p.numel()
+        nz += int((p.grad != 0).sum())
+        sq += float((d * d).sum())
+        moved += int((d > 0.1 * lr).sum())
+        dist0 += float(((p.detach() - p0) ** 2).sum())
+        st = opt.state.get(p, {})
+        if "exp_avg_sq" in st:
+            t = float(st["step"])
+            g = opt.param_groups[0]
+            b1, b2 = g["betas"]
+            v = st["exp_avg_sq"] / (1 - b2**t)
+            m = st["exp_avg"] / (1 - b1**t)
+            roots.append(v.sqrt().flatten())
+            ratios.append((m.abs() / (v.sqrt() + g["eps"])).flatten())
+    out = {
+        "step": float(step + 1),
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "density": nz / max(1, n),
+        "update_rms_lr": math.sqrt(sq / max(1, n)) / lr,
+        "moved_share": moved / max(1, n),
+        "dist_rms": math.sqrt(dist0 / max(1, n)),
+    }
+    if roots:
+        out["sqrt_v_median"] = float(torch.cat(roots).median())
+        out["m_over_sqrt_v_median"] = float(torch.cat(ratios).median())
+    return out
 
 
 class _TorchFT:
@@ -150,8 +206,59 @@ class _TorchFT:
             self.lighthouse.shutdown()
 
 
+class FrozenVarianceAdamW(torch.optim.Optimizer):
+    """AdamW whose second moment stops updating after ``freeze_at`` steps (1-bit Adam's idea,
+    Tang et al. 2021): until then exactly torch's AdamW, afterwards each element's step is the
+    momentum divided by a fixed sqrt(v_hat), linear in the gradients."""
+
+    def __init__(
+        self, params: Any, lr: float, betas: tuple[float, float], weight_decay: float, freeze_at: int, eps: float = 1e-8
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "eps": eps})
+        self.freeze_at = int(freeze_at)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for g in self.param_groups:
+            b1, b2 = g["betas"]
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["step"] = torch.tensor(0.0)
+                    st["exp_avg"] = torch.zeros_like(p)
+                    st["exp_avg_sq"] = torch.zeros_like(p)
+                st["step"] += 1
+                t = int(st["step"])
+                p.mul_(1 - g["lr"] * g["weight_decay"])
+                st["exp_avg"].lerp_(p.grad, 1 - b1)
+                if t <= self.freeze_at:
+                    st["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                c2 = math.sqrt(1 - b2 ** min(t, self.freeze_at)) if self.freeze_at > 0 else 1.0
+                denom = (st["exp_avg_sq"].sqrt() / c2).add_(g["eps"])
+                p.addcdiv_(st["exp_avg"], denom, value=-g["lr"] / (1 - b1**t))
+
+
+def make_optimizer(model: torch.nn.Module, run: dict[str, Any], s: LMSettings) -> torch.optim.Optimizer:
+    """The run's optimizer: AdamW (betas 0.9, 0.95; weight decay 0.1) unless the run names
+    ``"optimizer": "sgd"`` (plain SGD, ``momentum`` 0 unless the run gives one)."""
+    kind = run.get("optimizer", "adamw")
+    if kind == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    if kind == "adamw-frozen":
+        freeze = int(run.get("freeze_at", s.start_iter))
+        return FrozenVarianceAdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1, freeze_at=freeze)
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=s.lr, momentum=float(run.get("momentum", 0.0)))
+    raise ValueError(f"unknown optimizer {kind!r}")
+
+
 def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: int) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
+    # a run may override the job's learning rate and the hook's size rules (lm_spec)
+    own = {k: type(getattr(s, k))(run[k]) for k in ("lr", "start_iter", "min_numel") if k in run}
+    s = dataclasses.replace(s, **own)
     model = make_model(s)
     n_params = sum(p.numel() for p in model.parameters())
     method = run["method"]
@@ -169,9 +276,12 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
                 error_feedback=run["error_feedback"],
                 start_iter=s.start_iter,
                 min_numel=s.min_numel,
+                policy=run.get("policy"),
+                module=model if run.get("policy") is not None else None,
+                warmup_codec=run.get("warmup_codec"),
             )
             module.register_comm_hook(state, gcodec.torch.comm_hook)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = make_optimizer(model, run, s)
     if method == "diloco":
         import gcodec.torch
 
@@ -182,6 +292,8 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
             codec=run["codec"],
             error_feedback=run["error_feedback"],
             ef_decay=float(run.get("ef_decay", 1.0)),
+            min_numel=int(run.get("min_numel", 0)),
+            policy=run.get("policy"),
             fragments=int(run.get("fragments", 1)),
             delay=int(run.get("delay", 0)),
             mix=float(run.get("mix", 0.0)),
@@ -198,6 +310,8 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
     val = torch.from_numpy(corpus.val_windows(data.val, s.val_windows, s.context))
     evaluator = make_model(s) if dl is not None else None
     curve: list[dict[str, float]] = []
+    diag: list[dict[str, float]] = []
+    start = [p.detach().clone() for p in model.parameters()] if s.diag_every and rank == 0 else []
     times: list[float] = []
     train_s = 0.0
     total = int(run.get("steps") or s.steps)  # a run may train a longer schedule than the job's
@@ -211,8 +325,13 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
         opt.zero_grad(set_to_none=True)
         loss = lm_loss(module, x)
         loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)) if s.grad_clip else 0.0
+        watch = bool(start) and (step + 1) % s.diag_every == 0
+        before = [p.detach().clone() for p in model.parameters()] if watch else []
         opt.step()  # DiLoCo's post-step hook sends and applies here
         dt = time.perf_counter() - t0
+        if watch:
+            diag.append(optimizer_diagnostics(model, opt, before, start, s, step, grad_norm))
         times.append(dt)
         train_s += dt
         done = step + 1
@@ -239,6 +358,7 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
     if ft is not None:
         ft.close()
     dist.barrier()
+    compressed_step = None
     if method == "ddp":
         per_step = 4.0 * n_params
     elif method == "torchft" and ft is not None and hasattr(ft.manager, "gcodec_stats"):
@@ -246,7 +366,7 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
     elif method == "torchft":  # float32 pseudo-gradients, one allreduce per parameter, every H steps
         per_step = 4.0 * n_params * (steps // int(run["sync_every"])) / steps
     elif method == "ddp-gcodec":
-        per_step = _hook_bytes(state, model, s, steps)
+        per_step, compressed_step = _hook_bytes(state, model, s, steps)
     else:
         assert dl is not None
         per_step = dl.stats()["payload_bytes"] / max(1, steps)
@@ -257,6 +377,8 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
         "params": n_params,
         "steps": steps,
         "bytes_per_inner_step": per_step,
+        # what a step sends once the warm-up is over (the hook's), in bits per parameter
+        "bits_per_element": 8.0 * (per_step if compressed_step is None else compressed_step) / n_params,
         "step_ms": 1e3 * float(np.median(warm)),
         "mean_step_ms": 1e3 * float(np.mean(warm)),
         "step_times_ms": [round(1e3 * t, 4) for t in times],
@@ -264,6 +386,7 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
         "val_loss": curve[-1]["val_loss"] if curve else None,
         "curve": curve,
         "diloco": dl.stats() if dl is not None else None,
+        "diag": diag,
     }
 
 

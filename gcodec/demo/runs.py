@@ -100,6 +100,11 @@ class LMSettings:
     #: stop after this many steps (0: ``steps``), keeping the schedule of ``steps`` (timing runs)
     max_steps: int = 0
     timeout_s: float = 300.0
+    #: clip the (averaged) gradient's global norm to this before the optimizer step (0: no clipping;
+    #: nanoGPT uses 1.0)
+    grad_clip: float = 0.0
+    #: record the optimizer's diagnostics on rank 0 every this many steps (0: never; see lm_worker)
+    diag_every: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,7 +125,12 @@ def lm_spec(
     (:func:`gcodec.torch.comm_hook` with ``codec``), ``diloco`` (:class:`gcodec.torch.DiLoCo` with
     ``codec`` for the pseudo-gradients; ``diloco`` holds ``sync_every``, ``fragments``, ``delay``,
     ``mix``) or ``torchft`` (torchft's DiLoCo: fp32, or with ``codec`` through
-    :mod:`gcodec.torch.torchft`)."""
+    :mod:`gcodec.torch.torchft`).
+
+    A run may override the job's settings: ``lr``, ``start_iter``, ``min_numel`` (the hook's, and
+    DiLoCo's, default 0 there), ``optimizer`` (``"adamw"``, the default; ``"sgd"``, plain SGD with
+    ``momentum``, default 0), and give the hook a ``policy`` (HookState's pattern dict) or a
+    ``warmup_codec``."""
     if method not in ("ddp", "ddp-gcodec", "diloco", "torchft"):
         raise ValueError(f"unknown method {method!r}")
     return {"label": label, "method": method, "codec": codec, "error_feedback": error_feedback, **diloco}
