@@ -4,6 +4,7 @@
     python bench/convergence.py --quick               # 1 seed, 2 epochs, 2 codecs: a smoke run
     python bench/convergence.py --seeds 5 --epochs 20 --markdown docs/convergence.md --plot docs/convergence.png
     python bench/convergence.py --workload lm         # the language model under AdamW (below)
+    python bench/convergence.py --diagnose            # why top-k and PowerSGD lose there: per tensor
 
 The training is the demo's (``gcodec demo``): the MLP 64-256-256-10 on the bundled UCI digits, 2 real
 worker processes (DDP over gloo with ``gcodec.torch.comm_hook``), plain SGD with a cosine learning
@@ -179,21 +180,45 @@ TOPK = {"id": "topk", "ratio": 0.01}
 PSGD = {"id": "powersgd", "rank": 2}
 
 
-def lm_runs(quick: bool = False) -> list[dict[str, Any]]:
+#: The remedies for top-k and PowerSGD under AdamW that the study measured on the same seeds
+#: (docs/convergence.md, "The language model under AdamW"): a better-served embedding, 1-bit
+#: Adam's frozen second moment after a dense warm-up, and the budget each needs.
+FREEZE_AT = 60
+
+
+def lm_remedies() -> list[dict[str, Any]]:
+    return [
+        # rank 4, and the tied embedding (also the output layer, where rank 2 loses most of
+        # AdamW's step) quantized instead of factorised
+        {
+            **lm_spec("powersgd r4 + EF, embedding uniform 4", "ddp-gcodec", {"id": "powersgd", "rank": 4}, True),
+            "policy": {"tok.weight": U4},
+        },
+        # 1-bit Adam (Tang et al. 2021): dense AdamW for the first fifth, then v frozen, so the
+        # step is linear in the gradient and what error feedback repays late is not renormalised
+        {
+            **lm_spec(f"top-k 1% + EF, v frozen at {FREEZE_AT}", "ddp-gcodec", TOPK, True),
+            "optimizer": "adamw-frozen",
+            "freeze_at": FREEZE_AT,
+            "start_iter": FREEZE_AT,
+        },
+        # the rank at which PowerSGD comes near the baseline
+        lm_spec("powersgd r16 + EF", "ddp-gcodec", {"id": "powersgd", "rank": 16}, True),
+    ]
+
+
+def lm_runs(quick: bool = False, remedies: bool = True) -> list[dict[str, Any]]:
     """The LM runs of one job: the baseline, the three codecs with error feedback as the hook runs
-    them by default, and the remedies the study measured (docs/convergence.md)."""
+    them by default, and (``remedies``) :func:`lm_remedies`."""
     runs = [
         lm_spec("uncompressed", "ddp"),
         lm_spec("uniform 4 + EF", "ddp-gcodec", U4, True),
         lm_spec("top-k 1% + EF", "ddp-gcodec", TOPK, True),
         lm_spec("powersgd r2 + EF", "ddp-gcodec", PSGD, True),
-        # what the bytes buy back under AdamW: a cheaper quantizer, and top-k and PowerSGD with
-        # more of the gradient
-        lm_spec("uniform 2 + EF", "ddp-gcodec", {"id": "uniform", "bits": 2}, True),
-        lm_spec("top-k 10% + EF", "ddp-gcodec", {"id": "topk", "ratio": 0.1}, True),
-        lm_spec("powersgd r16 + EF", "ddp-gcodec", {"id": "powersgd", "rank": 16}, True),
     ]
-    return runs[:2] if quick else runs
+    if quick:
+        return runs[:2]
+    return runs + (lm_remedies() if remedies else [])
 
 
 def lm_settings(size: str, seed: int, steps: int, quick: bool = False) -> LMSettings:
@@ -219,15 +244,25 @@ def lm_settings(size: str, seed: int, steps: int, quick: bool = False) -> LMSett
     )
 
 
-def run_lm(seeds: int, sizes: list[str], steps: int, quick: bool, workers: int = 2) -> dict[str, Any]:
-    """One job per (size, seed): every run of :func:`lm_runs` from the seed's initial weights and
-    batches, on ``workers`` gloo processes with DDP and the hook."""
+def run_lm(
+    seeds: int,
+    sizes: list[str],
+    steps: int,
+    quick: bool,
+    workers: int = 2,
+    remedies: tuple[str, ...] = ("demo",),
+    first_seed: int = 0,
+) -> dict[str, Any]:
+    """One job per (size, seed): every run of :func:`lm_runs` (the remedies for the sizes in
+    ``remedies`` only) from the seed's initial weights and batches, on ``workers`` gloo processes
+    with DDP and the hook."""
     jobs = []
     t0 = time.perf_counter()
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     for size in sizes:
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             s = lm_settings(size, seed, steps, quick)
-            runs = lm_runs(quick)
+            runs = lm_runs(quick, size in remedies)
             print(f"{size} seed {seed}: {len(runs)} runs, {s.steps} steps ...", file=sys.stderr, flush=True)
             t1 = time.perf_counter()
             res = run_job(runs, s, workers, module="gcodec.demo.lm_worker", timeout_s=4 * 3600)
@@ -250,6 +285,8 @@ def run_lm(seeds: int, sizes: list[str], steps: int, quick: bool, workers: int =
         "elapsed_s": time.perf_counter() - t0,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
+        # the 1-minute load average when the study started and ended (a shared machine)
+        "load": [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
         "jobs": jobs,
     }
 
@@ -323,6 +360,144 @@ def markdown_lm(result: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+#: The diagnosis runs (``--diagnose``): seed 0 of the demo size with the worker's dense shadow
+#: (``LMSettings.diag_every``), the codecs as the hook runs them and the variants that tell the
+#: causes apart.
+DIAG_KEYS = ("density", "resid_ratio", "v_ratio_median", "u_ratio", "u_cos")
+
+
+def diagnose_runs() -> list[dict[str, Any]]:
+    return [
+        lm_spec("uncompressed", "ddp"),
+        lm_spec("uniform 4 + EF", "ddp-gcodec", U4, True),
+        lm_spec("top-k 1% + EF", "ddp-gcodec", TOPK, True),
+        lm_spec("powersgd r2 + EF", "ddp-gcodec", PSGD, True),
+        {
+            **lm_spec(f"top-k 1% + EF, v frozen at {FREEZE_AT}", "ddp-gcodec", TOPK, True),
+            "optimizer": "adamw-frozen",
+            "freeze_at": FREEZE_AT,
+            "start_iter": FREEZE_AT,
+        },
+        {**lm_spec("powersgd r2 + EF, embedding uniform 4", "ddp-gcodec", PSGD, True), "policy": {"tok.weight": U4}},
+        lm_spec("chunk top-k 41/4096 + EF", "ddp-gcodec", {"id": "chunktopk", "chunk": 4096, "k": 41}, True),
+    ]
+
+
+def adam_compressibility(steps: int, at: tuple[int, ...], quick: bool = False) -> list[dict[str, Any]]:
+    """How much of the gradient and of AdamW's step the two compressors could keep at best: one
+    process trains the demo model (seed 0) uncompressed with the global batch of 2 workers and
+    AdamW as lm_settings; at the steps ``at`` it takes the clipped gradient g and the step
+    u = m_hat / (sqrt(v_hat) + eps) of the tensors the hook compresses, and reports the share of
+    their energy (sum of squares) held by their largest 1 % and 10 % of elements (all tensors
+    together, as the hook's top-k ranks them) and by the best rank-2 approximation of each matrix
+    (its top 2 singular values; mean over the matrices)."""
+    import torch
+
+    from gcodec.demo import corpus
+    from gcodec.demo import lm_worker as lw
+
+    s = lm_settings("demo", 0, steps, quick)
+    s = dataclasses.replace(s, batch=2 * s.batch)
+    data = corpus.load()
+    model = lw.make_model(s)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    big = [p for p in model.parameters() if p.numel() >= s.min_numel]
+
+    def top_share(xs: list[Any], ratio: float) -> float:
+        e = torch.cat([x.flatten() for x in xs]).pow(2)
+        return float(e.topk(max(1, int(ratio * e.numel()))).values.sum() / e.sum())
+
+    def rank2_share(xs: list[Any]) -> float:
+        shares = [torch.linalg.svdvals(x.reshape(x.shape[0], -1)).pow(2) for x in xs]
+        return statistics.mean(float(e[:2].sum() / e.sum()) for e in shares)
+
+    out = []
+    for step in range(max(at) + 1):
+        for grp in opt.param_groups:
+            grp["lr"] = lw.lr_at(s, step)
+        x = torch.from_numpy(corpus.batch(data.train, s.batch, s.context, s.seed, step, 0))
+        opt.zero_grad()
+        lw.lm_loss(model, x).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        grads = [p.grad.clone() for p in big if p.grad is not None] if step in at else []
+        opt.step()
+        if step in at:
+            ups = []
+            for p in big:
+                st = opt.state[p]
+                t = float(st["step"])
+                ups.append((st["exp_avg"] / (1 - 0.9**t)) / ((st["exp_avg_sq"] / (1 - 0.95**t)).sqrt() + 1e-8))
+            out.append(
+                {
+                    "step": step + 1,
+                    **{
+                        f"{k}_{w}": f(xs, *a)
+                        for w, xs in (("grad", grads), ("update", ups))
+                        for k, f, a in (
+                            ("top1", top_share, (0.01,)),
+                            ("top10", top_share, (0.1,)),
+                            ("rank2", rank2_share, ()),
+                        )
+                    },
+                }
+            )
+    return out
+
+
+def run_diagnose(steps: int, quick: bool, workers: int = 2) -> dict[str, Any]:
+    s = dataclasses.replace(lm_settings("demo", 0, steps, quick), diag_every=4 if quick else 25)
+    runs = diagnose_runs()[:3] if quick else diagnose_runs()
+    t0 = time.perf_counter()
+    res = run_job(runs, s, workers, module="gcodec.demo.lm_worker", timeout_s=4 * 3600)
+    shares = adam_compressibility(steps, (4, 8) if quick else (50, 100, 150, 200), quick)
+    return {"settings": s.to_dict(), "runs": res["runs"], "shares": shares, "elapsed_s": time.perf_counter() - t0}
+
+
+def diagnose_markdown(result: dict[str, Any], first: int = 100) -> str:
+    """Per run and tensor: the dense shadow's comparison (lm_worker.DenseShadow.compare), averaged
+    over the diagnosis steps from ``first`` on, and how far the tensor travelled from its initial
+    weights at the end against the uncompressed run."""
+    runs = [r for r in result["runs"] if r.get("ok")]
+    base = next((r for r in runs if r["method"] == "ddp"), None)
+    out = [
+        "Energy share the best 1 % / 10 % of elements and the best rank 2 keep, of the gradient and of"
+        " AdamW's step (adam_compressibility):",
+        "",
+        "| step | top 1 %: gradient | top 1 %: step | top 10 %: gradient | top 10 %: step "
+        "| rank 2: gradient | rank 2: step |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in result.get("shares", []):
+        out.append(
+            f"| {row['step']} | "
+            + " | ".join(
+                f"{row[k]:.3f}"
+                for k in ("top1_grad", "top1_update", "top10_grad", "top10_update", "rank2_grad", "rank2_update")
+            )
+            + " |"
+        )
+    out.append("")
+    for r in runs:
+        if r["method"] == "ddp":
+            continue
+        rows = [d for d in r["diag"] if d["step"] >= first] or r["diag"][-1:]
+        out += [
+            f"**{r['label']}** (val loss {r['val_loss']:.4f}"
+            + (f", {100 * (r['val_loss'] / base['val_loss'] - 1):+.1f} %)" if base else ")"),
+            "",
+            "| tensor | " + " | ".join(DIAG_KEYS) + " | distance / uncompressed |",
+            "|---|" + "---:|" * (len(DIAG_KEYS) + 1),
+        ]
+        for name in rows[0]["layers"]:
+            vals = [statistics.mean(d["layers"][name][k] for d in rows) for k in DIAG_KEYS]
+            far = ""
+            if base:
+                far = f"{r['diag'][-1]['layers'][name]['dist_rms'] / base['diag'][-1]['layers'][name]['dist_rms']:.2f}"
+            out.append(f"| {name} | " + " | ".join(f"{v:.3g}" for v in vals) + f" | {far} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def plot_lm(result: dict[str, Any], path: str) -> str | None:
     try:
         import matplotlib
@@ -361,18 +536,34 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workload", choices=("mlp", "lm"), default="mlp", help="the digits MLP (SGD) or the LM (AdamW)")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="LM: seeds first-seed, first-seed + 1, ...")
     ap.add_argument("--epochs", type=int, default=12, help="MLP: epochs")
     ap.add_argument("--steps", type=int, default=300, help="LM: steps")
     ap.add_argument("--sizes", default="demo,nanogpt", help=f"LM: model sizes, of {', '.join(LM_SIZES)}")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--remedies", default="demo", help="LM: the sizes that also run the remedies ('' for none)")
     ap.add_argument("--quick", action="store_true", help="1 seed, 2 codecs (MLP: 2 epochs; LM: the tiny model)")
     ap.add_argument("--json", metavar="FILE", help="write every run of every seed")
     ap.add_argument("--markdown", metavar="FILE", help="write the table (Markdown)")
     ap.add_argument("--plot", metavar="FILE", help="write the loss curves (PNG)")
     ap.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="LM: seed 0 of the demo size with the dense shadow's diagnostics, per tensor (docs/convergence.md)",
+    )
+    ap.add_argument(
         "--from-json", metavar="FILE", nargs="+", help="re-make the table and plot from earlier --json files (merged)"
     )
     args = ap.parse_args(argv)
+    if args.diagnose:
+        diag = run_diagnose(args.steps, args.quick, args.workers)
+        md = diagnose_markdown(diag, first=0 if args.quick else 100)
+        print(md)
+        if args.json:
+            Path(args.json).write_text(json.dumps(diag, indent=1))
+        if args.markdown:
+            Path(args.markdown).write_text(md)
+        return 0
     if args.from_json:
         parts = [json.loads(Path(f).read_text()) for f in args.from_json]
         result = parts[0]
@@ -380,12 +571,16 @@ def main(argv: list[str] | None = None) -> int:
             result["jobs"] += more["jobs"]
             result["sizes"] += [x for x in more.get("sizes", []) if x not in result["sizes"]]
             result["elapsed_s"] += more["elapsed_s"]
+        if result.get("workload") == "lm":  # seeds run apart (--first-seed)
+            result["seeds"] = len({j["seed"] for j in result["jobs"]})
     elif args.workload == "lm":
         sizes = ["demo"] if args.quick else [x for x in args.sizes.split(",") if x]
         unknown = [x for x in sizes if x not in LM_SIZES]
         if unknown:
             ap.error(f"unknown size(s) {unknown}; choose from {list(LM_SIZES)}")
-        result = run_lm(1 if args.quick else args.seeds, sizes, args.steps, args.quick, args.workers)
+        remedies = tuple(x for x in args.remedies.split(",") if x)
+        seeds = 1 if args.quick else args.seeds
+        result = run_lm(seeds, sizes, args.steps, args.quick, args.workers, remedies, args.first_seed)
     else:
         seeds, epochs = (1, 2) if args.quick else (args.seeds, args.epochs)
         result = run(seeds, epochs, args.quick, args.workers)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -93,3 +94,61 @@ def test_demo_diloco_quick_on_two_gloo_workers(tmp_path) -> None:
     for r in runs.values():
         assert np.isfinite(r["val_loss"]) and r["curve"][-1]["step"] == s.steps
     assert "DiLoCo H=8 uniform 4 + EF" in p.stdout
+
+
+def test_frozen_variance_adamw_is_torchs_adamw_until_it_freezes_then_keeps_v() -> None:
+    torch = pytest.importorskip("torch")
+    from gcodec.demo.lm_worker import FrozenVarianceAdamW
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(20, 30), torch.nn.Linear(20, 30)
+    b.load_state_dict(a.state_dict())
+    kw = {"lr": 1e-2, "betas": (0.9, 0.95), "weight_decay": 0.1}
+    oa, ob = torch.optim.AdamW(a.parameters(), **kw), FrozenVarianceAdamW(b.parameters(), freeze_at=5, **kw)
+    xs = torch.randn(8, 8, 20, generator=torch.Generator().manual_seed(1))
+    for i, x in enumerate(xs):
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+        if i == 4:  # the 5th step: the last with v updated, the same arithmetic as torch's up to rounding
+            for p, q in zip(a.parameters(), b.parameters()):
+                assert torch.allclose(p, q, rtol=0, atol=1e-6)
+            frozen = [ob.state[q]["exp_avg_sq"].clone() for q in b.parameters()]
+    for q, v in zip(b.parameters(), frozen):
+        assert torch.equal(ob.state[q]["exp_avg_sq"], v)  # v no longer moves
+    assert any(not torch.allclose(p, q, rtol=0, atol=1e-6) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_dense_shadow_sees_what_the_hook_delivered_on_two_gloo_workers() -> None:
+    """The LM worker's diagnostics (``diag_every``) beside a top-k 1 % + EF run: while the hook is
+    in its dense warm-up the delivered gradient is the true average (the same two floats summed and
+    halved), so the shadow AdamW is the run's own; afterwards top-k leaves most elements at 0 and
+    error feedback holds what it left out."""
+    pytest.importorskip("torch")
+    from gcodec.demo.launch import run_job
+    from gcodec.demo.runs import lm_spec
+
+    s = dataclasses.replace(LMSettings.quick(), steps=12, start_iter=6, min_numel=1024, grad_clip=1.0, diag_every=3)
+    res = run_job(
+        [lm_spec("top-k", "ddp-gcodec", {"id": "topk", "ratio": 0.01}, True)],
+        s,
+        2,
+        module="gcodec.demo.lm_worker",
+        timeout_s=300,
+    )
+    (run,) = res["runs"]
+    assert run["ok"], run
+    rows = {int(d["step"]): d["layers"] for d in run["diag"]}
+    assert sorted(rows) == [3, 6, 9, 12]
+    for step in (3, 6):  # steps 1..6: dense
+        for name, r in rows[step].items():
+            assert r["g_ratio"] == 1.0 and r["g_cos"] == pytest.approx(1.0) and r["resid_ratio"] == 0.0, name
+            assert r["u_ratio"] == pytest.approx(1.0, abs=1e-4) and r["u_cos"] == pytest.approx(1.0, abs=1e-4), name
+            assert r["v_ratio"] == pytest.approx(1.0, abs=1e-4), name
+    for step in (9, 12):
+        layers = rows[step].values()
+        # each rank sends 1 % of the flat group of 6 tensors (21,504 elements), so at most 2 x 215
+        # elements are not 0; all in the smallest tensor (1,024) would give a mean density of 0.07
+        assert 0 < sum(r["density"] for r in layers) / len(layers) < 0.08
+        assert all(r["resid_ratio"] > 0 and r["density"] < 1 for r in layers)

@@ -96,20 +96,24 @@ def optimizer_diagnostics(
     s: LMSettings,
     step: int,
     grad_norm: float,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """What one optimizer step did to the tensors the hook compresses (those of ``min_numel``
     elements or more), on this rank: the share of gradient elements that are non-zero (a sparse
     codec's average leaves the rest at 0), the step's size per element in units of the learning
     rate (RMS, and the share of elements that moved by more than lr / 10), the distance travelled
     from the initial weights (RMS per element), and for Adam the median of sqrt(v_hat) (the
-    second-moment estimate, bias-corrected) and the median of |m_hat| / (sqrt(v_hat) + eps)."""
+    second-moment estimate, bias-corrected) and the median of |m_hat| / (sqrt(v_hat) + eps);
+    ``layers``: per tensor, its distance from the initial weights (RMS per element), to which a
+    :class:`DenseShadow` adds its comparison."""
     lr = opt.param_groups[0]["lr"]
     nz = n = 0
     sq = moved = dist0 = 0.0
     ratios, roots = [], []
-    for p, b, p0 in zip(model.parameters(), before, start):
+    layers: dict[str, dict[str, float]] = {}
+    for (name, p), b, p0 in zip(model.named_parameters(), before, start):
         if p.numel() < s.min_numel or p.grad is None:
             continue
+        layers[name] = {"dist_rms": float((p.detach() - p0).pow(2).mean().sqrt())}
         d = (p.detach() - b).abs()
         n += p.numel()
         nz += int((p.grad != 0).sum())
@@ -125,7 +129,7 @@ def optimizer_diagnostics(
             m = st["exp_avg"] / (1 - b1**t)
             roots.append(v.sqrt().flatten())
             ratios.append((m.abs() / (v.sqrt() + g["eps"])).flatten())
-    out = {
+    out: dict[str, Any] = {
         "step": float(step + 1),
         "lr": lr,
         "grad_norm": grad_norm,
@@ -137,7 +141,110 @@ def optimizer_diagnostics(
     if roots:
         out["sqrt_v_median"] = float(torch.cat(roots).median())
         out["m_over_sqrt_v_median"] = float(torch.cat(ratios).median())
+    out["layers"] = layers
     return out
+
+
+class DenseShadow:
+    """What the optimizer would have done with the uncompressed gradient, beside a run whose DDP
+    hook compresses (diagnostics, ``LMSettings.diag_every``; it costs one dense allreduce a step).
+
+    A wrapper around the comm hook copies each rank's local gradient before the hook compresses it;
+    after the backward pass :meth:`after_backward` averages the copies densely (the *true* average
+    gradient g at the run's own weights) and adds ``g - g_hat`` (``g_hat``: what the hook delivered)
+    to a running sum, which with error feedback and no decay equals the ranks' mean residual. A
+    shadow AdamW (betas 0.9, 0.95, the run's clipping) is fed g; :meth:`compare` sets its m and v
+    beside the optimizer's, per tensor of ``min_numel`` elements or more."""
+
+    def __init__(self, model: torch.nn.Module, s: LMSettings) -> None:
+        self.s = s
+        self.named = list(model.named_parameters())
+        self.local: dict[int, torch.Tensor] = {}
+        self.true: dict[int, torch.Tensor] = {}
+        self.delivered: dict[int, torch.Tensor] = {}
+        self.resid = {id(p): torch.zeros_like(p) for _, p in self.named}
+        self.m = {id(p): torch.zeros_like(p) for _, p in self.named}
+        self.v = {id(p): torch.zeros_like(p) for _, p in self.named}
+        self.t = 0
+
+    def wrap(self, hook: Any) -> Any:
+        def capture(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            for p, g in zip(bucket.parameters(), bucket.gradients()):
+                self.local[id(p)] = g.detach().clone()
+            return hook(state, bucket)
+
+        capture.__annotations__ = dict(hook.__annotations__)  # DDP compares them with the real types
+        return capture
+
+    @torch.no_grad()
+    def after_backward(self) -> None:
+        """Before clipping: the true average gradient, the delivered one, the residual sum."""
+        flat = torch.cat([self.local[id(p)].flatten() for _, p in self.named])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        pos = 0
+        for _, p in self.named:
+            g = flat[pos : pos + p.numel()].view_as(p)
+            pos += p.numel()
+            self.true[id(p)] = g
+            assert p.grad is not None
+            self.delivered[id(p)] = p.grad.detach().clone()
+            self.resid[id(p)] += g - p.grad
+        self.local.clear()
+
+    @torch.no_grad()
+    def after_step(self, betas: tuple[float, float]) -> None:
+        """Feed the shadow AdamW the true gradient, clipped as the run clips its own."""
+        b1, b2 = betas
+        scale = 1.0
+        if self.s.grad_clip:
+            norm = math.sqrt(sum(float((g * g).sum()) for g in self.true.values()))
+            scale = min(1.0, self.s.grad_clip / (norm + 1e-6))  # torch's clip_grad_norm_ rule
+        for _, p in self.named:
+            g = self.true[id(p)] * scale
+            self.m[id(p)].lerp_(g, 1 - b1)
+            self.v[id(p)].mul_(b2).addcmul_(g, g, value=1 - b2)
+        self.t += 1
+
+    @torch.no_grad()
+    def compare(self, opt: torch.optim.Optimizer) -> dict[str, dict[str, float]]:
+        """Per tensor: ``g_ratio`` |g_hat| / |g| and ``g_cos`` (this step, before clipping),
+        ``resid_ratio`` |mean residual| / |g|, ``density`` (share of g_hat's elements not 0),
+        ``v_ratio`` sqrt(mean v / mean v_true) and ``v_ratio_median`` (median over elements of
+        sqrt(v / v_true)), ``u_ratio`` |u| / |u_true| and ``u_cos``, where u = m_hat / (sqrt(v_hat) + eps)
+        is Adam's step in units of the learning rate."""
+        grp = opt.param_groups[0]
+        b1, b2 = grp["betas"]
+        eps = grp["eps"]
+        out: dict[str, dict[str, float]] = {}
+
+        def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+            return float((a * b).sum() / (a.norm() * b.norm() + 1e-30))
+
+        for name, p in self.named:
+            if p.numel() < self.s.min_numel:
+                continue
+            st = opt.state.get(p, {})
+            if "exp_avg_sq" not in st:
+                continue
+            g, gh = self.true[id(p)], self.delivered[id(p)]
+            t = float(st["step"])
+            c1, c2 = 1 - b1**t, 1 - b2**t
+            v, vt = st["exp_avg_sq"], self.v[id(p)]
+            u = (st["exp_avg"] / c1) / ((v / c2).sqrt() + eps)
+            ut = (self.m[id(p)] / c1) / ((vt / c2).sqrt() + eps)
+            gn = float(g.norm()) + 1e-30
+            out[name] = {
+                "g_ratio": float(gh.norm()) / gn,
+                "g_cos": cos(gh, g),
+                "resid_ratio": float(self.resid[id(p)].norm()) / gn,
+                "density": float((gh != 0).float().mean()),
+                "v_ratio": math.sqrt(float(v.mean()) / (float(vt.mean()) + 1e-30)),
+                "v_ratio_median": float(((v + 1e-30) / (vt + 1e-30)).sqrt().median()),
+                "u_ratio": float(u.norm()) / (float(ut.norm()) + 1e-30),
+                "u_cos": cos(u, ut),
+            }
+        return out
 
 
 class _TorchFT:
@@ -218,7 +325,7 @@ class FrozenVarianceAdamW(torch.optim.Optimizer):
         self.freeze_at = int(freeze_at)
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # no closure
         for g in self.param_groups:
             b1, b2 = g["betas"]
             for p in g["params"]:
@@ -264,6 +371,7 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
     method = run["method"]
     module: torch.nn.Module = model
     state = dl = None
+    shadow: DenseShadow | None = None
     if method in ("ddp", "ddp-gcodec"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -280,7 +388,11 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
                 module=model if run.get("policy") is not None else None,
                 warmup_codec=run.get("warmup_codec"),
             )
-            module.register_comm_hook(state, gcodec.torch.comm_hook)
+            hook: Any = gcodec.torch.comm_hook
+            if s.diag_every:
+                shadow = DenseShadow(model, s)
+                hook = shadow.wrap(hook)
+            module.register_comm_hook(state, hook)
     opt = make_optimizer(model, run, s)
     if method == "diloco":
         import gcodec.torch
@@ -310,7 +422,7 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
     val = torch.from_numpy(corpus.val_windows(data.val, s.val_windows, s.context))
     evaluator = make_model(s) if dl is not None else None
     curve: list[dict[str, float]] = []
-    diag: list[dict[str, float]] = []
+    diag: list[dict[str, Any]] = []
     start = [p.detach().clone() for p in model.parameters()] if s.diag_every and rank == 0 else []
     times: list[float] = []
     train_s = 0.0
@@ -325,13 +437,20 @@ def train_run(run: dict[str, Any], s: LMSettings, data: corpus.Corpus, index: in
         opt.zero_grad(set_to_none=True)
         loss = lm_loss(module, x)
         loss.backward()
+        if shadow is not None:
+            shadow.after_backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)) if s.grad_clip else 0.0
         watch = bool(start) and (step + 1) % s.diag_every == 0
         before = [p.detach().clone() for p in model.parameters()] if watch else []
         opt.step()  # DiLoCo's post-step hook sends and applies here
         dt = time.perf_counter() - t0
+        if shadow is not None:
+            shadow.after_step(opt.param_groups[0].get("betas", (0.9, 0.95)))
         if watch:
             diag.append(optimizer_diagnostics(model, opt, before, start, s, step, grad_norm))
+            if shadow is not None and "betas" in opt.param_groups[0]:
+                for name, row in shadow.compare(opt).items():
+                    diag[-1]["layers"].setdefault(name, {}).update(row)
         times.append(dt)
         train_s += dt
         done = step + 1

@@ -128,7 +128,8 @@ def lm_spec(
     :mod:`gcodec.torch.torchft`).
 
     A run may override the job's settings: ``lr``, ``start_iter``, ``min_numel`` (the hook's, and
-    DiLoCo's, default 0 there), ``optimizer`` (``"adamw"``, the default; ``"sgd"``, plain SGD with
+    DiLoCo's, default 0 there), ``optimizer`` (``"adamw"``, the default; ``"adamw-frozen"``, AdamW
+    whose second moment stops at step ``freeze_at``, default ``start_iter``; ``"sgd"``, plain SGD with
     ``momentum``, default 0), and give the hook a ``policy`` (HookState's pattern dict) or a
     ``warmup_codec``."""
     if method not in ("ddp", "ddp-gcodec", "diloco", "torchft"):
