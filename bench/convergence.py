@@ -396,6 +396,7 @@ def adam_compressibility(steps: int, at: tuple[int, ...], quick: bool = False) -
     from gcodec.demo import corpus
     from gcodec.demo import lm_worker as lw
 
+    torch.set_num_threads(1)  # a shared machine: one core, as each worker of the study
     s = lm_settings("demo", 0, steps, quick)
     s = dataclasses.replace(s, batch=2 * s.batch)
     data = corpus.load()
