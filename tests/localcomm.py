@@ -78,9 +78,17 @@ class _Hub:
 
 
 def run_threads(size: int, fn: Callable[[ThreadComm], Any], timeout: float = 20.0) -> list[Any]:
-    """Run ``fn(comm)`` on ``size`` thread ranks; per rank its return value or the exception it raised."""
+    """Run ``fn(comm)`` on ``size`` thread ranks; per rank its return value or the exception it raised.
+
+    ``timeout``: what a rank may wait for its peers at one collective on an idle machine; it is
+    raised to 60 s (a first call compiles its kernels: seconds on a cold cache) and scaled by
+    tests/procs.py's :func:`~tests.procs.scaled` (the load, GCODEC_TEST_TIMEOUT_SCALE): it is there
+    to end a hang, not to time the machine."""
     import threading
 
+    from tests.procs import scaled
+
+    timeout = scaled(max(timeout, 60.0))
     hub = _Hub(size, timeout)
     out: list[Any] = [None] * size
 

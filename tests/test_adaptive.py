@@ -525,8 +525,10 @@ def test_the_calibration_loads_the_kernels_a_step_calls() -> None:
     """In a fresh process no signature of the fused fp16 error-feedback kernel is loaded; after
     the protocol's calibration of fp16 with error feedback one is, so a job's first fp16 step does
     not load it."""
-    import subprocess
+    import os
     import sys
+
+    from tests.procs import own_env, run
 
     code = (
         "import gcodec.kernels.cpu.cast as K\n"
@@ -536,6 +538,6 @@ def test_the_calibration_loads_the_kernels_a_step_calls() -> None:
         "measure_protocol_speed('fp16', 2, error_feedback=True, sizes=(1024, 4096))\n"
         "print(before, sum(len(k.signatures) for k in ks))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    out = run([sys.executable, "-c", code], 300, cwd=os.getcwd(), env=own_env(), check=True)
     before, after = map(int, out.stdout.split())
     assert before == 0 and after >= 1, out.stdout

@@ -441,25 +441,22 @@ def test_probe_over_real_mpi_ranks_prices_the_measured_link(tmp_path: Path) -> N
 def test_probe_over_real_gloo_ranks_prices_the_measured_link(tmp_path: Path) -> None:
     """Two processes with the environment torchrun gives its workers."""
     pytest.importorskip("torch")
-    import subprocess
+    import os
     import sys
 
     from gcodec.demo.launch import torchrun_env
-    from tests.procs import ROOT, free_port
+    from tests.procs import ROOT, free_port, run_all
 
     out, port = tmp_path / "a.json", free_port()
-    procs = []
+    cmd = [sys.executable, "-m", "gcodec", *PROBE_ARGS, "--probe", "torch", "--json", str(out)]
+    envs = []
     for r in range(2):
         env = torchrun_env(r, 2, port)
-        env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-        cmd = [sys.executable, "-m", "gcodec", *PROBE_ARGS, "--probe", "torch", "--json", str(out)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        texts = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], texts
+        env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
+        envs.append(env)
+    done = run_all([cmd, cmd], 240, cwd=os.getcwd(), envs=envs, merge_stderr=True)
+    texts = [p.stdout for p in done]
+    assert [p.returncode for p in done] == [0, 0], texts
     assert texts[1].strip() == ""  # only rank 0 prints
     check_probed(texts[0], out, "torch.distributed (gloo)")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 
 import numpy as np
@@ -19,6 +19,7 @@ from gcodec.aggregate import (
     values_dtype,
 )
 from gcodec.arrays import BFLOAT16
+from tests.procs import own_env, run
 
 X = np.linspace(-3, 3, 1000, dtype=np.float32)
 
@@ -76,7 +77,7 @@ def test_bundles_and_read_only_buffers_are_refused() -> None:
 
 def test_import_gcodec_imports_neither_torch_nor_mpi4py() -> None:
     code = "import sys, gcodec, gcodec.transports; print('torch' in sys.modules, 'mpi4py' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = run([sys.executable, "-c", code], 120, cwd=os.getcwd(), env=own_env(), check=True)
     assert out.stdout.split() == ["False", "False"]
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -268,15 +266,10 @@ def test_lying_part_sizes_in_a_reduce_scatter_block_fail_on_every_rank() -> None
 @pytest.mark.parametrize("n", [2, 4])
 def test_mpi_ranks_that_change_their_minds_all_raise(tmp_path: Path, n: int) -> None:
     pytest.importorskip("mpi4py")
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    proc = subprocess.run(
-        [str(mpiexec), "-n", str(n), sys.executable, "-m", "tests.transport_ranks.diverge_mpi", str(tmp_path)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    from tests.procs import run_mpi
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
+    proc = run_mpi("tests.transport_ranks.diverge_mpi", [str(tmp_path)], n, 180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     checks = checks_of(tmp_path, range(n))
     # 5 protocols x 4 changes x (the error, the next exchange), + MPI itself afterwards

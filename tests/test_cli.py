@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import gcodec
 from gcodec.arrays import BFLOAT16
 from gcodec.cli import main
 from gcodec.format.container import PendingTensor, SectionSpec, align_up, write_payload
+from tests.procs import run as run_watched
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -357,9 +357,7 @@ def test_validate_reads_standard_input(tmp_path, payload_file):
         (payload_file.read_bytes(), 0, "stdout", "OK -: uniform [37, 65] float32 "),
         (payload_file.read_bytes()[:-1], 1, "stderr", "FAIL -: LayoutError"),
     ):
-        p = subprocess.run(
-            [sys.executable, "-m", "gcodec", "validate", "-"], input=data, capture_output=True, env=env, timeout=120
-        )
+        p = run_watched([sys.executable, "-m", "gcodec", "validate", "-"], 120, input=data, text=False, env=env)
         assert p.returncode == rc, p.stderr
         assert getattr(p, stream).decode().startswith(start)
 
@@ -519,19 +517,11 @@ def test_inspect_and_validate_committed_vectors(capsys):
 def test_python_m_gcodec_and_exit_codes(tmp_path, payload_file):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     bad = write(tmp_path / "bad.gcd", payload_file.read_bytes()[:-3])
-    p = subprocess.run(
-        [sys.executable, "-m", "gcodec", "validate", str(payload_file), str(bad)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    p = run_watched([sys.executable, "-m", "gcodec", "validate", str(payload_file), str(bad)], 120, env=env)
     assert p.returncode == 1, p.stderr
     assert p.stdout.startswith(f"OK {payload_file}: uniform ")
     assert f"FAIL {bad}: LayoutError" in p.stderr
-    p = subprocess.run(
-        [sys.executable, "-m", "gcodec", "--version"], capture_output=True, text=True, env=env, timeout=120
-    )
+    p = run_watched([sys.executable, "-m", "gcodec", "--version"], 120, env=env)
     assert p.returncode == 0
     assert p.stdout.strip().startswith(f"gcodec {gcodec.__version__}")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import pytest
 
 from gcodec.codecs.registry import codec_class
 from gcodec.transports import run_blocking
+from tests.procs import run
 
 from .device_protocols import APPROXIMATE, CASES, CODECS, header_bound, rank_program
 from .localcomm import run_threads
@@ -51,18 +51,11 @@ BY_ID = {c["id"]: c for c in CASES}
 def device() -> dict[str, Any]:
     if not HAVE_NUMBA_CUDA:
         pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("gpu_sim_protocols.py"))],
-        input=json.dumps({"cases": IDS}),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1500,
-        cwd=root,
-    )
+    script = str(Path(__file__).with_name("gpu_sim_protocols.py"))
+    proc = run([sys.executable, script], 1500, input=json.dumps({"cases": IDS}), env=env, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout)
     assert out["simulator"] is True
@@ -148,22 +141,12 @@ def test_gpu_check_fails_loudly_without_a_gpu() -> None:
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    probe = subprocess.run(
-        [sys.executable, "-c", "from numba import cuda; print(cuda.is_available())"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+    env["PYTHONFAULTHANDLER"] = "1"
+    probe = run(
+        [sys.executable, "-c", "from numba import cuda; print(cuda.is_available())"], 300, env=env, cwd=os.getcwd()
     )
     if probe.stdout.strip() == "True":
         pytest.skip("a GPU is usable here: bench/gpu_check.py runs its checks instead")
-    proc = subprocess.run(
-        [sys.executable, str(root / "bench" / "gpu_check.py"), "--no-doc"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=root,
-    )
+    proc = run([sys.executable, str(root / "bench" / "gpu_check.py"), "--no-doc"], 300, env=env, cwd=root)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "FAIL" in proc.stderr

@@ -17,7 +17,6 @@ import importlib.util
 import json
 import os
 import struct
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import gcodec
 from gcodec.checksum import crc32c
 from gcodec.codecs.registry import codec_class
 from gcodec.format.container import PREAMBLE_SIZE, align_up
+from tests.procs import run
 
 pytestmark = pytest.mark.gpu
 
@@ -170,18 +170,11 @@ def sim() -> dict[str, Any]:
     if not HAVE_NUMBA_CUDA:
         pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
     req = {"reader": [{"id": i, "n": n, "payload": b.hex()} for i, _, n, b in PAYLOADS], "watchdog_s": 300}
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("gpu_sim_worker.py"))],
-        input=json.dumps(req),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-        cwd=root,
-    )
+    script = str(Path(__file__).with_name("gpu_sim_worker.py"))
+    proc = run([sys.executable, script], 900, input=json.dumps(req), env=env, cwd=root)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout)
     assert out["simulator"] is True

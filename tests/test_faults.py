@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,25 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _mpi(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("mpi4py")
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    return subprocess.run(
-        [
-            str(mpiexec),
-            "-n",
-            "2",
-            sys.executable,
-            "-m",
-            "tests.transport_ranks.faults_mpi",
-            args[0],
-            str(tmp_path),
-            *args[1:],
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    from tests.procs import run_mpi
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
+    return run_mpi("tests.transport_ranks.faults_mpi", [args[0], str(tmp_path), *args[1:]], 2, timeout, env=env)
 
 
 def _gloo(tmp_path: Path, *args: str, deadline: float = 180) -> list[int]:

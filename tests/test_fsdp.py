@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ TIMEOUT = 240
 
 
 from tests.procs import checks_of as _checks_of  # noqa: E402  (one helper for the multi-process tests)
+from tests.procs import run  # noqa: E402
 from tests.procs import run_ranks as _run_ranks  # noqa: E402
 
 
@@ -131,14 +131,7 @@ def test_docs_example_runs_under_torchrun(tmp_path: Path) -> None:
     (tmp_path / "fsdp_example.py").write_text(m.group(1))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node=2", "fsdp_example.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    proc = run([torchrun, "--standalone", "--nproc_per_node=2", "fsdp_example.py"], TIMEOUT, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "final loss" in proc.stdout and "(reduce_scatter)" in proc.stdout
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -31,6 +30,7 @@ from gcodec.checksum import crc32c
 from gcodec.kernels.cpu import philox as cpu_philox
 
 from .gpu_sim_worker import ef_inputs, make_array
+from .procs import run, timeout_scale
 from .test_nan_sums import NANS16, NANS32, NANS64, OTHERS16, OTHERS32, OTHERS64, QNAN16, _accumulate_cases, nan_pairs
 
 pytestmark = pytest.mark.gpu
@@ -333,29 +333,17 @@ def sim() -> dict[str, Any]:
     if not HAVE_NUMBA_CUDA:
         pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
     req = worker_request()
-    req["watchdog_s"] = CASE_WATCHDOG_S
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    req["watchdog_s"] = CASE_WATCHDOG_S * timeout_scale()
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).with_name("gpu_sim_worker.py"))],
-            input=json.dumps(req),
-            capture_output=True,
-            text=True,
-            env=env,
-            # 1-4 minutes on 2 idle cores; a deadlock is caught per case by the watchdog above
-            timeout=900,
-            cwd=root,
-        )
-    except subprocess.TimeoutExpired as e:
-        # the worker prints each case's name as it starts it: the tail says where it was, and the
-        # load and this process's threads say whether something else held the cores
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        pytest.fail(
-            f"the simulator worker ran past {e.timeout} s; load {os.getloadavg()}, "
-            f"{threading.active_count()} threads in the test process; its last lines:\n{err[-3000:]}"
-        )
+    # 1-4 minutes on 2 idle cores, many more on a loaded machine: the watchdog of tests/procs.py
+    # stops it only when it stops making progress (a deadlock: no thread runs) or at 2 x 900 s
+    # scaled by the load; its report has the worker's stacks and last lines (the worker prints each
+    # case's name as it starts it), and the load. A deadlock is also caught per case by the
+    # worker's own watchdog above.
+    script = str(Path(__file__).with_name("gpu_sim_worker.py"))
+    proc = run([sys.executable, script], 900, input=json.dumps(req), env=env, cwd=root)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout)
     out["by_id"] = {c["id"]: c for c in out["cases"] + out["ef"]}

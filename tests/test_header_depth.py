@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from gcodec.format.header import pack_canonical, unpack_strict
 from gcodec.jsonsafe import json_safe
 from gcodec.limits import MAX_NESTING_CAP
 from tests.codec_kit import parse_payload, rebuild
+from tests.procs import run
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP = gcodec.Limits(max_nesting=MAX_NESTING_CAP)
@@ -194,14 +194,8 @@ except gcodec.HeaderError as e:
     assert str(e).startswith("F9:"), e
 print("ok")
 """
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONFAULTHANDLER="1")
+    proc = run([sys.executable, "-c", script], 600, env=env, cwd=os.getcwd())
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 

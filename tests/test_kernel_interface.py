@@ -10,13 +10,13 @@ import ast
 import inspect
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from gcodec.kernels import interface
+from tests.procs import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,15 +46,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def backends() -> dict:
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
-    p = subprocess.run(
-        [sys.executable, "-c", _REPORT, ",".join(interface.MODULES)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=ROOT,
-    )
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT), PYTHONFAULTHANDLER="1")
+    p = run([sys.executable, "-c", _REPORT, ",".join(interface.MODULES)], 300, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

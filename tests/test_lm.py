@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -71,11 +71,13 @@ def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
 def test_demo_diloco_quick_on_two_gloo_workers(tmp_path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "lm.json"
-    p = subprocess.run(
+    from tests.procs import own_env, run
+
+    p = run(
         [sys.executable, "-m", "gcodec", "demo", "--diloco", "--quick", "--no-progress", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        600,
+        cwd=os.getcwd(),
+        env=own_env(),
     )
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads(out.read_text())

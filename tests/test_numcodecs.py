@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
 import warnings
 from importlib.metadata import entry_points
@@ -14,6 +14,7 @@ import pytest
 
 import gcodec
 from tests.codec_kit import cases_for, sample_input, serial_kernels
+from tests.procs import own_env, run
 
 numcodecs = pytest.importorskip("numcodecs")
 gnc = pytest.importorskip("gcodec.interop.numcodecs")
@@ -121,7 +122,7 @@ def test_entry_point_resolves_without_importing_the_adapter():
         "assert c.decode(c.encode(np.ones(4, np.float32))).tolist() == [1.0] * 4\n"
         "print(type(c).__module__)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = run([sys.executable, "-c", code], 120, cwd=os.getcwd(), env=own_env(), check=True)
     assert out.stdout.strip() == "gcodec.interop.numcodecs"
 
 
@@ -223,7 +224,7 @@ def test_zarr_v3_reopen_in_fresh_process(tmp_path):
     z = zarr.create_array(store, shape=(8,), chunks=(8,), dtype="float32", serializer=gzc.GcodecZarrCodec())
     z[:] = np.arange(8, dtype=np.float32)
     code = f"import zarr; print(zarr.open_array({str(tmp_path / 'a.zarr')!r}, mode='r')[:].tolist())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = run([sys.executable, "-c", code], 120, cwd=os.getcwd(), env=own_env(), check=True)
     assert out.stdout.strip() == str([float(i) for i in range(8)])
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 
 import gcodec
 from tests import oom_worker
+from tests.procs import run
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADROOM = 48 << 20  # above what the calls need besides payload-sized buffers, below any of those
@@ -54,21 +54,15 @@ def outcomes() -> dict[tuple[str, str], tuple[str, str]]:
     # glibc serves allocations from memory it already maps when its mmap threshold has grown after
     # earlier frees; a fixed threshold makes every large allocation map new address space, which the
     # cap then counts
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_ARENA_MAX="1")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_ARENA_MAX="1", PYTHONFAULTHANDLER="1")
     rows = _worker_rows("oom_worker.py", [str(ROOT), str(HEADROOM)], env, 900)
     return {(case, call): (outcome, msg) for case, call, outcome, msg in rows}
 
 
 def _worker_rows(worker: str, args: list[str], env: dict[str, str], timeout: float) -> list:
-    """Run ``tests/<worker> *args`` in a child process and return the JSON rows of its last line."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / worker), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
+    """Run ``tests/<worker> *args`` in a fresh child process (tests/procs.py run: under the
+    watchdog) and return the JSON rows of its last line."""
+    proc = run([sys.executable, str(ROOT / "tests" / worker), *args], timeout, env=env, cwd=os.getcwd())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return list(json.loads(proc.stdout.strip().splitlines()[-1]))
 

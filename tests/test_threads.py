@@ -6,7 +6,6 @@ workqueue)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 import gcodec
+from tests.procs import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,8 +79,8 @@ def _layers() -> list[str]:
 def test_a_forked_child_runs_every_codec_under_every_threading_layer(layer, tmp_path):
     script = tmp_path / "fork_child.py"
     script.write_text(SCRIPT.format(cases=CASES))
-    env = dict(os.environ, NUMBA_THREADING_LAYER=layer, NUMBA_NUM_THREADS="2", PYTHONPATH=ROOT)
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    env = dict(os.environ, NUMBA_THREADING_LAYER=layer, NUMBA_NUM_THREADS="2", PYTHONPATH=ROOT, PYTHONFAULTHANDLER="1")
+    p = run([sys.executable, str(script)], 600, env=env, cwd=os.getcwd())
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip() == f"ok {len(CASES)}"
 

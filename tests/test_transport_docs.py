@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import procs
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "transports.md").read_text()
 BIN = Path(sys.executable).parent
@@ -23,8 +25,8 @@ def example(after_heading: str) -> str:
 
 
 def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
+    return procs.run(cmd, 150, cwd=cwd, env=env)
 
 
 @pytest.mark.torch

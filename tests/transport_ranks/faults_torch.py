@@ -1,10 +1,12 @@
 """One gloo rank: ``python -m tests.transport_ranks.faults_torch SCENARIO OUTDIR [ARGS] RANK WORLD PORT``.
 
-gcodec.torch with faults on purpose (tests/transport_ranks/faults.py), the process group's
-``timeout`` set to 15 s. Writes ``OUTDIR/rank<r>.json``.
+gcodec.torch with faults on purpose (tests/transport_ranks/faults.py). Writes ``OUTDIR/rank<r>.json``.
+The process group starts with start_gloo's generous timeout (a peer slowed down by a loaded machine
+is not a dead one); the exchange in which a rank dies runs with the group's timeout set to 15 s,
+after a barrier, so that only the kill can run into it.
 
 * ``kill PROTOCOL N``: rank 1 dies before collective N of the second exchange; the survivor must
-  raise within the timeout. PROTOCOL is one of faults.PROTOCOLS (through ``all_reduce``), or
+  raise within the 15 s timeout. PROTOCOL is one of faults.PROTOCOLS (through ``all_reduce``), or
   ``fsdp-values`` / ``fsdp-payloads`` (FSDP2's reduce-scatter, fp16 / uniform) or ``all-gather``
   (the quantized parameter all-gather);
 * ``stop``: rank 0 stops rank 1 for 3 s during 40 exchanges per protocol; every result exact;
@@ -15,6 +17,7 @@ gcodec.torch with faults on purpose (tests/transport_ranks/faults.py), the proce
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import time
@@ -78,6 +81,8 @@ def scenario_kill(proto: str, target: str) -> None:
             _fsdp_call(proto, step)
 
     exchange(0)  # agreement and one clean exchange
+    dist.barrier()  # both ranks are here: from now on only the kill can keep a collective waiting
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=TIMEOUT))
     if RANK == 1:
         comm.arm()
     t0 = time.monotonic()
