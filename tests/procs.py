@@ -18,10 +18,16 @@ A stopped job's report names every rank and where its main thread was, with ever
 Python stack (``faulthandler``, on SIGUSR1, before the kill), and the tail of each rank's output.
 ``GCODEC_TEST_TIMEOUT_SCALE`` (a number, default 1) scales both limits, and the process group
 timeouts of :func:`start_gloo`.
+
+Rank programs of :func:`run_ranks` start as children of a fork server (tests/zygote.py) that has
+imported torch, gcodec and the rank programs' modules once, instead of a fresh interpreter that
+imports them again (seconds of CPU per rank); ``GCODEC_TEST_FORKSERVER=0`` starts each rank with
+``python -m`` instead.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -44,6 +50,8 @@ TIMEOUT_SCALE_ENV = "GCODEC_TEST_TIMEOUT_SCALE"
 PULSE_ENV = "GCODEC_TEST_PULSE_DIR"
 #: the rank number run_ranks gives each rank's environment (for the watchdog's report)
 RANK_ENV = "GCODEC_TEST_RANK"
+#: ``0``: start every rank program as a fresh interpreter instead of from the fork server
+FORKSERVER_ENV = "GCODEC_TEST_FORKSERVER"
 #: seconds a job may go without progress before it is stopped (times the scale)
 STALL_S = 60.0
 #: CPU seconds of progress that reset the stall clock
@@ -338,11 +346,12 @@ def run_ranks(
     with tempfile.TemporaryDirectory(prefix="pulse-") as pulses:
         env = child_env(**{PULSE_ENV: pulses})
         argvs = [[*args, str(r), str(world), str(port)] for r in range(world)]
+        server = _forkserver(env)
         ranks: list[_Rank] = []
         try:
             for r, (argv, path) in enumerate(zip(argvs, paths)):
                 renv = {**env, RANK_ENV: str(r)}
-                ranks.append(_Popen(module, argv, renv, path))
+                ranks.append(server.start(module, argv, renv, path) if server else _Popen(module, argv, renv, path))
             watch = Watch(
                 f"{module} {' '.join(args)} on {world} ranks", timeout, Path(pulses), lambda: ranks_pids(ranks), stall
             )
@@ -548,6 +557,115 @@ def checks_of(outdir: Path, ranks: Iterable[int]) -> list[dict]:
     failed = [c for c in out if not c["ok"]]
     assert not failed, "\n".join(f"rank {c['rank']}: {c['name']}: {c['detail']}" for c in failed)
     return out
+
+
+# ---- the fork server -----------------------------------------------------------------------------
+class _Server:
+    """The test process's end of tests/zygote.py: one per environment it was started with."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.key = _env_key(env)
+        self.log = tempfile.NamedTemporaryFile(prefix="gcodec-zygote-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.zygote"],
+            cwd=ROOT,
+            env={k: v for k, v in env.items() if k != PULSE_ENV},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+        )
+        self.lock = threading.Lock()
+        self.codes: dict[int, int] = {}
+        self.buf = b""
+        ready = self._read()  # the preloads are imported: the server is ready
+        if ready.get("ready") is not True:
+            raise RuntimeError(f"the fork server did not start: {ready}")
+
+    def _read(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the fork server ended: " + Path(self.log.name).read_text()[-3000:])
+        return json.loads(line)
+
+    def _ask(self, req: dict) -> dict:
+        assert self.proc.stdin is not None
+        with self.lock:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+            while True:
+                msg = self._read()
+                if "exited" in msg:
+                    self.codes[msg["exited"]] = msg["code"]
+                    continue
+                return msg
+
+    def start(self, module: str, argv: Sequence[str], env: dict[str, str], log: Path) -> _Rank:
+        msg = self._ask(
+            {"op": "start", "module": module, "argv": list(argv), "env": env, "cwd": str(ROOT), "log": str(log)}
+        )
+        return _Forked(self, int(msg["pid"]))
+
+    def code(self, pid: int) -> int | None:
+        if pid not in self.codes:
+            self._ask({"op": "reap"})
+        return self.codes.get(pid)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class _Forked(_Rank):
+    def __init__(self, server: _Server, pid: int) -> None:
+        self.server, self.pid = server, pid
+
+    def poll(self) -> int | None:
+        return self.server.code(self.pid)
+
+
+_SERVERS: dict[tuple, _Server] = {}
+_VOLATILE = ("PYTEST_CURRENT_TEST", PULSE_ENV, RANK_ENV)
+
+
+def _env_key(env: dict[str, str]) -> tuple:
+    return tuple(sorted((k, v) for k, v in env.items() if k not in _VOLATILE))
+
+
+def _forkserver(env: dict[str, str]) -> _Server | None:
+    """The fork server for ``env`` (started on first use), or None: turned off, not on Linux, or
+    it failed to start (then every rank starts as a fresh interpreter)."""
+    if os.environ.get(FORKSERVER_ENV, "1") == "0" or not sys.platform.startswith("linux"):
+        return None
+    key = _env_key(env)
+    server = _SERVERS.get(key)
+    if server is not None and server.alive():
+        return server
+    try:
+        server = _Server(env)
+    except (OSError, RuntimeError, ValueError) as e:
+        print(f"fork server unavailable ({e}): starting fresh interpreters", file=sys.stderr)
+        return None
+    if not _SERVERS:
+        atexit.register(stop_forkservers)
+    _SERVERS[key] = server
+    return server
+
+
+def stop_forkservers() -> None:
+    """End the fork servers (the test session's end; they also end when this process does)."""
+    for s in _SERVERS.values():
+        with contextlib.suppress(OSError, ValueError):
+            assert s.proc.stdin is not None
+            s.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            s.proc.wait(10)
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+        s.log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(s.log.name)
+    _SERVERS.clear()
 
 
 # ---- in a rank program --------------------------------------------------------------------------

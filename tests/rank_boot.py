@@ -1,7 +1,8 @@
 """``python -m tests.rank_boot -m MODULE ARGS...``: run ``python -m MODULE ARGS...`` with the test
 watchdog's pulse started first (tests/procs.py: what a launcher reads to tell a rank that works from
 one that hangs, and the stacks a stopped rank prints). The launchers of tests/procs.py start rank
-programs this way."""
+programs this way when they do not fork them from tests/zygote.py (under ``mpiexec``, or with the
+fork server turned off)."""
 
 from __future__ import annotations
 
