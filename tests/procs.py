@@ -188,6 +188,37 @@ def _tree(roots: Iterable[int], table: dict[int, tuple[int, float]]) -> list[int
     return out
 
 
+def _job_table(roots: Iterable[int]) -> dict[int, tuple[int, float]]:
+    """:func:`_proc_table` of ``roots`` and their descendants only, found through
+    ``/proc/<pid>/task/<tid>/children`` (a whole scan of /proc where the kernel has no such file)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, tuple[int, float]] = {}
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in out:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            tids = os.listdir(f"/proc/{pid}/task")
+        except (OSError, IndexError):
+            continue
+        out[pid] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            except FileNotFoundError:  # no such file on this kernel, or the thread just ended
+                if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                    continue
+                table = _proc_table()
+                return {p: table[p] for p in _tree(roots, table)}
+            except OSError:
+                continue
+    return out
+
+
 class Stalled(AssertionError):
     """A job stopped by its :class:`Watch`; the message is the report."""
 
@@ -231,8 +262,8 @@ class Watch:
         self.used += (now - self.last) / machine_slowdown()
         self.last = now
         pulses = self.pulse_records()
-        table = _proc_table()
-        for pid in set(_tree(self.roots(), table)) | set(pulses):
+        table = _job_table(self.roots())
+        for pid in set(table) | set(pulses):
             cpu = table[pid][1] if pid in table else self.cpu.get(pid, 0.0)
             d_cpu = max(0.0, cpu - self.cpu.get(pid, 0.0))
             self.cpu[pid] = cpu
@@ -261,8 +292,8 @@ class Watch:
         """Ask every live rank with a pulse for its threads' stacks (SIGUSR1: pid -> the stacks), and
         abort the other Python processes of the job (SIGABRT: with faulthandler on, as
         :func:`child_env` has it, each prints its stacks to its own stderr)."""
-        table = _proc_table()
-        alive = set(_tree(self.roots(), table)) | {p for p in self.pulse_records() if p in table}
+        table = _job_table(self.roots())
+        alive = set(table)
         asked = []
         for pid in self.pulse_records():
             if pid in alive:
@@ -306,8 +337,7 @@ def _load() -> str:
 
 
 def _kill_tree(roots: Iterable[int]) -> None:
-    table = _proc_table()
-    pids = _tree(roots, table) or list(roots)
+    pids = list(_job_table(roots)) or list(roots)
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
