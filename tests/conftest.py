@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,7 +39,48 @@ def codecs_default() -> list[gcodec.Codec]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The CUDA simulator's module runs first. Its worker is many Python threads per simulated block,
-    so it slows by far more than the others when earlier tests leave the cores busy; in a full run
-    after the multi-process tests it has run past its limit where it takes 1-4 minutes alone."""
-    items.sort(key=lambda it: it.path.name != "test_gpu_sim.py")  # stable: the rest keep their order
+    """The modules whose long single-process job starts in the background when a large session
+    begins (``start_in_background``: the CUDA simulator's workers, many Python threads on one core
+    for minutes) run last: their jobs ran meanwhile on the core that the serial tests leave idle,
+    and the tests only read the results. Stable: the rest keep their order."""
+    items.sort(key=lambda it: hasattr(it.module, "start_in_background") if hasattr(it, "module") else False)
+
+
+#: a background process filling Numba's kernel cache while the session starts (see below)
+_WARMUP: list[subprocess.Popen] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A fresh clone compiles every kernel the suite uses (minutes of CPU): the in-process tests
+    compile theirs one after the other on one core, and the ranks of a multi-process test that
+    finds one missing each compile it again. For a large session (a whole suite) ``gcodec warmup``
+    runs at low priority in the background from the start, on the core that the serial tests and
+    the CUDA simulator (the first module) leave idle, and fills the cache with every codec at its
+    defaults and the common settings; whoever needs a kernel after that loads it (milliseconds).
+    With a filled cache it only loads (seconds). ``GCODEC_TEST_WARMUP=0`` turns it off.
+
+    The modules with a ``start_in_background`` function (the CUDA simulator's workers) start their
+    jobs here too (tests/procs.py run_early), for the same idle core."""
+    if len(session.items) < 1000:
+        return
+    modules = {it.module for it in session.items if hasattr(it, "module")}
+    for m in sorted(modules, key=lambda m: m.__name__):
+        if hasattr(m, "start_in_background"):
+            m.start_in_background()
+    if os.environ.get("GCODEC_TEST_WARMUP", "1") == "0":
+        return
+    root = Path(__file__).resolve().parents[1]
+    code = "import os; os.nice(10); import gcodec, gcodec.warmup; gcodec.set_num_threads(1); gcodec.warmup.warmup()"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    _WARMUP.append(
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for p in _WARMUP:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

@@ -458,6 +458,18 @@ class _Popen(_Rank):
         return self.proc.poll()
 
 
+#: the processes run_all started that have not ended: killed when this process exits (a background
+#: job still running when the session ends)
+_LIVE: set[subprocess.Popen] = set()
+
+
+@atexit.register
+def _kill_live() -> None:
+    for p in list(_LIVE):
+        if p.poll() is None:
+            _kill_tree([p.pid])
+
+
 def run(
     cmd: Sequence[str],
     timeout: float,
@@ -517,6 +529,7 @@ def run_all(
                         stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
                     )
                 procs.append(proc)
+                _LIVE.add(proc)
                 if data is not None:
                     assert proc.stdin is not None
                     with contextlib.suppress(BrokenPipeError):
@@ -546,6 +559,7 @@ def run_all(
                 _kill_tree(live)
             for p in procs:
                 p.wait()
+                _LIVE.discard(p)
         done = []
         for i, (cmd, p) in enumerate(zip(cmds, procs)):
             stdout: str | bytes = outs[i].read_bytes()
@@ -554,6 +568,73 @@ def run_all(
                 stdout, stderr = stdout.decode(errors="replace"), stderr.decode(errors="replace")  # type: ignore[union-attr]
             done.append(subprocess.CompletedProcess(list(cmd), p.returncode, stdout, stderr))
     return done
+
+
+class _Background:
+    """:func:`run` of one command, queued on a background thread of this process (one thread: the
+    queued jobs run one after another); :meth:`result` waits for it and returns what :func:`run`
+    returned (or raises what it raised)."""
+
+    queue: list[_Background] = []
+    lock = threading.Condition()
+    thread: threading.Thread | None = None
+
+    def __init__(self, cmd: Sequence[str], timeout: float, kw: dict[str, Any]) -> None:
+        self.args = (cmd, timeout, kw)
+        self.done: subprocess.CompletedProcess | None = None
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+        with _Background.lock:
+            _Background.queue.append(self)
+            if _Background.thread is None:
+                _Background.thread = threading.Thread(target=_Background._serve, daemon=True)
+                _Background.thread.start()
+            _Background.lock.notify()
+
+    @staticmethod
+    def _serve() -> None:
+        while True:
+            with _Background.lock:
+                while not _Background.queue:
+                    _Background.lock.wait()
+                job = _Background.queue.pop(0)
+            cmd, timeout, kw = job.args
+            try:
+                job.done = run(cmd, timeout, **kw)
+            except BaseException as e:  # handed to whoever waits for the result
+                job.error = e
+            job.finished.set()
+
+    def result(self) -> subprocess.CompletedProcess:
+        with _Background.lock:  # not started yet: this one first (its module is waiting for it)
+            if self in _Background.queue:
+                _Background.queue.remove(self)
+                _Background.queue.insert(0, self)
+        self.finished.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.done is not None
+        return self.done
+
+
+_BACKGROUND: dict[str, _Background] = {}
+
+
+def run_early(key: str, cmd: Sequence[str], timeout: float, **kw: Any) -> None:
+    """Queue :func:`run` of ``cmd`` in the background now (the queued jobs run one at a time, in
+    order), unless ``key`` was queued already; a module's fixture later takes its result with
+    :func:`run_once` and the same arguments. For the long single-process jobs (the CUDA simulator's
+    workers), so that they run on the core the serial tests leave idle instead of holding the
+    session up when their module comes."""
+    if key not in _BACKGROUND:
+        _BACKGROUND[key] = _Background(cmd, timeout, kw)
+
+
+def run_once(key: str, cmd: Sequence[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess:
+    """The result of :func:`run_early` of ``key`` (queued now, first in line, if it was not),
+    under the same watchdog as :func:`run`."""
+    run_early(key, cmd, timeout, **kw)
+    return _BACKGROUND[key].result()
 
 
 def run_mpi(

@@ -31,7 +31,7 @@ import pytest
 
 from gcodec.codecs.registry import codec_class
 from gcodec.transports import run_blocking
-from tests.procs import run
+from tests.procs import run, run_early, run_once
 
 from .device_protocols import APPROXIMATE, CASES, CODECS, header_bound, rank_program
 from .localcomm import run_threads
@@ -47,15 +47,27 @@ IDS = [c["id"] for c in CASES]
 BY_ID = {c["id"]: c for c in CASES}
 
 
-@pytest.fixture(scope="module")
-def device() -> dict[str, Any]:
-    if not HAVE_NUMBA_CUDA:
-        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
+def _worker_job() -> tuple[list[str], dict[str, Any]]:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     script = str(Path(__file__).with_name("gpu_sim_protocols.py"))
-    proc = run([sys.executable, script], 1500, input=json.dumps({"cases": IDS}), env=env, cwd=root)
+    return [sys.executable, script], {"input": json.dumps({"cases": IDS}), "env": env, "cwd": root}
+
+
+def start_in_background() -> None:
+    """tests/conftest.py starts the worker when a large session begins (see run_early)."""
+    if HAVE_NUMBA_CUDA:
+        cmd, kw = _worker_job()
+        run_early("gpu_sim_protocols", cmd, 1500, **kw)
+
+
+@pytest.fixture(scope="module")
+def device() -> dict[str, Any]:
+    if not HAVE_NUMBA_CUDA:
+        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
+    cmd, kw = _worker_job()
+    proc = run_once("gpu_sim_protocols", cmd, 1500, **kw)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout)
     assert out["simulator"] is True

@@ -28,7 +28,7 @@ import gcodec
 from gcodec.checksum import crc32c
 from gcodec.codecs.registry import codec_class
 from gcodec.format.container import PREAMBLE_SIZE, align_up
-from tests.procs import run
+from tests.procs import run_early, run_once
 
 pytestmark = pytest.mark.gpu
 
@@ -165,16 +165,28 @@ def small_bound(buf: bytes) -> int:
     return PREAMBLE_SIZE + hlen + 4 + 16 * 6 + 24 * 12
 
 
-@pytest.fixture(scope="module")
-def sim() -> dict[str, Any]:
-    if not HAVE_NUMBA_CUDA:
-        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
+def _worker_job() -> tuple[list[str], dict[str, Any]]:
     req = {"reader": [{"id": i, "n": n, "payload": b.hex()} for i, _, n, b in PAYLOADS], "watchdog_s": 300}
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     script = str(Path(__file__).with_name("gpu_sim_worker.py"))
-    proc = run([sys.executable, script], 900, input=json.dumps(req), env=env, cwd=root)
+    return [sys.executable, script], {"input": json.dumps(req), "env": env, "cwd": root}
+
+
+def start_in_background() -> None:
+    """tests/conftest.py starts the worker when a large session begins (see run_early)."""
+    if HAVE_NUMBA_CUDA:
+        cmd, kw = _worker_job()
+        run_early("device_reader_worker", cmd, 900, **kw)
+
+
+@pytest.fixture(scope="module")
+def sim() -> dict[str, Any]:
+    if not HAVE_NUMBA_CUDA:
+        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
+    cmd, kw = _worker_job()
+    proc = run_once("device_reader_worker", cmd, 900, **kw)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout)
     assert out["simulator"] is True

@@ -30,7 +30,7 @@ from gcodec.checksum import crc32c
 from gcodec.kernels.cpu import philox as cpu_philox
 
 from .gpu_sim_worker import ef_inputs, make_array
-from .procs import run, timeout_scale
+from .procs import run_early, run_once, timeout_scale
 from .test_nan_sums import NANS16, NANS32, NANS64, OTHERS16, OTHERS32, OTHERS64, QNAN16, _accumulate_cases, nan_pairs
 
 pytestmark = pytest.mark.gpu
@@ -328,22 +328,34 @@ def worker_request() -> dict[str, Any]:
 CASE_WATCHDOG_S = 300
 
 
-@pytest.fixture(scope="module")
-def sim() -> dict[str, Any]:
-    if not HAVE_NUMBA_CUDA:
-        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
+def _worker_job() -> tuple[list[str], dict[str, Any]]:
     req = worker_request()
     req["watchdog_s"] = CASE_WATCHDOG_S * timeout_scale()
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    script = str(Path(__file__).with_name("gpu_sim_worker.py"))
+    return [sys.executable, script], {"input": json.dumps(req), "env": env, "cwd": root}
+
+
+def start_in_background() -> None:
+    """tests/conftest.py starts the worker when a large session begins (see run_early)."""
+    if HAVE_NUMBA_CUDA:
+        cmd, kw = _worker_job()
+        run_early("gpu_sim_worker", cmd, 900, **kw)
+
+
+@pytest.fixture(scope="module")
+def sim() -> dict[str, Any]:
+    if not HAVE_NUMBA_CUDA:
+        pytest.skip("numba-cuda is not installed (pip install 'gcodec[test]'): the simulator tests cannot run")
     # 1-4 minutes on 2 idle cores, many more on a loaded machine: the watchdog of tests/procs.py
     # stops it only when it stops making progress (a deadlock: no thread runs) or at 2 x 900 s
     # scaled by the load; its report has the worker's stacks and last lines (the worker prints each
     # case's name as it starts it), and the load. A deadlock is also caught per case by the
     # worker's own watchdog above.
-    script = str(Path(__file__).with_name("gpu_sim_worker.py"))
-    proc = run([sys.executable, script], 900, input=json.dumps(req), env=env, cwd=root)
+    cmd, kw = _worker_job()
+    proc = run_once("gpu_sim_worker", cmd, 900, **kw)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout)
     out["by_id"] = {c["id"]: c for c in out["cases"] + out["ef"]}
