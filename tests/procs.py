@@ -376,11 +376,11 @@ def run_ranks(
     with tempfile.TemporaryDirectory(prefix="pulse-") as pulses:
         env = child_env(**{PULSE_ENV: pulses})
         argvs = [[*args, str(r), str(world), str(port)] for r in range(world)]
-        server = _forkserver(env)
         ranks: list[_Rank] = []
         try:
             for r, (argv, path) in enumerate(zip(argvs, paths)):
                 renv = {**env, RANK_ENV: str(r)}
+                server = _forkserver(env, r)
                 ranks.append(server.start(module, argv, renv, path) if server else _Popen(module, argv, renv, path))
             watch = Watch(
                 f"{module} {' '.join(args)} on {world} ranks", timeout, Path(pulses), lambda: ranks_pids(ranks), stall
@@ -675,7 +675,6 @@ class _Server:
     """The test process's end of tests/zygote.py: one per environment it was started with."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.key = _env_key(env)
         self.log = tempfile.NamedTemporaryFile(prefix="gcodec-zygote-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.zygote"],
@@ -734,7 +733,7 @@ class _Forked(_Rank):
         return self.server.code(self.pid)
 
 
-_SERVERS: dict[tuple, _Server] = {}
+_SERVERS: dict[tuple[tuple, int], _Server] = {}
 _VOLATILE = ("PYTEST_CURRENT_TEST", PULSE_ENV, RANK_ENV)
 
 
@@ -742,12 +741,19 @@ def _env_key(env: dict[str, str]) -> tuple:
     return tuple(sorted((k, v) for k, v in env.items() if k not in _VOLATILE))
 
 
-def _forkserver(env: dict[str, str]) -> _Server | None:
-    """The fork server for ``env`` (started on first use), or None: turned off, not on Linux, or
-    it failed to start (then every rank starts as a fresh interpreter)."""
+def _forkserver(env: dict[str, str], rank: int) -> _Server | None:
+    """The fork server of rank ``rank`` for ``env`` (started on first use), or None: turned off, not
+    on Linux, or it failed to start (then the rank starts as a fresh interpreter).
+
+    One server per rank number: the children of one server share its interpreter's state from
+    before the fork, among it the string hash seed (``PYTHONHASHSEED`` unset: random per
+    interpreter) and so the iteration order of every set of strings. Ranks started by torchrun or
+    mpiexec are separate interpreters whose orders differ; so do the ranks of one job here, as
+    each rank comes from its own server (a rank that decides what to exchange by iterating a set
+    disagrees with its peers here as it would in a user's job)."""
     if os.environ.get(FORKSERVER_ENV, "1") == "0" or not sys.platform.startswith("linux"):
         return None
-    key = _env_key(env)
+    key = (_env_key(env), rank)
     server = _SERVERS.get(key)
     if server is not None and server.alive():
         return server

@@ -4,6 +4,8 @@ however long its peer waits for it; a job that never ends is stopped at its load
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -61,6 +63,23 @@ def test_a_rank_that_keeps_computing_is_never_stopped(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     args = ["busy", "gloo", str(2.5 * STALL)]
     assert procs.run_ranks("tests.transport_ranks.hang", args, 2, 300, tmp_path, stall=STALL) == [0, 0]
+
+
+@pytest.mark.torch
+def test_the_ranks_of_a_job_are_interpreters_with_their_own_hash_seeds(tmp_path: Path) -> None:
+    """Ranks forked from the fork server would share its string hash seed (and so the order of
+    every set of strings); each rank number has its own server, as torchrun's ranks are separate
+    interpreters. Two random 64-bit seeds give the same hash of a string with probability 2**-64,
+    unless PYTHONHASHSEED fixes them (then the ranks of a user's job agree too)."""
+    pytest.importorskip("torch")
+    if os.environ.get("PYTHONHASHSEED") not in (None, "random"):
+        pytest.skip("PYTHONHASHSEED is set: every interpreter has that seed")
+    assert procs.run_ranks("tests.transport_ranks.hang", ["seed", "gloo"], 2, 300, tmp_path) == [0, 0]
+    hashes = [
+        re.search(r"string hash (-?\d+)", p.read_text()) for p in sorted(tmp_path.glob("hang_seed_gloo2_rank*.log"))
+    ]
+    assert len(hashes) == 2 and all(hashes), [p.read_text()[-500:] for p in tmp_path.glob("*.log")]
+    assert hashes[0].group(1) != hashes[1].group(1)  # type: ignore[union-attr]
 
 
 def test_a_job_that_never_ends_is_stopped_at_its_limit() -> None:

@@ -5,7 +5,9 @@
   MPICH spins in its wait) and waits there for rank 1, which never comes: it blocks on an event
   nobody sets, as a rank stuck on a lock would;
 * ``busy SECONDS``: rank 0 computes for SECONDS of CPU time while rank 1 waits for it in a
-  collective, then both finish that collective and exit 0."""
+  collective, then both finish that collective and exit 0;
+* ``seed``: each rank prints the hash of a string (its interpreter's string hash seed), then both
+  finish one collective and exit 0."""
 
 from __future__ import annotations
 
@@ -71,6 +73,8 @@ def main() -> None:
         stuck_on_a_lock()
     if scenario == "busy" and rank == 0:
         compute(seconds)
+    if scenario == "seed":
+        print(f"string hash {hash('gcodec')}", flush=True)
     collective()
     done()
 
