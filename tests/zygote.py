@@ -43,6 +43,10 @@ PRELOAD = [
     "tests.transport_ranks.diloco_torch",
     "tests.transport_ranks.adaptive_torch",
     "tests.transport_ranks.policy_torch",
+    "tests.transport_ranks.engine_order",
+    "tests.transport_ranks.resume_torch",
+    "tests.transport_ranks.integ_common",
+    "tests.transport_ranks.nanogpt_program",
 ]
 
 
