@@ -415,9 +415,10 @@ def start_program(module: str, args: Sequence[str], log: Path) -> subprocess.Pop
     """Start ``python -m module *args`` on its own (a test that kills, stops or restarts it), its
     output to ``log``, one kernel thread; the caller waits for it and kills it at its deadline.
     The path holds this checkout, then whatever the test's own ``PYTHONPATH`` held (where an
-    optional extra such as torchft may have been installed)."""
+    optional extra such as torchft may have been installed). Faulthandler is on: SIGABRT makes it
+    print every thread's stack to ``log`` (what :func:`abort_for_stacks` asks of a hung one)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     with open(log, "a") as f:
         cmd = [sys.executable, "-m", module, *args]
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
@@ -456,6 +457,19 @@ class _Popen(_Rank):
 
     def poll(self) -> int | None:
         return self.proc.poll()
+
+
+def abort_for_stacks(procs: Iterable[subprocess.Popen | None], wait_s: float = 3.0) -> None:
+    """Send SIGABRT to those of ``procs`` still running (started with faulthandler on, as by
+    :func:`start_program`: each prints every thread's stack to its output and dies), and give them
+    ``wait_s`` seconds to do so: for a test's report of a job that did not finish in time."""
+    live = [p for p in procs if p is not None and p.poll() is None]
+    for p in live:
+        with contextlib.suppress(OSError):
+            p.send_signal(signal.SIGABRT)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in live):
+        time.sleep(0.1)
 
 
 #: the processes run_all started that have not ended: killed when this process exits (a background

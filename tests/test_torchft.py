@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import free_port, start_program
+from tests.procs import abort_for_stacks, free_port, machine_slowdown, start_program, timeout_scale
 
 pytestmark = pytest.mark.torch
 
@@ -73,13 +73,25 @@ class Job:
         return json.loads(f.read_text()) if f.exists() else {"step": -1, "world": 0, "pid": 0}
 
     def wait(self, cond: Callable[[], bool], seconds: float, what: str) -> float:
-        """Poll ``cond`` until it holds (returns the seconds it took); fail with the logs' tails."""
-        t0 = time.monotonic()
+        """Poll ``cond`` until it holds and return the idle-machine seconds it took: wall time
+        divided by the load per core (at least 1), as tests/procs.py's watchdog counts, so that a
+        loaded machine is not taken for a hang; ``seconds`` is scaled by GCODEC_TEST_TIMEOUT_SCALE.
+        Past it, every live process prints its threads' stacks to its log (faulthandler, SIGABRT)
+        and the test fails with the logs' tails and the load."""
+        limit = seconds * timeout_scale()
+        used, last = 0.0, time.monotonic()
         while not cond():
-            if time.monotonic() - t0 > seconds:
-                raise AssertionError(f"not within {seconds} s: {what}\n{self.logs()}")
+            now = time.monotonic()
+            used += (now - last) / machine_slowdown()
+            last = now
+            if used > limit:
+                abort_for_stacks([*self.procs.values(), self.lighthouse])
+                load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+                raise AssertionError(
+                    f"not within {limit:.0f} s (idle-machine seconds; load {load}): {what}\n{self.logs()}"
+                )
             time.sleep(0.1)
-        return time.monotonic() - t0
+        return used + (time.monotonic() - last) / machine_slowdown()
 
     def logs(self) -> str:
         out = []
