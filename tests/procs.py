@@ -385,19 +385,12 @@ def run_ranks(
             watch = Watch(
                 f"{module} {' '.join(args)} on {world} ranks", timeout, Path(pulses), lambda: ranks_pids(ranks), stall
             )
-            why = None
-            while any(r.poll() is None for r in ranks):
-                why = watch.poll()
-                if why:
-                    break
-                time.sleep(0.5)
-            if why:
-                stacks = watch.dump()
-                _kill_tree(ranks_pids(ranks))
-                for r in ranks:
-                    r.wait()
-                texts = {p.name: p.read_text(errors="replace") for p in paths if p.exists()}
-                raise Stalled(watch.report(why, stacks, texts))
+            _wait_watched(
+                watch,
+                ranks,
+                lambda: ranks_pids(ranks),
+                lambda: {p.name: p.read_text(errors="replace") for p in paths if p.exists()},
+            )
         finally:
             live = [r.pid for r in ranks if r.poll() is None]
             if live:
@@ -409,6 +402,26 @@ def run_ranks(
         for r, p in enumerate(paths):
             print(f"--- rank {r}:", p.read_text(errors="replace")[-3000:])
     return codes
+
+
+def _wait_watched(
+    watch: Watch, procs: Sequence[Any], pids: Callable[[], list[int]], texts: Callable[[], dict[str, str]]
+) -> None:
+    """Wait for ``procs`` (ranks or Popen objects) to end under ``watch``; when it calls a stall,
+    take every process's stacks, kill the job's process tree (``pids``), and raise
+    :class:`Stalled` with the watch's report and ``texts()`` (the job's output)."""
+    why = None
+    while any(p.poll() is None for p in procs):
+        why = watch.poll()
+        if why:
+            break
+        time.sleep(0.5)
+    if why:
+        stacks = watch.dump()
+        _kill_tree(pids())
+        for p in procs:
+            p.wait()
+        raise Stalled(watch.report(why, stacks, texts()))
 
 
 def start_program(module: str, args: Sequence[str], log: Path) -> subprocess.Popen:
@@ -551,22 +564,15 @@ def run_all(
                         proc.stdin.close()
             label = what or " ".join(map(str, cmds[0]))[:200]
             watch = Watch(label, timeout, folder, lambda: [p.pid for p in procs if p.poll() is None], stall)
-            why = None
-            while any(p.poll() is None for p in procs):
-                why = watch.poll()
-                if why:
-                    break
-                time.sleep(0.5)
-            if why:
-                stacks = watch.dump()
-                _kill_tree([p.pid for p in procs])
-                for p in procs:
-                    p.wait()
-                texts = {}
+
+            def texts() -> dict[str, str]:
+                out = {}
                 for i in range(len(cmds)):
-                    texts[f"stdout of command {i}"] = outs[i].read_text(errors="replace")
-                    texts[f"stderr of command {i}"] = errs[i].read_text(errors="replace")
-                raise Stalled(watch.report(why, stacks, texts))
+                    out[f"stdout of command {i}"] = outs[i].read_text(errors="replace")
+                    out[f"stderr of command {i}"] = errs[i].read_text(errors="replace")
+                return out
+
+            _wait_watched(watch, procs, lambda: [p.pid for p in procs], texts)
         finally:
             live = [p.pid for p in procs if p.poll() is None]
             if live:
@@ -632,6 +638,16 @@ class _Background:
 
 
 _BACKGROUND: dict[str, _Background] = {}
+
+
+def simulator_job(script: str, request: Any) -> tuple[list[str], dict[str, Any]]:
+    """The command and :func:`run` arguments of a CUDA-simulator worker script of tests/ that
+    reads ``request`` as JSON on its stdin (Numba's simulator on, faulthandler on, this checkout
+    first on the path)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, str(Path(__file__).with_name(script))]
+    return cmd, {"input": json.dumps(request), "env": env, "cwd": ROOT}
 
 
 def run_early(key: str, cmd: Sequence[str], timeout: float, **kw: Any) -> None:

@@ -31,7 +31,7 @@ import pytest
 
 from gcodec.codecs.registry import codec_class
 from gcodec.transports import run_blocking
-from tests.procs import run, run_early, run_once
+from tests.procs import run, run_early, run_once, simulator_job
 
 from .device_protocols import APPROXIMATE, CASES, CODECS, header_bound, rank_program
 from .localcomm import run_threads
@@ -48,11 +48,7 @@ BY_ID = {c["id"]: c for c in CASES}
 
 
 def _worker_job() -> tuple[list[str], dict[str, Any]]:
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    script = str(Path(__file__).with_name("gpu_sim_protocols.py"))
-    return [sys.executable, script], {"input": json.dumps({"cases": IDS}), "env": env, "cwd": root}
+    return simulator_job("gpu_sim_protocols.py", {"cases": IDS})
 
 
 def start_in_background() -> None:

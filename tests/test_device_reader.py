@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import struct
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +25,7 @@ import gcodec
 from gcodec.checksum import crc32c
 from gcodec.codecs.registry import codec_class
 from gcodec.format.container import PREAMBLE_SIZE, align_up
-from tests.procs import run_early, run_once
+from tests.procs import run_early, run_once, simulator_job
 
 pytestmark = pytest.mark.gpu
 
@@ -167,11 +164,7 @@ def small_bound(buf: bytes) -> int:
 
 def _worker_job() -> tuple[list[str], dict[str, Any]]:
     req = {"reader": [{"id": i, "n": n, "payload": b.hex()} for i, _, n, b in PAYLOADS], "watchdog_s": 300}
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    script = str(Path(__file__).with_name("gpu_sim_worker.py"))
-    return [sys.executable, script], {"input": json.dumps(req), "env": env, "cwd": root}
+    return simulator_job("gpu_sim_worker.py", req)
 
 
 def start_in_background() -> None:

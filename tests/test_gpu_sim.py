@@ -17,9 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +28,7 @@ from gcodec.checksum import crc32c
 from gcodec.kernels.cpu import philox as cpu_philox
 
 from .gpu_sim_worker import ef_inputs, make_array
-from .procs import run_early, run_once, timeout_scale
+from .procs import run_early, run_once, simulator_job, timeout_scale
 from .test_nan_sums import NANS16, NANS32, NANS64, OTHERS16, OTHERS32, OTHERS64, QNAN16, _accumulate_cases, nan_pairs
 
 pytestmark = pytest.mark.gpu
@@ -331,11 +329,7 @@ CASE_WATCHDOG_S = 300
 def _worker_job() -> tuple[list[str], dict[str, Any]]:
     req = worker_request()
     req["watchdog_s"] = CASE_WATCHDOG_S * timeout_scale()
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONFAULTHANDLER="1")
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    script = str(Path(__file__).with_name("gpu_sim_worker.py"))
-    return [sys.executable, script], {"input": json.dumps(req), "env": env, "cwd": root}
+    return simulator_job("gpu_sim_worker.py", req)
 
 
 def start_in_background() -> None:
