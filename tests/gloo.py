@@ -4,6 +4,8 @@ fixture."""
 
 from __future__ import annotations
 
+import datetime
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +19,14 @@ def one_rank() -> Iterator[None]:
 
     import gcodec.torch
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    gc.collect()  # hook states other tests left behind watch optimizers until collected
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),  # one rank waits for no peer: only a hang reaches it
+    )
     try:
         yield
     finally:

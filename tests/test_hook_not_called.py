@@ -6,40 +6,20 @@ tests/test_integrations.py."""
 
 from __future__ import annotations
 
-import datetime
 import gc
 import warnings
-from collections.abc import Iterator
 
 import pytest
 
 pytestmark = [pytest.mark.torch]
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import gcodec.torch  # noqa: E402
 import gcodec.torch.hook as hook_module  # noqa: E402
 
-from .procs import free_port  # noqa: E402
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    gc.collect()  # states other tests left behind
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{free_port()}",
-        rank=0,
-        world_size=1,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        yield
-    finally:
-        gcodec.torch.synchronize()
-        dist.destroy_process_group()
+from .gloo import one_rank  # noqa: E402, F401  (a fixture)
 
 
 def _model() -> torch.nn.Module:
@@ -59,7 +39,8 @@ def _steps(ddp: torch.nn.Module, opt: torch.optim.Optimizer, n: int) -> int:
     return sum(issubclass(w.category, gcodec.torch.HookNotCalledWarning) for w in caught)
 
 
-def test_registered_hook_never_warns_and_leaves_no_watch(group: None) -> None:
+@pytest.mark.usefixtures("one_rank")
+def test_registered_hook_never_warns_and_leaves_no_watch() -> None:
     model = _model()
     ddp = DDP(model)
     state = gcodec.torch.HookState("uniform", start_iter=1, min_numel=256, module=model)
@@ -70,7 +51,8 @@ def test_registered_hook_never_warns_and_leaves_no_watch(group: None) -> None:
     assert not _watching(state)  # nothing of it runs on later optimizer steps
 
 
-def test_unregistered_hook_warns_once_at_its_models_first_step(group: None) -> None:
+@pytest.mark.usefixtures("one_rank")
+def test_unregistered_hook_warns_once_at_its_models_first_step() -> None:
     model, other = _model(), _model()
     ddp = DDP(model)
     state = gcodec.torch.HookState("uniform", module=model)  # never registered: DDP averages alone
@@ -86,9 +68,8 @@ def test_unregistered_hook_warns_once_at_its_models_first_step(group: None) -> N
     assert not _watching(state)
 
 
-def test_without_module_any_first_step_of_a_process_without_buckets_warns(
-    group: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("one_rank")
+def test_without_module_any_first_step_of_a_process_without_buckets_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hook_module, "_any_bucket", False)  # as in a fresh process
     model = _model()
     state = gcodec.torch.HookState("uniform")  # as Lightning's docs build theirs: no module
