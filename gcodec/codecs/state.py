@@ -89,14 +89,15 @@ class CodecState:
         with self._lock:
             self._arrays.setdefault(slot, {})[key] = value
 
-    def copy_key(self, key: str | None) -> CodecState:
-        """A new state holding a copy of ``key``'s array in every slot (nothing else): what an
-        encode of ``key`` reads, for a trial encode that must not move the real state."""
-        out = CodecState()
+    def copy_key(self, key: str | None, into: CodecState | None = None) -> CodecState:
+        """A copy of ``key``'s array in every slot (nothing else), put in ``into`` (a new state by
+        default) and returned: what an encode of ``key`` reads, for a trial encode that must not
+        move the real state."""
+        out = CodecState() if into is None else into
         with self._lock:
-            for slot, d in self._arrays.items():
-                if key in d:
-                    out._arrays[slot] = {key: _host_copy(d[key])}
+            copies = {slot: _host_copy(d[key]) for slot, d in self._arrays.items() if key in d}
+        for slot, v in copies.items():
+            out.put_array(slot, key, v)
         return out
 
     # ---- nested codecs ---------------------------------------------------------------------

@@ -39,10 +39,7 @@ def _codec_state_copy(state: TransportState, key: str) -> CodecState:
     """``key``'s arrays (a warm start), from whichever of the transport's and error feedback's codec
     states encodes it, copied: the trial encode must not move the real exchange's state."""
     cs = state.codec_state.copy_key(key)
-    if state.worker is not None:
-        for slot, d in state.worker.codec_state.copy_key(key)._arrays.items():
-            cs._arrays.setdefault(slot, {}).update(d)
-    return cs
+    return cs if state.worker is None else state.worker.codec_state.copy_key(key, cs)
 
 
 def sample_quality(state: TransportState, key: str, step: int, x: np.ndarray) -> dict[str, Any] | None:
