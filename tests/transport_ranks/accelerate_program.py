@@ -12,13 +12,11 @@ loop without the hook is the reference.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..procs import run_checked
-from .integ_common import CHECKS, NotCalled, check, close_to, hook_ran, loss_falls, params_agree, torchrun_env
+from .integ_common import CHECKS, NotCalled, check, close_to, hook_ran, loss_falls, params_agree, rank_args
 
 BATCHES = 32  # per rank and epoch: 16 optimizer steps at 2 accumulation steps
 ACCUMULATE = 2
@@ -26,9 +24,7 @@ START_ITER = 2
 
 
 def main() -> None:
-    outdir = Path(sys.argv[1])
-    rank, world, port = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    torchrun_env(rank, world, port)
+    outdir, rank, world = rank_args()
     t0 = time.perf_counter()
 
     import torch

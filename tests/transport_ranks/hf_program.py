@@ -13,13 +13,11 @@ without the callback is the reference.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..procs import run_checked
-from .integ_common import CHECKS, NotCalled, check, hook_ran, loss_falls, params_agree, recipe, torchrun_env
+from .integ_common import CHECKS, NotCalled, check, hook_ran, loss_falls, params_agree, rank_args, recipe
 
 STEPS = 16
 START_ITER = 2
@@ -27,9 +25,7 @@ VOCAB, LENGTH = 64, 32
 
 
 def main() -> None:
-    outdir = Path(sys.argv[1])
-    rank, world, port = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    torchrun_env(rank, world, port)
+    outdir, rank, _world = rank_args()
     t0 = time.perf_counter()
 
     import torch

@@ -13,6 +13,7 @@ import faulthandler
 import hashlib
 import os
 import re
+import sys
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,6 +36,15 @@ def recipe(name: str) -> dict[str, Any]:
     scope: dict[str, Any] = {"__name__": f"recipe_{name}"}
     exec(compile(m.group(1), f"{PAGE}:recipe:{name}", "exec"), scope)
     return scope
+
+
+def rank_args() -> tuple[Path, int, int]:
+    """This rank program's arguments (output folder, rank, world size, port), with the port and
+    ranks put where torchrun puts them (:func:`torchrun_env`); returns (folder, rank, world)."""
+    outdir = Path(sys.argv[1])
+    rank, world, port = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    torchrun_env(rank, world, port)
+    return outdir, rank, world
 
 
 def torchrun_env(rank: int, world: int, port: int) -> None:

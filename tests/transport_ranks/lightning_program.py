@@ -17,9 +17,7 @@ externally launched processes (TorchElasticEnvironment) and starts the gloo grou
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..procs import run_checked
@@ -31,8 +29,8 @@ from .integ_common import (
     hook_ran,
     loss_falls,
     params_agree,
+    rank_args,
     recipe,
-    torchrun_env,
 )
 
 STEPS = 16
@@ -40,9 +38,7 @@ START_ITER = 2
 
 
 def main() -> None:
-    outdir = Path(sys.argv[1])
-    rank, world, port = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    torchrun_env(rank, world, port)
+    outdir, rank, world = rank_args()
     t0 = time.perf_counter()
 
     import lightning.pytorch as L
