@@ -158,6 +158,49 @@ def test_reads_shape_says_whether_the_shape_changes_what_decodes(cfg):
     assert same != codec.reads_shape, (cfg, codec.reads_shape)
 
 
+_UNITS = [{"id": c} for c in gcodec.list_codecs()] + [
+    {"id": "uniform", "bits": 4, "rounding": "stochastic"},
+    {"id": "fp8", "rounding": "stochastic"},
+    {"id": "sign", "group_size": 0},
+    {"id": "chunktopk", "chunk": 256, "k": 8},
+    {"id": "chunktopk", "chunk": 256, "k": 8, "values": {"id": "uniform", "bits": 2, "group_size": 8}},
+    {"id": "chunktopk", "chunk": 256, "k": 8, "values": {"id": "uniform", "bits": 2, "group_size": 3}},
+    {"id": "threshold", "threshold": 0.5, "values": "fp16"},
+    {"id": "threshold", "threshold": 0.5, "values": {"id": "uniform", "bits": 8}},
+    {"id": "topk", "ratio": 0.05, "values": "bf16"},
+    {"id": "dct", "dims": 2, "chunk": 16, "k": 3},
+]
+
+
+@pytest.mark.parametrize("cfg", _UNITS, ids=lambda c: "-".join(map(str, c.values())))
+def test_encoding_unit_says_which_neighbours_an_encoding_depends_on(cfg):
+    """The engines join tensors into one flat group only where ``encoding_unit`` promises that no
+    tensor's encoding changes with the tensors beside it (a DDP job resumed with other buckets then
+    continues bit for bit). A codec that promises a unit g must decode a tensor of a multiple of g
+    elements the same, to the bit, alone and after another such tensor of very different values;
+    a built-in codec that promises nothing (None) must have some tensor whose values change with
+    a neighbour (or the promise was withheld for nothing). Codecs that read shapes never join."""
+    codec = gcodec.get_codec(cfg)
+    unit = codec.encoding_unit
+    if codec.reads_shape:
+        assert unit is None, cfg
+        return
+    rng = np.random.default_rng(11)
+    g = unit or 64
+    a = (rng.standard_normal(g * 37) * 100).astype(np.float32)  # larger: a shared scale or selection would show
+    b = rng.standard_normal(g * 53).astype(np.float32)
+    joined = gcodec.decode(codec.encode(np.concatenate([a, b]), step=3))[a.size :]
+    alone = gcodec.decode(codec.encode(b, step=3))
+    same = np.array_equal(joined.view(np.uint32), alone.view(np.uint32))
+    if unit is not None:
+        assert same, (cfg, unit)
+        if unit == 1:  # element by element: any neighbour, of any length
+            odd = gcodec.decode(codec.encode(np.concatenate([a[:7], b]), step=3))[7:]
+            assert np.array_equal(odd.view(np.uint32), alone.view(np.uint32)), cfg
+    else:
+        assert not same, (cfg, "encoding_unit None, yet b encodes alike beside a")
+
+
 @pytest.mark.parametrize("cid", [c for c in gcodec.list_codecs() if gcodec.get_codec(c).values_dtype is not None])
 def test_a_values_section_encodes_and_decodes_alone_as_in_a_payload(cid):
     from gcodec.aggregate import summable_values

@@ -173,6 +173,10 @@ class Codec(ABC):
     * :meth:`compresses`: whether a tensor of a shape is worth compressing at all;
     * :attr:`reads_shape`: whether the encoding depends on the tensor's shape beyond its element
       count, so that an engine never joins such a tensor with others into one flat group;
+    * :attr:`encoding_unit`: over which elements of a flat tensor the encoding of one element
+      depends on others (1: none, element by element; g: its group of g consecutive elements
+      counted from the first; None: the whole tensor), so that an engine joins tensors into one
+      flat group only where no tensor's encoding changes with its neighbours;
     * :meth:`compression_rate`: the ratio of a shape's elements to what the codec keeps of it,
       when the codec's gain depends on the shape (a low-rank codec's m·n / ((m+n)·r));
     * ``carries_nonfinite``: the codec carries NaN and ±infinity (docs/nonfinite.md, "carry"), so
@@ -307,6 +311,25 @@ class Codec(ABC):
         (a low-rank codec's matrices, the 2-D DCT's tiles). The engines join tensors of one codec
         into one flat group only when this is False; such a tensor is exchanged in its own shape."""
         return self.low_rank
+
+    @property
+    def encoding_unit(self) -> int | None:
+        """Over which elements of a flat tensor the encoding (and decoded value) of one element
+        depends on the others: ``1`` when it depends on none (a cast); ``g`` when it depends only on
+        the others of its group of ``g`` consecutive elements, groups counted from the tensor's
+        first element (a scale per group, a selection per chunk); ``None`` when it may depend on
+        any element of the tensor (a selection over the whole tensor, a tensor-wide scale) or on
+        the element's position (a random stream addressed by position: stochastic rounding, a
+        random selection).
+
+        An engine that joins several tensors into one flat vector (a DDP bucket's tensors of one
+        codec) keeps a tensor's encoding independent of its neighbours only where every group
+        lies inside one tensor: it joins a tensor whose element count is a multiple of ``g`` and
+        encodes every other one on its own (:func:`gcodec.transports.shares_flat_group`). That is
+        what makes a job's results independent of how the engine happens to group its tensors (a
+        DDP job resumed from a checkpoint continues bit for bit although its first buckets differ
+        from the rebuilt ones). The default, None, is always right; a codec says more to be joined."""
+        return None
 
     def compression_rate(self, shape: tuple[int, ...]) -> float | None:
         """Elements of ``shape`` per element the codec sends, when that depends on the shape (a

@@ -59,6 +59,11 @@ class _Cast16(Codec):
     _digits: int
     _tiny: float
 
+    @property
+    def encoding_unit(self) -> int | None:
+        """Every element is cast on its own (spec §3)."""
+        return 1
+
     def magnitude_bound(self, max_abs: float, count: int) -> float:
         """Infinite when the largest value overflows the 16-bit format (the input is rounded to
         binary32 first); otherwise that value rounded up by at most half a unit in the last place."""

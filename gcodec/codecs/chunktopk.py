@@ -127,6 +127,18 @@ class ChunkTopK(ValuesHost):
         if err is not HeaderError and params["k"] > params["chunk"]:  # a header's k is rule CK1
             raise err(f"{where}k={params['k']} exceeds chunk={params['chunk']}")
 
+    @property
+    def encoding_unit(self) -> int | None:
+        """A chunk keeps its own top k (``dct``: of its own coefficients); values through a nested
+        codec stay within their chunk when that codec works element by element or in groups that
+        divide k (a full chunk keeps exactly k), else they depend on other chunks' values."""
+        if self.reads_shape:
+            return None
+        inner = None if self._nested is None else self._nested.encoding_unit
+        if self._nested is not None and (inner is None or self._params["k"] % inner):
+            return None
+        return int(self._params["chunk"])
+
     # ---- what a subclass that selects from another array changes (``dct``'s coefficients) -------
     @classmethod
     def _layout_len(cls, shape: tuple[int, ...], params: dict[str, Any]) -> int:

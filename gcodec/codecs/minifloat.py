@@ -56,6 +56,14 @@ class BlockFloat(Codec):
         return cls.wire_schema() if params.get("rounding") == "stochastic" else dict(cls.PARAMS)
 
     @property
+    def encoding_unit(self) -> int | None:
+        """A group's scale follows from its own elements, unless a tensor scale (``nvfp4``) ties
+        every group to the tensor's largest magnitude; stochastic rounding draws each element's
+        word at its position in the tensor (specs/rng.md §4): then the whole tensor."""
+        lay = self._layout(self._params)
+        return None if lay.stochastic or lay.scale == SCALE_E4M3 else int(lay.group_size)
+
+    @property
     def element(self) -> Element:
         """The element format of this codec's payloads."""
         return ELEMENTS[self._layout(self._params).element]

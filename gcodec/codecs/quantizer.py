@@ -53,6 +53,14 @@ class ScaledQuantizer(Codec):
     def wire_schema_for(cls, params: Mapping[str, Any]) -> dict[str, Param]:
         return cls.wire_schema() if cls._is_stochastic(params) else dict(cls.PARAMS)
 
+    @property
+    def encoding_unit(self) -> int | None:
+        """A group's scale follows from its own elements (``group_size=0``: the tensor's); stochastic
+        rounding draws each element's word at its position in the tensor (specs/rng.md), so a
+        stochastic encoding depends on where the tensor starts: the whole tensor."""
+        lay = self._layout(self._params)
+        return None if lay.stochastic or lay.group_size == 0 else int(lay.group_size)
+
     # ---- encoding ------------------------------------------------------------------------
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = x.reshape(-1)

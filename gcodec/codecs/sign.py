@@ -52,6 +52,11 @@ class Sign(Codec):
         "group_size": Param(int, 256, "elements per scale (0: whole tensor)", min=0, max=1 << 24),
     }
 
+    @property
+    def encoding_unit(self) -> int | None:
+        """A group's scale is the mean magnitude of its own elements; ``group_size=0``: the tensor's."""
+        return int(self._params["group_size"]) or None
+
     def plan(self, x: np.ndarray, ctx: EncodeContext) -> EncodePlan:
         flat = x.reshape(-1)
         if flat.dtype != np.float32:  # the spec's first step; kernels are compiled for float32 only

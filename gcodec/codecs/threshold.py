@@ -73,6 +73,13 @@ class Threshold(SparseIndexCodec):
     def wire_schema(cls) -> dict[str, Param]:
         return cls.WIRE
 
+    @property
+    def encoding_unit(self) -> int | None:
+        """Whether an element is kept depends on its own magnitude alone; its value too, raw or
+        through a nested codec that works element by element (a nested codec with groups scales
+        the kept values of the whole tensor together)."""
+        return 1 if self._nested is None or self._nested.encoding_unit == 1 else None
+
     def _select(self, flat: np.ndarray, dname: str) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         """The indices (increasing) and bit patterns of the elements at or above the threshold in
         magnitude; PayloadValueError on non-finite input."""
