@@ -54,7 +54,17 @@ from ..errors import ConfigError, GcodecError
 from ..policy import DEFAULTS
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
-from ..transports import DENSE, DoneWork, LowRankItem, Piece, Router, TransportState, lowrank_protocol, resolve_mode
+from ..transports import (
+    DENSE,
+    DoneWork,
+    LowRankItem,
+    Piece,
+    Router,
+    TransportState,
+    lowrank_protocol,
+    resolve_mode,
+    shares_flat_group,
+)
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import gather_protocol
 from ..transports.handshake import Agreement, fingerprint
@@ -683,6 +693,20 @@ class _Plan:
             g.state.agreed_on(g.key, agreement.local_ranks)
 
 
+def _group_of(codec: Codec, mode: str, i: int, numel: int) -> str:
+    """Which group of its bucket tensor ``i`` (``numel`` elements, under ``codec`` and the resolved
+    ``mode``) joins: the codec's shared flat group where that leaves its encoding the one it would
+    have alone (:func:`gcodec.transports.shares_flat_group`: element-wise codecs, group-wise ones on
+    a multiple of the group), else a group of its own, under its own key, step and random stream.
+    PowerSGD's matrices share one round of products and are each factored on their own anyway.
+    So no tensor's encoding depends on which tensors share its bucket, and a job whose buckets
+    change (DDP's first iteration after a restart has its initial layout, the uninterrupted job
+    its rebuilt one) computes the same values (docs/transports.md, "Checkpoints")."""
+    if mode == "lowrank" or shares_flat_group(codec, numel, mode):
+        return codec.config_key
+    return f"{codec.config_key}\0{i}"
+
+
 def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Codec | None = None) -> _Plan:
     buf = bucket.buffer()
     router = state.router
@@ -704,11 +728,7 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
         if c is None:
             plan.dense.append(i)
         else:
-            k = c.config_key
-            # a codec that reads shapes goes in a group of its own, exchanged in its shape; PowerSGD's
-            # matrices share one round of products, unless a flat mode (gather) sends each alone
-            if c.reads_shape and (not c.low_rank or resolve_mode(c, state.mode, p) != "lowrank"):
-                k += f"\0{i}"
+            k = _group_of(c, resolve_mode(c, state.mode, p), i, g.numel())
             by_codec.setdefault(k, []).append(i)
             codecs[k] = c
     for k, idx in by_codec.items():

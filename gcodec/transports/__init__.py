@@ -12,7 +12,7 @@ from .allreduce import OPS, allreduce_protocol
 from .comm import Communicator, DoneWork, Protocol, Serial, Task, Work, run_blocking
 from .lowrank import LowRankItem, lowrank_protocol
 from .router import DENSE, Piece, Router
-from .state import GATHER_MAX_RANKS, MODES, TransportState, resolve_mode
+from .state import GATHER_MAX_RANKS, MODES, TransportState, resolve_mode, shares_flat_group
 from .threads import job_threads, kernel_threads
 
 #: ``PolicyState``, the router's old name
@@ -39,4 +39,5 @@ __all__ = [
     "lowrank_protocol",
     "resolve_mode",
     "run_blocking",
+    "shares_flat_group",
 ]

@@ -24,7 +24,7 @@ from .sendbuf import SendBuffers
 from .stats import KeyRounds, Stats
 from .threads import job_threads
 
-__all__ = ["MODES", "TransportState", "check_mode", "resolve_mode"]
+__all__ = ["MODES", "OWNER_ALIGN", "TransportState", "check_mode", "resolve_mode", "shares_flat_group"]
 
 #: Accepted ``mode=`` values: the protocols (docs/transports.md), named for what they exchange, never
 #: for a codec: ``lowrank`` sums the factors of any codec that declares ``low_rank``.
@@ -43,6 +43,29 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ConfigError(f"mode {mode!r} is not one of {list(MODES)}")
     return mode
+
+
+#: Two-phase owners' chunks start at multiples of this many elements of the flat group
+#: (:func:`gcodec.transports.two_phase.owner_bounds`).
+OWNER_ALIGN = 256
+
+
+def shares_flat_group(codec: Codec, numel: int, mode: str) -> bool:
+    """Whether an engine may join a tensor of ``numel`` elements with other tensors of ``codec``
+    into one flat group (one encode, one exchange) under the resolved ``mode``, with every
+    element's encoding the one the tensor would have on its own: the codec works element by
+    element, or in groups of g (:attr:`Codec.encoding_unit`) and the tensor has a multiple of g
+    elements, so that no group straddles two tensors (two-phase owners re-encode chunks cut at
+    multiples of :data:`OWNER_ALIGN`: g must divide it too). Every other tensor is encoded on its
+    own, under a key of its own, whatever shares its bucket; so are tensors of a codec that reads
+    shapes. Then a tensor's encoding, and its random stream, never depend on how the engine
+    happened to group the tensors (docs/transports.md, "Checkpoints")."""
+    unit = codec.encoding_unit
+    if codec.reads_shape or unit is None:
+        return False
+    if unit == 1:
+        return True
+    return numel % unit == 0 and (mode != "two_phase" or OWNER_ALIGN % unit == 0)
 
 
 #: ``mode="auto"`` gathers payloads up to this many ranks and uses two-phase above: an all-gather

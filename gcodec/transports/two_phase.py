@@ -26,7 +26,7 @@ from .control import Exchange
 from .gather import decode_sum, finish_into, refuse_nonfinite
 from .protocol_helpers import gather_stream, nbytes_from_others, work_dtype
 from .sendbuf import encode_into
-from .state import TransportState
+from .state import OWNER_ALIGN, TransportState
 from .stats import StepStats
 from .threads import kernel_threads
 
@@ -34,7 +34,7 @@ __all__ = ["owner_bounds", "two_phase_protocol"]
 
 # Chunk boundaries fall on multiples of this many elements, so that the group-wise quantizers
 # (groups of 64 by default) see the same groups as in a whole-tensor encode.
-_ALIGN = 256
+_ALIGN = OWNER_ALIGN
 
 
 def owner_bounds(n: int, p: int) -> list[int]:
