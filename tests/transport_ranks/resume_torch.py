@@ -38,12 +38,26 @@ from ..procs import finish_gloo, run_checked, start_gloo
 CHECKS: list[dict] = []
 STEPS, SAVE_AT = 7, 3
 LR = 3e-3
+#: One codec of every family (gcodec/codecs), with error feedback. On this model some tensors are
+#: multiples of a codec's groups or chunks and share one flat group, others are encoded alone.
 CODECS: dict[str, Any] = {
     "fp16": "fp16",
+    "bf16": "bf16",
     "uniform4": {"id": "uniform", "bits": 4},
+    "uniform4_stochastic": {"id": "uniform", "bits": 4, "rounding": "stochastic"},
+    "qsgd": {"id": "qsgd", "levels": 7, "bucket_size": 128},
+    "terngrad": "terngrad",
     "sign": "sign",
     "topk": {"id": "topk", "ratio": 0.02},
+    "randomk": {"id": "randomk", "ratio": 0.05},
+    "chunktopk": {"id": "chunktopk", "chunk": 256, "k": 8},
+    "threshold": {"id": "threshold", "threshold": 1e-2},
+    "fp8": "fp8",
+    "mx": {"id": "mx", "element": "e2m1"},
+    "nvfp4": "nvfp4",
+    "dct": {"id": "dct", "chunk": 64, "k": 4},
     "powersgd": {"id": "powersgd", "rank": 2},
+    "topk_uniform8": {"id": "topk", "ratio": 0.05, "values": {"id": "uniform", "bits": 8}},
 }
 
 
@@ -77,12 +91,27 @@ def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return idx[:, :-1], idx[:, 1:]
 
 
+#: per iteration of the last job built, the parameters of each bucket DDP handed to the hook
+LAYOUTS: dict[int, list[tuple[str, ...]]] = {}
+
+
+def _recording_hook(state: gcodec.torch.HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    LAYOUTS.setdefault(state.iter, []).append(tuple(state._name(q) for q in bucket.parameters()))
+    return gcodec.torch.comm_hook(state, bucket)
+
+
+_recording_hook.__annotations__ = dict(gcodec.torch.comm_hook.__annotations__)
+
+
 def _job(codec: Any) -> tuple[TinyLM, DDP, torch.optim.Optimizer, gcodec.torch.HookState]:
     torch.manual_seed(0)
     model = TinyLM()
     ddp = DDP(model, bucket_cap_mb=0.03)
-    state = gcodec.torch.HookState(codec, start_iter=1, min_numel=64, module=model)
-    ddp.register_comm_hook(state, gcodec.torch.comm_hook)
+    # every tensor compressed, the 1-D ones too (a pattern that names the codec): then tensors of
+    # 64 elements sit beside ones of multiples of 256 (a sign group, a chunk) in one bucket
+    state = gcodec.torch.HookState(codec, start_iter=1, min_numel=64, module=model, policy={"*": codec})
+    LAYOUTS.clear()
+    ddp.register_comm_hook(state, _recording_hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=0.1)
     return model, ddp, opt, state
 
@@ -140,6 +169,9 @@ def second(outdir: Path, rank: int) -> None:
         state.load_state_dict(ckpt["hook"][rank])
         for step in range(int(ckpt["step"]), STEPS):
             _step(ddp, opt, rank, step)
+        if name == "uniform4":  # what the test is about: other buckets in the restart's first step
+            first_it, last_it = LAYOUTS[int(ckpt["step"])], LAYOUTS[STEPS - 1]
+            check("the restarted DDP's first buckets differ from its rebuilt ones", first_it != last_it, str(LAYOUTS))
         (outdir / f"second_{name}_rank{rank}.txt").write_text(_digest(model))
         torch.save(model.state_dict(), outdir / f"second_{name}_rank{rank}.pt")
 
@@ -151,7 +183,7 @@ def _refusals(ckpt: dict[str, Any], state: gcodec.torch.HookState, rank: int) ->
         check("another rank's hook state is refused", False, "loaded")
     except gcodec.ConfigError as e:
         check("another rank's hook state is refused", f"saved by rank {1 - rank}" in str(e), str(e))
-    foreign = gcodec.torch.HookState("sign", start_iter=1, min_numel=64, warm=False)
+    foreign = gcodec.torch.HookState("sign", start_iter=1, min_numel=64, warm=False, policy={"*": "sign"})
     try:
         foreign.load_state_dict(ckpt["hook"][rank])
         check("a state saved with another codec is refused", False, "loaded")
