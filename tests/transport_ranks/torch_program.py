@@ -96,8 +96,11 @@ def scenario_train(outdir: Path) -> None:
     for h in hooks:
         runs[h] = train(h)
     # compression from the very first step: DDP rebuilds its buckets after it (other sizes, other
-    # groups of parameters) and the residuals must carry over, not fail
+    # groups of parameters) and the residuals must carry over, not fail. Uniform's groups of 64
+    # join this model's weights (multiples of 64) into one flat group per bucket, so the groups
+    # change; top-k sends each weight alone, before the rebuild and after it.
     runs["topk-through-rebuild"] = train('{"id": "topk", "ratio": 0.05}', start_iter=0)
+    runs["uniform4-through-rebuild"] = train('{"id": "uniform", "bits": 4}', start_iter=0)
     for dtype in (torch.float16, torch.bfloat16):
         runs[f"uniform-{dtype}"] = train('{"id": "uniform", "bits": 8}', dtype=dtype)
         runs[f"fp16-{dtype}"] = train('{"id": "fp16"}', dtype=dtype)
