@@ -7,7 +7,8 @@
 ``ddp`` trains an MLP of about ``--params`` million parameters with 2 gloo ranks on 127.0.0.1 and
 reports the best-of median step time (forward, backward with the hook, optimizer step) of: no
 hook, torch's ``fp16_compress_hook``, gcodec ``fp16``, torch's ``powerSGD_hook`` (rank 2) and gcodec
-``powersgd`` rank 2 (both with one bucket and 2 warm-up steps; timed after warm-up), and gcodec's
+``powersgd`` rank 2 (both with one bucket and 2 warm-up steps; timed after warm-up), gcodec top-k
+1 % and sign, both with error feedback (no torch counterpart), and gcodec's
 hook on its all-dense path (every step a warm-up step: the plain average, as the adaptive
 controller's "none" rung sends it), whose ratio to no hook is the hook's own cost. Every contender
 runs in the same processes, interleaved round by round, so machine noise hits all alike. One
@@ -39,6 +40,8 @@ CONTENDERS = (
     "gcodec fp16",
     "torch powerSGD r2",
     "gcodec powersgd r2",
+    "gcodec topk 1%",
+    "gcodec sign",
 )
 
 
@@ -93,11 +96,13 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
             return powerSGD_hook.powerSGD_hook, powerSGD_hook.PowerSGDState(
                 None, matrix_approximation_rank=2, start_powerSGD_iter=2
             )
+        # module=: each state watches its own model's optimizer (HookNotCalledWarning), not the
+        # other contenders' steps that run before its first bucket
         hook_state = {
             "none": None,
-            "gcodec fp16": lambda: gcodec.torch.HookState("fp16", start_iter=0, error_feedback=False),
+            "gcodec fp16": lambda: gcodec.torch.HookState("fp16", start_iter=0, error_feedback=False, module=model),
             # never past its warm-up: every bucket averaged dense
-            "gcodec dense": lambda: gcodec.torch.HookState("fp16", start_iter=1 << 62),
+            "gcodec dense": lambda: gcodec.torch.HookState("fp16", start_iter=1 << 62, module=model),
             # bench/link.py's controller: 2 fp16 steps, then its rungs (dense where that pays)
             "gcodec adaptive": lambda: gcodec.torch.HookState(
                 "fp16",
@@ -106,7 +111,13 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
                 controller=AdaptiveController(start=1, interval=10, warmup_steps=2),
                 module=model,
             ),
-            "gcodec powersgd r2": lambda: gcodec.torch.HookState({"id": "powersgd", "rank": 2}, start_iter=2),
+            "gcodec powersgd r2": lambda: gcodec.torch.HookState(
+                {"id": "powersgd", "rank": 2}, start_iter=2, module=model
+            ),
+            # with error feedback; a tensor whose size is not a multiple of the codec's unit (top-k:
+            # every tensor; sign: 256) is encoded on its own (gcodec.transports.shares_flat_group)
+            "gcodec topk 1%": lambda: gcodec.torch.HookState({"id": "topk", "ratio": 0.01}, start_iter=2, module=model),
+            "gcodec sign": lambda: gcodec.torch.HookState("sign", start_iter=2, module=model),
         }[name]
         return (None, None) if hook_state is None else (gcodec.torch.comm_hook, hook_state())
 
