@@ -2,6 +2,7 @@
 
     python bench/transports.py ddp   [--params 4] [--steps 30]    # 2 gloo ranks on loopback
     python bench/transports.py ddp --model link                   # bench/link.py's MLP (biases dense)
+    python bench/transports.py ddp --model deep                   # 16 layers of 256 x 256: many tensors
     mpiexec -n 4 python bench/transports.py bytes [--numel 1048576]
 
 ``ddp`` trains an MLP of about ``--params`` million parameters with 2 gloo ranks on 127.0.0.1 and
@@ -78,6 +79,8 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
                 torch.nn.ReLU(),
                 torch.nn.Linear(2048, 10),
             )
+        if args.model == "deep":  # many tensors in one bucket: 16 weights of 256 x 256, 16 biases
+            return torch.nn.Sequential(*[m for _ in range(16) for m in (torch.nn.Linear(256, 256), torch.nn.ReLU())])
         return torch.nn.Sequential(
             torch.nn.Linear(width, width),
             torch.nn.ReLU(),
@@ -133,7 +136,7 @@ def _ddp_rank(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
         if hook is not None:
             ddp.register_comm_hook(hook_state, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-        shape = (32, 64) if args.model == "link" else (64, width)
+        shape = {"link": (32, 64), "deep": (64, 256)}.get(args.model, (64, width))
         x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank))
         contenders[name] = (ddp, opt, x, hook_state)
 
@@ -251,9 +254,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument(
         "--model",
-        choices=["square", "link"],
+        choices=["square", "link", "deep"],
         default="square",
-        help="square: three --params Linear layers; link: bench/link.py's MLP 64-2048-2048-10 (small dense tensors)",
+        help="square: three --params Linear layers; link: bench/link.py's MLP 64-2048-2048-10 (small dense tensors); "
+        "deep: 16 Linear layers 256-256 (many tensors in one bucket)",
     )
     ap.add_argument(
         "--bucket-mb", type=float, default=1024, help="DDP's bucket_cap_mb (torch's PowerSGD hook needs one bucket)"
