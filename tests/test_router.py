@@ -57,6 +57,24 @@ def test_two_phase_chunks_and_flat_groups_exchange_residuals() -> None:
     assert all(ts.worker.residual(f"G[{j}/3]") is None for j in range(3))  # type: ignore[union-attr]
 
 
+def test_a_two_phase_group_at_a_new_world_size_re_slices_its_residual() -> None:
+    """The same tensors under the same key, now split among 2 owners instead of 3 (a quorum that
+    lost a replica): every element the 3 chunks owed is in the 2 new ones, none in the old keys."""
+    r = Router(codec=U8)
+    ts = r.state_for(r.codec(U8))  # type: ignore[arg-type]
+    vec = [[Piece.whole("w", 10), Piece.whole("v", 3)]]
+    r.place(ts, "G", "split", vec, [(3,)])
+    a = _res(13, 3)
+    b3 = owner_bounds(13, 3)
+    for j in range(3):
+        ts.worker.set_residual(f"G[{j}/3]", a[b3[j] : b3[j + 1]].copy())  # type: ignore[union-attr]
+    r.place(ts, "G", "split", vec, [(2,)])
+    b2 = owner_bounds(13, 2)
+    for j in range(2):
+        np.testing.assert_array_equal(ts.worker.residual(f"G[{j}/2]"), a[b2[j] : b2[j + 1]])  # type: ignore[union-attr]
+    assert all(ts.worker.residual(f"G[{j}/3]") is None for j in range(3))  # type: ignore[union-attr]
+
+
 def _rows(name: str, numel: int, p: int) -> list[list[Piece]]:
     clen = -(-numel // p)
     return [[Piece(name, min(j * clen, numel), min((j + 1) * clen, numel), clen)] for j in range(p)]

@@ -455,22 +455,25 @@ class Router:
         """Drop the stores none of whose parameters they hold any more."""
         live = set(self._owner.values())
         for sid in [s for s in self._stores if s not in live]:
-            store = self._stores.pop(sid)
-            ts = self.states.get(store.ck or "")
-            if ts is None:
-                continue
-            if store.form == "lowrank":
-                # lowrank residuals are kept by parameter name: a matrix that moved to another
-                # group (a DDP bucket rebuild) is already that group's, under the same name
-                for v in store.vectors:
-                    if v[0].name not in self._owner:
-                        ts.lowrank_residuals.pop(v[0].name, None)
-            elif ts.worker is not None:
-                n = len(store.vectors) if store.form == "rows" else 0
-                if store.form == "split" and store.shape:
-                    n = store.shape[0]
-                for k in [store.key, *(f"{store.key}[{j}/{n}]" for j in range(n))]:
-                    ts.worker.reset(k)
+            self._drop(self._stores.pop(sid))
+
+    def _drop(self, store: _Store) -> None:
+        """Forget what ``store``'s state holds under its keys (already read where still owed)."""
+        ts = self.states.get(store.ck or "")
+        if ts is None:
+            return
+        if store.form == "lowrank":
+            # lowrank residuals are kept by parameter name: a matrix that moved to another
+            # group (a DDP bucket rebuild) is already that group's, under the same name
+            for v in store.vectors:
+                if v[0].name not in self._owner:
+                    ts.lowrank_residuals.pop(v[0].name, None)
+        elif ts.worker is not None:
+            n = len(store.vectors) if store.form == "rows" else 0
+            if store.form == "split" and store.shape:
+                n = store.shape[0]
+            for k in [store.key, *(f"{store.key}[{j}/{n}]" for j in range(n))]:
+                ts.worker.reset(k)
 
     def place(
         self,
@@ -496,14 +499,19 @@ class Router:
         shape = None if not shapes else tuple(shapes[0])
         store = self._stores.get(sid)
         names = {pc.name for v in layout for pc in v}
-        if store is not None and store.vectors == layout and all(self._owner.get(n) == sid for n in names):
+        # the same layout, held under this key, split among as many owners (a two-phase group at a
+        # new world size keeps its vectors but re-slices them): nothing to move
+        same = store is not None and store.vectors == layout and store.shape == (shape if form != "lowrank" else None)
+        if same and all(self._owner.get(n) == sid for n in names):
             return None
         got = self._read_names(names)
         fresh = _Store(sid[0], key, form, layout, shape if form != "lowrank" else None)
         for n in names:
             self._owner.pop(n, None)
-        self._stores.pop(sid, None)
+        old = self._stores.pop(sid, None)
         self._release(names)
+        if old is not None:  # this key's own earlier layout (another owner count): its chunk keys go too
+            self._drop(old)
         filled = [self._fill(v, got, like) for v in layout]
         if ts.worker is None:
             return filled if any(f is not None for f in filled) else None
