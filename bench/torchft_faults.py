@@ -219,6 +219,11 @@ def main() -> int:
     ap.add_argument("--pace", type=float, default=0.05, help="seconds slept per inner step (sites' slower steps)")
     ap.add_argument("--seed", type=int, default=0, help="the kill's outer step")
     ap.add_argument("--deadline", type=float, default=900.0, help="seconds per run")
+    ap.add_argument(
+        "--contenders",
+        default=json.dumps([None, U4]),
+        help="JSON list of codec configs (null: torchft's own float32 allreduce)",
+    )
     ap.add_argument("--json", help="write the results")
     a = ap.parse_args()
     if a.replica:
@@ -226,11 +231,11 @@ def main() -> int:
         return 0
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"torchft_faults_{os.getpid()}"
     rows = []
-    for codec in (None, U4):
+    for n, codec in enumerate(json.loads(a.contenders)):
         for kill in (False, True):
-            r = one_run(a, codec, kill, work / f"{'fp32' if codec is None else 'u4'}_{int(kill)}", a.seed)
+            r = one_run(a, codec, kill, work / f"c{n}_{int(kill)}", a.seed)
             rows.append(r)
-            label = "fp32" if codec is None else "gcodec 4-bit + EF"
+            label = "fp32" if codec is None else "gcodec " + json.dumps(codec, sort_keys=True) + " + EF"
             print(
                 f"{label:18} kill={kill!s:5} ok={r['ok']} identical={r['identical']} "
                 f"val_loss={r['val_loss']} bytes/outer step={r['payload_per_outer_step']} "

@@ -38,12 +38,22 @@ def codecs_default() -> list[gcodec.Codec]:
     return [gcodec.get_codec(c) for c in ("fp16", "bf16", "uniform")]
 
 
+#: the pytest-xdist worker this process is ("gw0", "gw1", ...), or None in a serial session
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules whose long single-process job starts in the background when a large session
     begins (``start_in_background``: the CUDA simulator's workers, many Python threads on one core
-    for minutes) run last: their jobs ran meanwhile on the core that the serial tests leave idle,
-    and the tests only read the results. Stable: the rest keep their order."""
-    items.sort(key=lambda it: hasattr(it.module, "start_in_background") if hasattr(it, "module") else False)
+    for minutes) run last in a serial session: their jobs ran meanwhile on the core that the serial
+    tests leave idle, and the tests only read the results. Under pytest-xdist every core runs a
+    worker, so those modules go first instead (the longest jobs first, the short ones fill the
+    gaps at the end). Stable: the rest keep their order."""
+
+    def long_job(it: pytest.Item) -> bool:
+        return hasattr(it, "module") and hasattr(it.module, "start_in_background")
+
+    items.sort(key=(lambda it: not long_job(it)) if WORKER else long_job)
 
 
 #: a background process filling Numba's kernel cache while the session starts (see below)
@@ -63,10 +73,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     jobs here too (tests/procs.py run_early), for the same idle core."""
     if len(session.items) < 1000:
         return
+    if WORKER is not None:
+        # pytest-xdist: each worker collects the whole suite, and none knows which modules it will
+        # run, so the simulator modules run their jobs when they come (first, see above); the
+        # kernel cache is warmed once, by the first worker's background process.
+        if WORKER == "gw0":
+            _start_warmup()
+        return
     modules = {it.module for it in session.items if hasattr(it, "module")}
     for m in sorted(modules, key=lambda m: m.__name__):
         if hasattr(m, "start_in_background"):
             m.start_in_background()
+    _start_warmup()
+
+
+def _start_warmup() -> None:
     if os.environ.get("GCODEC_TEST_WARMUP", "1") == "0":
         return
     root = Path(__file__).resolve().parents[1]

@@ -6,8 +6,14 @@ echo "== mypy"; mypy
 echo "== import contract"; lint-imports --no-cache
 echo "== mkdocs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 echo "== pytest"
+# pytest-xdist: one worker per core (at most 4), each test module whole on one worker (its
+# module-scoped jobs run once); GCODEC_TEST_WORKERS=0 runs the suite in this one process.
+workers="${GCODEC_TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}"
+[ "$workers" -gt 4 ] && workers=4
+xdist=()
+[ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile)
 set +e
-python -m pytest "$@"
+python -m pytest "${xdist[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
