@@ -23,6 +23,7 @@ flattened, unpadded parameter, so they survive a change of world size: see
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -38,10 +39,12 @@ from ..deprecation import renamed_names
 from ..errors import ConfigError
 from ..policy import DEFAULTS
 from ..policy import Policy as CodecPolicy
-from ..transports import Piece, Router, TransportState
+from ..transports import Router, TransportState
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import allgather_protocol
 from ..transports.handshake import Agreement, fingerprint
+from ..transports.plan import Item, Piece, Plan, policy_chooser
+from ..transports.plan import plan as make_plan
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
 from ..transports.router import RouterSetting, split_controller
 from ..transports.stats import Stats, StepReports, StepStats
@@ -176,11 +179,8 @@ class FSDPState:
         size, 1-D); under an adaptive controller the module's ``rung`` unless the size rules keep
         the parameter dense."""
         shape = tuple(int(d) for d in shape)
-        if self.router.adaptive:
-            codec: Codec | None = self.router.rung_for(shape, rung)
-        else:
-            meta = torch.empty(shape, device="meta") if callable(self.policy) else None
-            codec = self.router.choose(fqn, shape, step, meta)
+        meta = torch.empty(shape, device="meta") if callable(self.policy) and not self.router.adaptive else None
+        codec = policy_chooser(self.router, step, rung)(Item(fqn, shape, "", tensor=meta))
         if codec is not None and codec.low_rank:
             raise ConfigError(f"{fqn}: {codec.codec_id} cannot compress FSDP's row chunks (it needs whole matrices)")
         return codec
@@ -517,43 +517,52 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             layout = self._layout(n // p, p)
             x = as_array(input_tensor).reshape(p, n // p)  # the tensors' memory, host or device
             out = xp.flat(as_array(output_tensor))
-            groups = self._groups(layout, it, x, rung)
+            plan, groups = self._groups(layout, it, x, rung)
+            plan.agree_on(
+                ef=st.error_feedback,
+                module=self.name,
+                numel=n,
+                segments=[g.segments for g in groups],
+                dtype=str(input_tensor.dtype),
+                op=opname,
+                size=p,
+            )
         except Exception as e:  # take part, so that the peers raise too instead of waiting
             queue_for(group).run(failed_exchange(comm, e, f"compressed reduce-scatter of {self.name!r}"))
             raise
-        fields = {
-            "module": self.name,
-            "numel": n,
-            # one field per property, each a list over the groups, so a difference names what differs
-            "codec": [g.state.codec.get_config() if g.state else None for g in groups],
-            "groups": [g.key for g in groups],
-            "segments": [g.segments for g in groups],
-            "dtype": str(input_tensor.dtype),
-            "op": opname,
-            "size": p,
-            "ef": st.error_feedback,
-        }
-        proto = self._protocol(comm, x, out, groups, scale, fingerprint(**fields), rung, (it, t0, input_tensor.nbytes))
+        proto = self._protocol(comm, x, out, groups, scale, plan.fingerprint, rung, (it, t0, input_tensor.nbytes))
         if async_op:
             return FutureWork(queue_for(group).submit(proto, input_tensor.device))
         queue_for(group).run(proto)  # FSDP2 waits for it anyway
         return None
 
-    def _groups(self, layout: _Layout, it: int, x: np.ndarray, rung: Codec | None) -> list[RSGroup]:
+    def _groups(self, layout: _Layout, it: int, x: np.ndarray, rung: Codec | None) -> tuple[Plan, list[RSGroup]]:
+        """The module's plan (:func:`gcodec.transports.plan.plan`: its parameters as items whose
+        pieces are the chunks each destination's row carries) and the reduce-scatter's groups of
+        columns, the dense one first; residuals owed by a parameter that left a codec (or by a
+        codec without feedback) are added into the input's columns here."""
         st = self.state
-        router = st.router
-        by_codec: dict[str, list[int]] = {}
-        codecs: dict[str, Codec] = {}
-        dense: list[int] = []
-        for i, (fqn, shape, _, _) in enumerate(layout.entries):
-            c = None if "#shard" in fqn else st.codec_for(fqn, shape, it, rung)
-            if c is None:
-                dense.append(i)
-            else:
-                k = c.config_key
-                by_codec.setdefault(k, []).append(i)
-                codecs[k] = c
-        groups: list[RSGroup] = []
+        p = layout.p
+        items = []
+        for fqn, shape, _, clen in layout.entries:
+            numel = math.prod(shape)
+            pieces = tuple(Piece(fqn, min(j * clen, numel), min((j + 1) * clen, numel), clen) for j in range(p))
+            items.append(Item(fqn, shape, str(x.dtype), pieces=pieces))
+
+        def choose(item: Item) -> Codec | None:
+            # a parameter sharded on another dim is no flat element range: never compressed
+            return None if "#shard" in item.name else st.codec_for(item.name, item.shape, it, rung)
+
+        plan = make_plan(
+            st.router,
+            items,
+            choose,
+            size=p,
+            collective="reduce_scatter",
+            prefix=f"{self.name}:",
+            salt=(p,),
+            like=lambda i: x,
+        )
 
         def segs(idx: list[int]) -> list[tuple[int, int]]:
             out: list[tuple[int, int]] = []
@@ -565,21 +574,9 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
                     out.append((a, a + clen))
             return out
 
-        def rows(idx: list[int]) -> list[list[Piece]]:
-            """Per destination j, the element ranges of the parameters ``idx`` its row carries."""
-            out = []
-            for j in range(layout.p):
-                v = []
-                for i in idx:
-                    fqn, shape, _, clen = layout.entries[i]
-                    numel = int(np.prod(shape))
-                    v.append(Piece(fqn, min(j * clen, numel), min((j + 1) * clen, numel), clen))
-                out.append(v)
-            return out
-
-        def add_rows(idx: list[int], vals: list[np.ndarray | None]) -> None:
-            """Add residuals laid out as ``rows(idx)`` into the input's columns of ``idx``."""
-            for j, v in enumerate(vals):
+        def add_rows(idx: list[int], vals: list[Any] | None) -> None:
+            """Add residuals laid out as the rows of ``idx`` into the input's columns of ``idx``."""
+            for j, v in enumerate(vals or ()):
                 if v is None:
                     continue
                 pos = 0
@@ -588,23 +585,16 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
                     xp.add(x[j, a : a + clen], v[pos : pos + clen])
                     pos += clen
 
-        if dense:
-            taken = router.take(rows(dense), x)  # parameters that left a codec send what it still owed
-            if taken is not None:
-                add_rows(dense, taken)
-            groups.append(RSGroup(f"{self.name}:dense", segs(dense), None, it))
-        for k, idx in by_codec.items():
-            codec = codecs[k]
-            ts = st.state_for(codec)
-            names = [layout.entries[i][0] for i in idx]
-            key = router.group_key(f"{self.name}:", codec, names, layout.p)
-            flush = router.place(ts, key, "rows", rows(idx), None, x)
-            if flush is not None:  # no feedback in this codec: send it now
-                add_rows(idx, flush)
-            for i in idx:
+        groups: list[RSGroup] = []
+        if plan.dense:
+            add_rows(plan.dense, plan.carried)  # parameters that left a codec send what it still owed
+            groups.append(RSGroup(f"{self.name}:dense", segs(plan.dense), None, it))
+        for g in plan.groups:
+            add_rows(g.idx, g.flush)  # no feedback in this codec: send it now
+            for i in g.idx:
                 st._shapes[layout.entries[i][0]] = layout.entries[i][1]
-            groups.append(RSGroup(key, segs(idx), ts, ts.next_step(key)))
-        return groups
+            groups.append(RSGroup(g.key, segs(g.idx), g.state, g.state.next_step(g.key)))
+        return plan, groups
 
     def _protocol(
         self,

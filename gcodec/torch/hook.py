@@ -38,7 +38,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,20 +53,12 @@ from ..errors import ConfigError, GcodecError
 from ..policy import DEFAULTS
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
-from ..transports import (
-    DENSE,
-    DoneWork,
-    LowRankItem,
-    Piece,
-    Router,
-    TransportState,
-    lowrank_protocol,
-    resolve_mode,
-    shares_flat_group,
-)
+from ..transports import DENSE, DoneWork, LowRankItem, Router, TransportState, lowrank_protocol
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import gather_protocol
-from ..transports.handshake import Agreement, fingerprint
+from ..transports.handshake import fingerprint
+from ..transports.plan import Group, Item, Plan, policy_chooser
+from ..transports.plan import plan as make_plan
 from ..transports.protocol_helpers import timed
 from ..transports.quality import sample_quality
 from ..transports.router import RouterSetting, split_controller
@@ -290,13 +281,6 @@ class HookState:
             self._names[id(p)] = name
         return name
 
-    def _codec_for(self, name: str, grad: torch.Tensor, step: int, rung: Any = None) -> Codec | None:
-        """The codec of one gradient at ``step``: the policy's, or under a controller (or in a
-        compressed warm-up) the bucket's rung unless the size rules keep the tensor dense."""
-        if rung is None and step >= self.start_iter and not self.router.adaptive:
-            return self.router.choose(name, tuple(grad.shape), step, grad)
-        return self.router.rung_for(tuple(grad.shape), rung)
-
     def state_for(self, codec: Codec) -> TransportState:
         """The transport state (residuals, statistics) of one codec of this hook."""
         return self.router.state_for(codec)
@@ -473,14 +457,15 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     except Exception as e:  # take part, so that the peers raise too instead of waiting
         yield from failed_exchange(comm, e, what)
     ex = Exchange(comm, plan.fingerprint, state._agreed, f"bucket{bucket.index()}", what, plan.on_agree, plan.text)
-    if plan.warmup or not plan.groups:
+    if not plan.groups:
         # Warm-up, or everything dense this step (a policy's choice): plain average of the whole
         # bucket, in its own dtype, as torch's allreduce hook (and DDP itself) averages: each rank
         # divides its own gradients by p, then they are summed. The division runs while the
         # BEGIN's round trip is in flight; the sum still waits for the agreement.
         try:  # a residual a parameter kept from a codec it has left goes with it
-            for i, r in plan.carried.items():
-                xp.add(xp.flat(as_array(plan.grads[i])), r)
+            for i, r in zip(plan.dense, plan.carried or ()):
+                if r is not None:
+                    xp.add(xp.flat(as_array(plan.items[i].tensor)), r)
         except Exception as e:  # take part, so that the peers raise too
             yield from ex.begin(e)
             raise
@@ -502,7 +487,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     # the queue's thread a wake-up before it (a tenth of a small one-bucket fp16 step on 2 gloo ranks).
     if not last:
         yield DoneWork(None)
-    grads = plan.grads
+    grads = [item.tensor for item in plan.items]
     # Everything local that the groups need (the dense riders, each group's input) is made before
     # the bucket's first collective: a failure there, of any kind, goes out in that first control
     # message (the exchange's BEGIN), so that every rank raises instead of the peers waiting.
@@ -516,7 +501,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     for g in plan.groups:
         ts, gs = g.state, g.stats
         assert gs is not None
-        riders = flat if g is plan.carrier else None
+        riders = flat if g is plan.groups[0] else None  # the dense tensors ride with the first group
         if g.mode == "lowrank":
             yield from timed(gs, lowrank_protocol(ex, ts, g.items, "mean", it, gs, riders))
         else:
@@ -558,7 +543,7 @@ def _same_config(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
         raise ConfigError(f"this hook state was saved with another configuration ({parts})")
 
 
-def _warn_no_gain(state: HookState, plan: _Plan, grads: list[torch.Tensor]) -> None:
+def _warn_no_gain(state: HookState, plan: Plan, grads: list[torch.Tensor]) -> None:
     """Warn once per codec whose payload is no smaller than the gradients it was given (fp16 or
     bf16 on float16/bfloat16 gradients): compression that saves nothing costs an encode and a
     decode per step, and the user would rather know."""
@@ -596,7 +581,7 @@ def _configured_codecs(codec: Codec, warmup_codec: Codec | None, policy: Any, co
     return out
 
 
-def _dense_riders(plan: _Plan) -> tuple[np.ndarray | None, int]:
+def _dense_riders(plan: Plan) -> tuple[np.ndarray | None, int]:
     """The dense tensors' concatenation in float32, which rides with the bucket's first group (no
     round of its own: in or beside the first data collective of every protocol; see
     summable_protocol, lowrank_protocol and Exchange.allgather_bytes; a bucket with no compressed
@@ -604,22 +589,23 @@ def _dense_riders(plan: _Plan) -> tuple[np.ndarray | None, int]:
     its bytes."""
     if not plan.dense:
         return None, 0
-    grads = plan.grads
-    parts = [xp.flat(as_array(grads[i])) for i in plan.dense]
+    grads = [plan.items[i].tensor for i in plan.dense]
+    parts = [xp.flat(as_array(g)) for g in grads]
     flat = xp.concat(parts, parts[0], np.float32)
     pos = 0
-    for i, part in zip(plan.dense, parts):
-        if i in plan.carried:
-            xp.add(flat[pos : pos + part.shape[0]], plan.carried[i])
+    for part, owed in zip(parts, plan.carried or [None] * len(parts)):
+        if owed is not None:
+            xp.add(flat[pos : pos + part.shape[0]], owed)
         pos += part.shape[0]
-    return flat, sum(grads[i].numel() * 4 for i in plan.dense)  # they travel in float32
+    return flat, sum(g.numel() * 4 for g in grads)  # they travel in float32
 
 
-def _prepare(state: HookState, buf: torch.Tensor, plan: _Plan, g: _Group, it: int) -> None:
+def _prepare(state: HookState, buf: torch.Tensor, plan: Plan, g: Group, it: int) -> None:
     """Group ``g``'s input (with a residual it must send now), its output and its statistics."""
-    ts, grads, idx = g.state, plan.grads, g.idx
+    ts, idx = g.state, g.idx
+    grads = [item.tensor for item in plan.items]
     if g.mode == "lowrank":
-        g.items = [LowRankItem(plan.names[i], as_array(grads[i]), as_array(grads[i])) for i in idx]
+        g.items = [LowRankItem(plan.items[i].name, as_array(grads[i]), as_array(grads[i])) for i in idx]
         if g.flush is not None:
             for item, owed in zip(g.items, g.flush):
                 if owed is not None:
@@ -643,7 +629,7 @@ def _prepare(state: HookState, buf: torch.Tensor, plan: _Plan, g: _Group, it: in
     g.x, g.out = x.reshape(shape), out.reshape(shape)
 
 
-def _record_rung(router: Router, ckey: str, rung: Codec, plan: _Plan, held_s: float) -> None:
+def _record_rung(router: Router, ckey: str, rung: Codec, plan: Plan, held_s: float) -> None:
     """What the bucket's compressed groups measured this step, as the controller reads a key's
     record (its rung's seconds and bytes, the seconds the bucket was held for them, and the
     telemetry when it sampled a group)."""
@@ -656,58 +642,10 @@ def _record_rung(router: Router, ckey: str, rung: Codec, plan: _Plan, held_s: fl
     router.record_step(ckey, rung, plan.groups[0].mode, parts, quality, held_s)
 
 
-@dataclass
-class _Group:
-    """The tensors ``idx`` of a bucket that one codec compresses, as one flat group ``key``."""
-
-    key: str
-    state: TransportState  # the codec's (``state.codec``)
-    mode: str
-    idx: list[int]
-    flush: list[np.ndarray | None] | None = None  # residual to send now (a codec without feedback)
-    stats: StepStats | None = None
-    # made by _prepare before the bucket's first collective: the flat modes' input and output (in
-    # the shape they are sent in), whether the output goes back to the gradients; PowerSGD's items
-    x: Any = None
-    out: Any = None
-    scatter: bool = False
-    items: list[LowRankItem] = field(default_factory=list)
-
-
-@dataclass
-class _Plan:
-    """What one rank intends to do with one bucket at one iteration: what its exchange agrees on."""
-
-    warmup: bool
-    names: list[str]
-    grads: list[torch.Tensor]
-    dense: list[int] = field(default_factory=list)
-    groups: list[_Group] = field(default_factory=list)
-    carrier: _Group | None = None
-    fingerprint: dict[str, Any] = field(default_factory=dict)
-    text: str | None = None  # the fingerprint's JSON, when kept from an earlier step
-    carried: dict[int, np.ndarray] = field(default_factory=dict)  # dense tensor -> residual it brings
-
-    def on_agree(self, agreement: Agreement) -> None:
-        for g in self.groups:
-            g.state.agreed_on(g.key, agreement.local_ranks)
-
-
-def _group_of(codec: Codec, mode: str, i: int, numel: int) -> str:
-    """Which group of its bucket tensor ``i`` (``numel`` elements, under ``codec`` and the resolved
-    ``mode``) joins: the codec's shared flat group where that leaves its encoding the one it would
-    have alone (:func:`gcodec.transports.shares_flat_group`: element-wise codecs, group-wise ones on
-    a multiple of the group), else a group of its own, under its own key, step and random stream.
-    PowerSGD's matrices share one round of products and are each factored on their own anyway.
-    So no tensor's encoding depends on which tensors share its bucket, and a job whose buckets
-    change (DDP's first iteration after a restart has its initial layout, the uninterrupted job
-    its rebuilt one) computes the same values (docs/transports.md, "Checkpoints")."""
-    if mode == "lowrank" or shares_flat_group(codec, numel, mode):
-        return codec.config_key
-    return f"{codec.config_key}\0{i}"
-
-
-def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Codec | None = None) -> _Plan:
+def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Codec | None = None) -> Plan:
+    """The bucket's plan (:func:`gcodec.transports.plan.plan`): its gradients as items, the
+    policy's codec for each (or the controller's rung, or a compressed warm-up's codec, under the
+    size rules); in a dense warm-up, no items, only what the warm-up agrees on."""
     buf = bucket.buffer()
     router = state.router
     # Name parameters on every call, warm-up included: without a module, names follow the order in
@@ -716,76 +654,21 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
     names = [state._name(q) for q in bucket.parameters()]
     common = {"bucket": bucket.index(), "numel": int(buf.numel()), "dtype": str(buf.dtype), "size": p}
     if it < state.start_iter and state.warmup_codec is None:
-        return _Plan(True, names, [], fingerprint=fingerprint(phase="warm-up", **common))
+        return Plan([], fingerprint=fingerprint(phase="warm-up", **common))
     if it < state.start_iter:
         rung = state.warmup_codec
     grads = bucket.gradients()
-    plan = _Plan(False, names, grads)
-    by_codec: dict[str, list[int]] = {}
-    codecs: dict[str, Codec] = {}
-    for i, (n, g) in enumerate(zip(names, grads)):
-        c = state._codec_for(n, g, it, rung)
-        if c is None:
-            plan.dense.append(i)
-        else:
-            k = _group_of(c, resolve_mode(c, state.mode, p), i, g.numel())
-            by_codec.setdefault(k, []).append(i)
-            codecs[k] = c
-    for k, idx in by_codec.items():
-        codec = codecs[k]
-        mode = resolve_mode(codec, state.mode, p)
-        ts = state.state_for(codec)
-        gnames = [names[i] for i in idx]
-        if mode == "lowrank":
-            key = router.group_key("lowrank:", codec, gnames)
-            vectors = [[Piece.whole(names[i], grads[i].numel())] for i in idx]
-            like = as_array(grads[idx[0]])
-            flush = router.place(ts, key, "lowrank", vectors, [tuple(grads[i].shape) for i in idx], like)
-        else:
-            key = router.group_key("", codec, gnames)
-            vectors = [[Piece.whole(names[i], grads[i].numel()) for i in idx]]
-            total = sum(grads[i].numel() for i in idx)
-            split = mode == "two_phase"
-            like = as_array(grads[idx[0]])
-            shape = tuple(grads[idx[0]].shape) if codec.reads_shape else (total,)
-            flush = router.place(ts, key, "split" if split else "flat", vectors, [(p,) if split else shape], like)
-        plan.groups.append(_Group(key, ts, mode, idx, flush))
-    if plan.dense:
-        taken = router.take(
-            [[Piece.whole(names[i], grads[i].numel())] for i in plan.dense], as_array(grads[plan.dense[0]])
-        )
-        if taken is not None:
-            plan.carried = {i: r for i, r in zip(plan.dense, taken) if r is not None}
-        plan.carrier = plan.groups[0] if plan.groups else None
-    # The fingerprint follows from these; a bucket whose plan is the one of its last step (every
-    # step of a steady job) reuses its fingerprint and JSON instead of writing them again.
-    same_as = (
-        tuple(names),
-        tuple((tuple(g.shape), g.dtype) for g in grads),
-        tuple(plan.dense),
-        tuple((g.key, g.mode, g.state.codec.config_key, tuple(g.idx)) for g in plan.groups),
-        None if plan.carrier is None else plan.carrier.key,
-        state.error_feedback,
-        tuple(common.items()),
+    device = str(buf.device)
+    items = [Item(n, tuple(g.shape), str(g.dtype), device, tensor=g) for n, g in zip(names, grads)]
+    chooser = policy_chooser(router, it, rung)
+    plan = make_plan(
+        router, items, chooser, size=p, mode=state.mode, exact_groups=True, like=lambda i: as_array(grads[i])
     )
-    kept = state._plans.get(bucket.index())
-    if kept is not None and kept[0] == same_as:
-        plan.fingerprint, plan.text = kept[1], kept[2]
-        return plan
-    plan.fingerprint = fingerprint(
-        phase="compressed",
-        ef=state.error_feedback,
-        dense=[[names[i], int(grads[i].numel())] for i in plan.dense],
-        # one field per property, each a list over the groups, so a difference names what differs
-        codec=[g.state.codec.get_config() for g in plan.groups],
-        mode=[g.mode for g in plan.groups],
-        groups=[g.key for g in plan.groups],
-        tensors=[[[names[i], list(grads[i].shape), str(grads[i].dtype)] for i in g.idx] for g in plan.groups],
-        carrier=None if plan.carrier is None else plan.carrier.key,
-        **common,
+    # the dense tensors ride with the first group (see _dense_riders)
+    carrier = plan.groups[0].key if plan.dense and plan.groups else None
+    plan.agree_on(
+        ef=state.error_feedback, cache=state._plans, slot=bucket.index(), phase="compressed", carrier=carrier, **common
     )
-    plan.text = json.dumps(plan.fingerprint, sort_keys=True)
-    state._plans[bucket.index()] = (same_as, plan.fingerprint, plan.text)
     return plan
 
 

@@ -51,8 +51,9 @@ from .allreduce import allreduce_protocol
 from .comm import Communicator, Protocol, Work
 from .control import Exchange, failed_exchange
 from .handshake import fingerprint
+from .plan import Group, Item, Piece, Plan, plan
 from .protocol_helpers import timed, work_dtype
-from .state import TransportState, check_mode, resolve_mode
+from .state import TransportState, check_mode
 from .stats import DENSE, KeyRounds, StepStats
 from .two_phase import owner_bounds
 
@@ -60,21 +61,6 @@ __all__ = ["DENSE", "FORMS", "Piece", "Router", "RouterSetting", "split_controll
 
 #: How a group's residual is stored in its codec's state (module docstring).
 FORMS = ("flat", "split", "rows", "lowrank")
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Elements [start, stop) of the flattened parameter ``name``, in ``slots`` places of a stored
-    vector (slots > stop - start: the rest is padding, as FSDP pads dim 0)."""
-
-    name: str
-    start: int
-    stop: int
-    slots: int
-
-    @staticmethod
-    def whole(name: str, numel: int) -> Piece:
-        return Piece(name, 0, numel, numel)
 
 
 @dataclass
@@ -103,7 +89,6 @@ class _Member:
     out: Any
     step: int
     t0: float
-    codec: Codec
 
 
 #: Figures that count whole bytes: a key's share of a group's is rounded, the last key taking the rest.
@@ -633,52 +618,51 @@ class Router:
     def protocol(self, comm: Communicator, x: np.ndarray, out: np.ndarray, key: str, op: str) -> Protocol:
         """Choose ``key``'s codec for this step, move its residual on a change, exchange."""
         t0, raw = time.perf_counter(), int(x.nbytes)
-
-        def report(st: StepStats) -> None:  # the call, codec choice included, is one part of the round
-            self.reports.add_call(key, [st], raw_bytes=raw, held_s=time.perf_counter() - t0)
-
         codec, step = yield from self.decide(comm, key, tuple(x.shape))
+        pl = self._plan(comm, [(key, x)], {key: codec})
         if codec is None:
-            carried = self.take([[Piece.whole(key, int(x.size))]])
-            st = yield from self._dense(comm, x, out, key, op, step, None if carried is None else carried[0])
-            report(st)
+            st = yield from self._dense(comm, x, out, key, op, step, None if pl.carried is None else pl.carried[0])
+            # the call, codec choice included, is one part of the round
+            self.reports.add_call(key, [st], raw_bytes=raw, held_s=time.perf_counter() - t0)
             return out
-        return (yield from self._compressed(comm, x, out, key, op, codec, t0))
+        return (yield from self._compressed(comm, x, out, op, pl.groups[0], t0))
+
+    def _plan(self, comm: Communicator, keyed: Sequence[tuple[str, Any]], chosen: Mapping[str, Codec | None]) -> Plan:
+        """The plan of the keys ``keyed`` (``(key, array)``) whose codecs were ``chosen``: a group
+        of one key goes under its own name, in its shape; each low-rank key goes alone."""
+        items = [Item(k, tuple(x.shape), dtype_name(x.dtype), xp.backend(x), tensor=x) for k, x in keyed]
+        return plan(self, items, lambda item: chosen[item.name], size=comm.size, join_lowrank=False, alone_by_name=True)
 
     def protocol_many(self, comm: Communicator, items: Sequence[tuple[str, Any, Any]], op: str) -> Protocol:
         """:meth:`protocol` for several keys at once (``items``: ``(key, x, out)``, the same keys in
         the same order on every rank). Each key's codec is decided as :meth:`protocol` decides it;
-        then the keys that share a codec (and a dtype) are joined into one flat group and one
-        exchange, as the DDP hook joins a bucket's tensors, unless the codec reads shapes
-        (:attr:`Codec.reads_shape`: each such key goes alone, in its shape); the keys that go
-        dense this step are joined into one agreed allreduce. Residuals stay keyed by parameter
-        and element range, so a key that changes group keeps what it is owed (:meth:`place`).
-        (What joining saves is measured in docs/lowcomm.md, "A synchronisation's own cost".)"""
-        dense: list[tuple[str, Any, Any, int, Any, float]] = []
-        order: list[list[_Member]] = []  # the compressed exchanges, in the order of their first key
-        joined: dict[tuple[str, str, str], list[_Member]] = {}
-        for key, x, out in items:
+        then the keys are planned together (:func:`gcodec.transports.plan.plan`): the keys that
+        share a codec (and a dtype) are joined into one flat group and one exchange, as the DDP
+        hook joins a bucket's tensors, unless the codec reads shapes (:attr:`Codec.reads_shape`:
+        each such key goes alone, in its shape); the keys that go dense this step are joined into
+        one agreed allreduce. Residuals stay keyed by parameter and element range, so a key that
+        changes group keeps what it is owed (:meth:`place`). (What joining saves is measured in
+        docs/lowcomm.md, "A synchronisation's own cost".)"""
+        decided: dict[str, tuple[Codec | None, int, float]] = {}
+        for key, x, _ in items:
             t0 = time.perf_counter()
             codec, step = yield from self.decide(comm, key, tuple(x.shape))
-            if codec is None:
-                carried = self.take([[Piece.whole(key, int(x.size))]])
-                dense.append((key, x, out, step, None if carried is None else carried[0], t0))
-                continue
-            member = _Member(key, x, out, step, t0, codec)
-            if codec.reads_shape:  # PowerSGD's matrices (low_rank reads shapes) and the 2-D DCT go alone
-                order.append([member])
-                continue
-            gk = (codec.config_key, dtype_name(x.dtype), xp.backend(x))
-            if gk not in joined:
-                joined[gk] = []
-                order.append(joined[gk])
-            joined[gk].append(member)
-        for members in order:
+            decided[key] = (codec, step, t0)
+        pl = self._plan(comm, [(k, x) for k, x, _ in items], {k: d[0] for k, d in decided.items()})
+        for g in pl.groups:
+            members = []
+            for i in g.idx:
+                key, x, out = items[i]
+                members.append(_Member(key, x, out, decided[key][1], decided[key][2]))
             if len(members) == 1:  # alone: under its own key, exactly as protocol() sends it
-                m = members[0]
-                yield from self._compressed(comm, m.x, m.out, m.key, op, m.codec, m.t0)
+                yield from self._compressed(comm, members[0].x, members[0].out, op, g, members[0].t0)
             else:
-                yield from self._compressed_group(comm, members, op)
+                yield from self._compressed_group(comm, members, op, g)
+        dense = []
+        for j, i in enumerate(pl.dense):
+            key, x, out = items[i]
+            carried = None if pl.carried is None else pl.carried[j]
+            dense.append((key, x, out, decided[key][1], carried, decided[key][2]))
         if len(dense) == 1:
             key, x, out, step, carried, t0 = dense[0]
             st = yield from self._dense(comm, x, out, key, op, step, carried)
@@ -687,22 +671,16 @@ class Router:
             yield from self._dense_many(comm, dense, op)
         return [out for _, _, out in items]
 
-    def _compressed_group(self, comm: Communicator, members: list[_Member], op: str) -> Protocol:
+    def _compressed_group(self, comm: Communicator, members: list[_Member], op: str, g: Group) -> Protocol:
         """Keys of one codec and dtype as one flat group (:meth:`protocol_many`): their
-        concatenation exchanged under a group key (:meth:`group_key` of every name, so ranks that
-        group differently disagree and raise), each key's record and step report its share."""
-        codec, like = members[0].codec, members[0].x
-        names = [m.key for m in members]
+        concatenation exchanged under the group's key (:meth:`group_key` of every name, so ranks
+        that group differently disagree and raise), each key's record and step report its share."""
+        codec, ts, gkey, like = g.codec, g.state, g.key, members[0].x
         sizes = [int(m.x.size) for m in members]
         total = sum(sizes)
-        gkey = self.group_key("", codec, names)
-        ts = self.state_for(codec)
-        split = resolve_mode(codec, ts.mode, comm.size) == "two_phase"
-        vectors = [[Piece.whole(k, n) for k, n in zip(names, sizes)]]
-        flush = self.place(ts, gkey, "split" if split else "flat", vectors, [(comm.size,) if split else (total,)], like)
         x = xp.concat([xp.flat(m.x) for m in members], like)
-        if flush is not None and flush[0] is not None:  # no feedback in the new codec: send it now
-            xp.add(x, flush[0])
+        if g.flush is not None and g.flush[0] is not None:  # no feedback in the new codec: send it now
+            xp.add(x, g.flush[0])
         out = xp.empty(like, total, x.dtype)
         got: list[StepStats] = []
         yield from allreduce_protocol(comm, ts, x, out, gkey, op, self.mode, got.append)
@@ -767,19 +745,14 @@ class Router:
             self.record(key, {"step": step, "mode": DENSE, **kst.values, "codec": DENSE})
             self.reports.add_call(key, [kst], raw_bytes=int(x.nbytes), held_s=held * share)
 
-    def _compressed(self, comm: Communicator, x: Any, out: Any, key: str, op: str, codec: Codec, t0: float) -> Protocol:
-        """``key``'s exchange under ``codec`` (:meth:`protocol` once the codec is decided)."""
-        raw = int(x.nbytes)
+    def _compressed(self, comm: Communicator, x: Any, out: Any, op: str, g: Group, t0: float) -> Protocol:
+        """One key's exchange as the group ``g`` planned it (:meth:`protocol` once the codec is decided)."""
+        raw, key, codec, ts = int(x.nbytes), g.key, g.codec, g.state
 
         def report(st: StepStats) -> None:  # the call, codec choice included, is one part of the round
             self.reports.add_call(key, [st], raw_bytes=raw, held_s=time.perf_counter() - t0)
 
-        whole = [[Piece.whole(key, int(x.size))]]
-        ts = self.state_for(codec)
-        mode = resolve_mode(codec, ts.mode, comm.size)
-        form = {"lowrank": "lowrank", "two_phase": "split"}.get(mode, "flat")
-        shapes = [(comm.size,)] if form == "split" else [tuple(x.shape)]
-        flush = self.place(ts, key, form, whole, shapes)
+        flush = g.flush
         if flush is not None and flush[0] is not None:  # no feedback in the new codec: send it now
             c = x.reshape(-1).astype(np.result_type(work_dtype(x.dtype), flush[0].dtype))
             xp.add(c, flush[0])  # x + residual, a NaN sum a positive NaN (format.md §10)

@@ -1,0 +1,143 @@
+"""Planning an exchange (gcodec/transports/plan.py), one test per rule: each item's codec, the
+groups (codec, dtype, memory; a codec that reads shapes alone), their modes, keys and residual
+forms, what dense items and codecs without feedback still owe, and the fingerprint kept while
+the plan does not change. No ranks: a plan is local."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gcodec
+from gcodec.policy import as_policy
+from gcodec.transports import Router
+from gcodec.transports.plan import Item, Piece, plan, policy_chooser
+
+U8 = {"id": "uniform", "bits": 8}
+FP16 = {"id": "fp16"}
+DCT2 = {"id": "dct", "dims": 2, "chunk": 16, "k": 4}
+PSGD = {"id": "powersgd", "rank": 2}
+
+
+def _items(*specs: tuple[str, tuple[int, ...], str]) -> list[Item]:
+    return [Item(n, s, d, tensor=np.zeros(s, d)) for n, s, d in specs]
+
+
+def _plan(router: Router, items: list[Item], size: int = 2, **kw):  # type: ignore[no-untyped-def]
+    return plan(router, items, policy_chooser(router, 0), size=size, **kw)
+
+
+def test_items_of_one_codec_dtype_and_memory_form_one_group_in_the_order_of_their_first_item() -> None:
+    r = Router(as_policy({"a*": U8, "b*": FP16, "*": U8}, min_numel=0))
+    items = _items(("b1", (8,), "float32"), ("a1", (4, 4), "float32"), ("a2", (3,), "float64"), ("a3", (5,), "float32"))
+    items[3].device = "cuda"  # another memory never joins a group in host memory
+    pl = _plan(r, items)
+    assert [g.idx for g in pl.groups] == [[0], [1], [2], [3]]
+    same = _items(("a1", (4, 4), "float32"), ("b1", (8,), "float32"), ("a2", (3,), "float32"))
+    pl = _plan(r, same)
+    assert [g.idx for g in pl.groups] == [[0, 2], [1]]
+    assert pl.groups[0].shape == (19,) and pl.groups[0].form == "flat" and pl.groups[0].mode == "gather"
+    assert pl.groups[0].key == r.group_key("", r.codec(U8), ["a1", "a2"])  # type: ignore[arg-type]
+    assert pl.dense == [] and pl.carried is None
+
+
+def test_each_group_s_mode_follows_its_codec_and_the_world_size() -> None:
+    r = Router(as_policy({"*": U8}, min_numel=0))
+    pl = _plan(r, _items(("w", (64,), "float32")), size=4)
+    assert pl.groups[0].mode == "two_phase" and pl.groups[0].form == "split"  # owners' chunks
+    pl = _plan(Router(as_policy({"*": FP16}, min_numel=0)), _items(("w", (64,), "float32")), size=4)
+    assert pl.groups[0].mode == "summable" and pl.groups[0].form == "flat"
+
+
+def test_a_codec_that_reads_shapes_goes_alone_in_its_shape() -> None:
+    r = Router(as_policy({"*": DCT2}, min_numel=0, dense_1d=False))
+    pl = _plan(r, _items(("t1", (16, 16), "float32"), ("t2", (16, 16), "float32")))
+    assert [g.idx for g in pl.groups] == [[0], [1]]
+    assert [g.shape for g in pl.groups] == [(16, 16), (16, 16)]
+
+
+def test_low_rank_matrices_share_one_round_when_the_engine_joins_them() -> None:
+    r = Router(as_policy({"*": PSGD}, min_numel=0))
+    items = _items(("m1", (64, 32), "float32"), ("m2", (48, 64), "float32"))
+    joined = _plan(r, items)
+    assert [g.idx for g in joined.groups] == [[0, 1]]
+    g = joined.groups[0]
+    assert g.mode == "lowrank" and g.form == "lowrank" and g.key.startswith("lowrank:")
+    apart = _plan(Router(as_policy({"*": PSGD}, min_numel=0)), items, join_lowrank=False)
+    assert [g.idx for g in apart.groups] == [[0], [1]]
+
+
+def test_a_group_of_one_under_its_own_name_is_sent_in_its_shape() -> None:
+    r = Router(as_policy({"*": U8}, min_numel=0))
+    pl = _plan(r, _items(("w", (4, 8), "float32")), alone_by_name=True)
+    assert pl.groups[0].key == "w" and pl.groups[0].shape == (4, 8)
+    pl = _plan(r, _items(("w", (4, 8), "float32"), ("v", (8,), "float32")), alone_by_name=True)
+    assert pl.groups[0].key != "w" and pl.groups[0].shape == (40,)  # joined: a group key, flat
+
+
+def test_items_in_rows_keep_one_residual_per_destination() -> None:
+    # two parameters of 10 and 6 elements in chunks of 3 and 2 over 4 destinations, as FSDP2 pads
+    r = Router(as_policy({"*": U8}, min_numel=0, dense_1d=False))
+
+    def rows(name: str, numel: int, clen: int) -> tuple[Piece, ...]:
+        return tuple(Piece(name, min(j * clen, numel), min((j + 1) * clen, numel), clen) for j in range(4))
+
+    items = [
+        Item("a", (10,), "float32", pieces=rows("a", 10, 3), tensor=np.zeros(10, np.float32)),
+        Item("b", (6,), "float32", pieces=rows("b", 6, 2), tensor=np.zeros(6, np.float32)),
+    ]
+    pl = plan(r, items, policy_chooser(r, 0), size=4, collective="reduce_scatter", prefix="m:", salt=(4,))
+    (g,) = pl.groups
+    assert g.idx == [0, 1] and g.form == "rows" and g.mode == "reduce_scatter" and g.key.startswith("m:a..b")
+    owed = np.arange(5, dtype=np.float32)  # destination 1's row: a[3:6], then b[2:4]
+    g.state.worker.set_residual(f"{g.key}[1/4]", owed)  # type: ignore[union-attr]
+    assert r.ranges()["a[3:6]"].tolist() == [0, 1, 2] and r.ranges()["b[2:4]"].tolist() == [3, 4]
+
+
+def test_a_dense_item_gets_back_what_its_codec_still_owed() -> None:
+    r = Router(as_policy({"*": U8}, min_numel=0))
+    items = _items(("w", (6,), "float32"), ("v", (4,), "float32"))
+    pl = _plan(r, items)
+    ts = pl.groups[0].state
+    ts.worker.set_residual(pl.groups[0].key, np.arange(10, dtype=np.float32))  # type: ignore[union-attr]
+    r.policy = as_policy({"v": None, "*": U8}, min_numel=0)  # v leaves its codec
+    pl = _plan(r, items)
+    assert pl.dense == [1] and pl.carried is not None
+    np.testing.assert_array_equal(pl.carried[0], np.arange(6, 10, dtype=np.float32))
+    assert "v[0:4]" not in r.ranges()  # sent now, owed no more
+    np.testing.assert_array_equal(r.ranges()["w[0:6]"], np.arange(6, dtype=np.float32))
+
+
+def test_a_codec_without_feedback_sends_what_is_owed_with_this_step() -> None:
+    r = Router(as_policy({"*": U8}, min_numel=0), error_feedback=False)
+    r.hold({"w[0:8]": np.ones(8, np.float32)})  # owed from a checkpoint of a job with feedback
+    pl = _plan(r, _items(("w", (8,), "float32")))
+    assert pl.groups[0].flush is not None
+    np.testing.assert_array_equal(pl.groups[0].flush[0], np.ones(8, np.float32))
+    assert _plan(r, _items(("w", (8,), "float32"))).groups[0].flush is None  # sent once, not twice
+
+
+def test_a_rung_obeys_the_size_rules_and_a_policy_decides_alone() -> None:
+    r = Router({"*": U8}, min_numel=16)  # the shorthand: the size rules of the policy and of a rung
+    items = _items(("big", (8, 8), "float32"), ("small", (3,), "float32"))
+    rung = gcodec.get_codec("fp16")
+    pl = plan(r, items, policy_chooser(r, 0, rung), size=2)
+    assert pl.dense == [1] and pl.groups[0].codec == rung
+    pl = _plan(r, items)
+    assert pl.dense == [1] and pl.groups[0].codec == gcodec.get_codec(U8)
+
+
+def test_the_fingerprint_is_kept_while_the_plan_does_not_change() -> None:
+    r = Router(as_policy({"*": U8}, min_numel=0))
+    items = _items(("w", (8,), "float32"), ("v", (4,), "float32"))
+    cache: dict = {}  # type: ignore[type-arg]
+    a = _plan(r, items)
+    a.agree_on(ef=True, cache=cache, slot=0, bucket=0)
+    b = _plan(r, items)
+    b.agree_on(ef=True, cache=cache, slot=0, bucket=0)
+    assert b.text is a.text and b.fingerprint["groups"] == [a.groups[0].key]
+    c = _plan(r, items)
+    c.agree_on(ef=False, cache=cache, slot=0, bucket=0)  # another configuration: written again
+    assert c.text != a.text and c.fingerprint["ef"] is False
+    d = _plan(r, _items(("w", (8,), "float32"), ("v", (5,), "float32")))
+    d.agree_on(ef=True, cache=cache, slot=0, bucket=0)
+    assert d.fingerprint["tensors"] == [[["w", [8], "float32"], ["v", [5], "float32"]]]
