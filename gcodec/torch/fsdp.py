@@ -47,7 +47,7 @@ from ..transports.plan import Item, Piece, Plan, policy_chooser
 from ..transports.plan import plan as make_plan
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
 from ..transports.router import RouterSetting, split_controller
-from ..transports.stats import Stats, StepReports, StepStats
+from ..transports.stats import Stats, StepReports, StepStats, scatter_bytes
 from .comm import FutureWork, TorchCommunicator, comm_for, queue_for
 from .convert import as_array
 from .hook import TensorChooser
@@ -497,7 +497,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         if it < st.start_iter:  # warm-up: FSDP's own reduce-scatter, uncompressed
             s = StepStats(f"{self.name}:dense", it, "native", input_tensor.nbytes)
             s.add("payload_bytes", input_tensor.nbytes)
-            s.add("wire_bytes", input_tensor.nbytes * (p - 1) // p)
+            s.add("wire_bytes", scatter_bytes(input_tensor.nbytes, p))
             with s.timing("comm_s"):
                 rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
                 work = rs(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
@@ -636,7 +636,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
                 raw,
                 t0,
                 dense_bytes=dense_bytes,
-                dense_wire_bytes=(p - 1) * dense_bytes // p,
+                dense_wire_bytes=scatter_bytes(dense_bytes, p),
                 dense_comm_s=sum(g.stats.values["comm_s"] for g in dense if g.stats is not None),
             )
         return None

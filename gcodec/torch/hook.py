@@ -53,19 +53,16 @@ from ..errors import ConfigError, GcodecError
 from ..policy import DEFAULTS
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
-from ..transports import DENSE, DoneWork, LowRankItem, Router, TransportState, lowrank_protocol
+from ..transports import DENSE, DoneWork, LowRankItem, Router, TransportState
 from ..transports.control import Exchange, failed_exchange
-from ..transports.gather import gather_protocol
 from ..transports.handshake import fingerprint
 from ..transports.plan import Group, Item, Plan, policy_chooser
 from ..transports.plan import plan as make_plan
-from ..transports.protocol_helpers import timed
 from ..transports.quality import sample_quality
 from ..transports.router import RouterSetting, split_controller
+from ..transports.run import dense, run
 from ..transports.state import check_mode
-from ..transports.stats import StepReports, StepStats
-from ..transports.summable import summable_protocol
-from ..transports.two_phase import two_phase_protocol
+from ..transports.stats import StepReports, StepStats, ring_bytes
 from ..warmup import warm_for_training
 from .comm import TorchCommunicator, comm_for, queue_for
 from .convert import arrays_from_tensors, as_array
@@ -80,8 +77,6 @@ TensorChooser = Callable[[str, torch.Tensor], "Codec | str | dict[str, Any] | No
 __getattr__ = renamed_names("gcodec.torch.hook", {"Policy": ("TensorChooser", TensorChooser)})
 
 _POLICY_MARK = "gcodec.policy.Policy"  # how a pickled HookState tells a Policy from a pattern dict
-
-_FLAT = {"summable": summable_protocol, "gather": gather_protocol, "two_phase": two_phase_protocol}
 
 
 class HookNotCalledWarning(UserWarning):
@@ -431,7 +426,7 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             raw_bytes=buf.nbytes,
             held_s=time.perf_counter() - t_start,
             dense_bytes=dense_bytes,
-            dense_wire_bytes=2 * (p - 1) * dense_bytes // p,
+            dense_wire_bytes=ring_bytes(dense_bytes, p),
             last=last,
         )
 
@@ -471,11 +466,8 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
             raise
         ex.start()
         buf.div_(p)
-        yield from ex.begin()
         st = StepStats(ckey or f"bucket{bucket.index()}:dense", it, DENSE, buf.nbytes)
-        st.add("payload_bytes", buf.nbytes)
-        st.add("wire_bytes", 2 * (p - 1) * buf.nbytes // p)
-        yield from timed(st, _one(comm.allreduce_tensor(buf)))
+        yield from dense(ex, st, buf.nbytes, lambda: comm.allreduce_tensor(buf))
         if ckey is not None:
             router.record_step(ckey, None, DENSE, [st], held_s=time.perf_counter() - t_decided)
         report([st])
@@ -498,16 +490,8 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     except Exception as e:
         yield from ex.begin(e)  # raises e here, and the agreed error on the peers
         raise
+    yield from run(ex, plan, "mean", flat)  # the dense tensors ride with the first group
     for g in plan.groups:
-        ts, gs = g.state, g.stats
-        assert gs is not None
-        riders = flat if g is plan.groups[0] else None  # the dense tensors ride with the first group
-        if g.mode == "lowrank":
-            yield from timed(gs, lowrank_protocol(ex, ts, g.items, "mean", it, gs, riders))
-        else:
-            proto = _FLAT[g.mode](ex, ts, g.x, g.out, g.key, "mean", gs.step, gs, dense=riders)
-            yield from timed(gs, proto)
-        ts.record(gs)
         if g.scatter:
             _scatter(grads, g.idx, xp.flat(g.out))
     if flat is not None:
@@ -517,10 +501,6 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
         _record_rung(router, ckey, rung, plan, time.perf_counter() - t_decided)
     report([g.stats for g in plan.groups if g.stats is not None], dense_bytes)
     return buf
-
-
-def _one(work: Any) -> Any:
-    yield work
 
 
 #: The layout of HookState.state_dict: 2 added the rank, world size and configuration it belongs to.

@@ -1,4 +1,5 @@
-"""One compressed allreduce of one tensor: pick the protocol, agree on it, run it, record statistics.
+"""One compressed allreduce of one tensor: resolve its mode, agree on it, run it
+(:func:`gcodec.transports.run.exchange`: the protocol and the statistics).
 
 This is what ``gcodec.mpi.allreduce`` and ``gcodec.torch.all_reduce`` run, on their own
 communicator. ``out`` may be ``x`` itself (in place). Each call is one part of its state's step
@@ -18,21 +19,15 @@ from ..arrays import dtype_name
 from ..errors import ConfigError
 from .comm import Communicator, Protocol
 from .control import Exchange, failed_exchange
-from .gather import gather_protocol
 from .handshake import fingerprint
-from .lowrank import LowRankItem, lowrank_protocol
-from .protocol_helpers import timed
 from .quality import sample_quality
+from .run import exchange
 from .state import TransportState, resolve_mode
 from .stats import StepStats
-from .summable import summable_protocol
-from .two_phase import two_phase_protocol
 
 __all__ = ["OPS", "allreduce_protocol", "exchange_for"]
 
 OPS = ("mean", "sum")
-
-_PROTOCOLS = {"summable": summable_protocol, "gather": gather_protocol, "two_phase": two_phase_protocol}
 
 
 def _writeable_contiguous(a: object) -> bool:
@@ -87,11 +82,7 @@ def allreduce_protocol(
     step = state.next_step(key)
     sample_quality(state, key, step, x)
     st = StepStats(key, step, resolved, x.nbytes)
-    if resolved == "lowrank":
-        yield from timed(st, lowrank_protocol(ex, state, [LowRankItem(key, x, out)], op, step, st))
-    else:
-        yield from timed(st, _PROTOCOLS[resolved](ex, state, x, out, key, op, step, st))
-    state.record(st)
+    yield from exchange(ex, state, resolved, st, op, x=x, out=out)
     if report is None:
         state.reports.add_call(key, [st], raw_bytes=x.nbytes, held_s=time.perf_counter() - t0)
     else:

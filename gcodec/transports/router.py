@@ -48,13 +48,14 @@ from ..deprecation import REMOVED_IN
 from ..errors import ConfigError
 from ..policy import DEFAULTS, Rules, as_policy, size_rule
 from .allreduce import allreduce_protocol
-from .comm import Communicator, Protocol, Work
+from .comm import Communicator, Protocol
 from .control import Exchange, failed_exchange
 from .handshake import fingerprint
 from .plan import Group, Item, Piece, Plan, plan
-from .protocol_helpers import timed, work_dtype
+from .protocol_helpers import work_dtype
+from .run import dense as run_dense
 from .state import TransportState, check_mode
-from .stats import DENSE, KeyRounds, StepStats
+from .stats import DENSE, KeyRounds, StepStats, ring_bytes
 from .two_phase import owner_bounds
 
 __all__ = ["DENSE", "FORMS", "Piece", "Router", "RouterSetting", "split_controller"]
@@ -129,10 +130,6 @@ def split_controller(policy: Any, controller: Any) -> tuple[Any, Any]:
         )
         return None, policy
     return policy, controller
-
-
-def _collective(work: Work) -> Protocol:
-    yield work
 
 
 class Router:
@@ -617,13 +614,11 @@ class Router:
     # ---- one key's allreduce (gcodec.mpi, gcodec.torch.all_reduce) ------------------------------
     def protocol(self, comm: Communicator, x: np.ndarray, out: np.ndarray, key: str, op: str) -> Protocol:
         """Choose ``key``'s codec for this step, move its residual on a change, exchange."""
-        t0, raw = time.perf_counter(), int(x.nbytes)
+        t0 = time.perf_counter()
         codec, step = yield from self.decide(comm, key, tuple(x.shape))
         pl = self._plan(comm, [(key, x)], {key: codec})
         if codec is None:
-            st = yield from self._dense(comm, x, out, key, op, step, None if pl.carried is None else pl.carried[0])
-            # the call, codec choice included, is one part of the round
-            self.reports.add_call(key, [st], raw_bytes=raw, held_s=time.perf_counter() - t0)
+            yield from self._dense(comm, [(key, x, out, step, None if pl.carried is None else pl.carried[0], t0)], op)
             return out
         return (yield from self._compressed(comm, x, out, op, pl.groups[0], t0))
 
@@ -663,12 +658,8 @@ class Router:
             key, x, out = items[i]
             carried = None if pl.carried is None else pl.carried[j]
             dense.append((key, x, out, decided[key][1], carried, decided[key][2]))
-        if len(dense) == 1:
-            key, x, out, step, carried, t0 = dense[0]
-            st = yield from self._dense(comm, x, out, key, op, step, carried)
-            self.reports.add_call(key, [st], raw_bytes=int(x.nbytes), held_s=time.perf_counter() - t0)
-        elif dense:
-            yield from self._dense_many(comm, dense, op)
+        if dense:
+            yield from self._dense(comm, dense, op)
         return [out for _, _, out in items]
 
     def _compressed_group(self, comm: Communicator, members: list[_Member], op: str, g: Group) -> Protocol:
@@ -698,14 +689,19 @@ class Router:
             self.record(m.key, rec)
             self.reports.add_call(m.key, [kst], raw_bytes=int(m.x.nbytes), held_s=held * m.x.size / max(total, 1))
 
-    def _dense_many(self, comm: Communicator, dense: list[tuple[str, Any, Any, int, Any, float]], op: str) -> Protocol:
-        """The dense keys of :meth:`protocol_many` as one exchange: one fingerprint (every key, shape
-        and dtype) agreed, one allreduce of their values joined in work precision. Each key's
-        record and step report gets its own bytes and its share of the time."""
+    def _dense(self, comm: Communicator, dense: list[tuple[str, Any, Any, int, Any, float]], op: str) -> Protocol:
+        """The keys that go dense this step (``(key, x, out, step, residual owed, t0)``) as one
+        exchange: one fingerprint (every key, shape and dtype) agreed, one allreduce of their values
+        joined in work precision (float64 for float64 keys, else float32), with what each still
+        owed a codec it left. Each key's record and step report gets its own bytes and its share
+        of the time. A key alone is agreed under its own name."""
         p = comm.size
         names = [k for k, *_ in dense]
-        digest = hashlib.sha1("\0".join(names).encode()).hexdigest()[:8]
-        gkey = f"dense:{names[0]}..{names[-1]} ({len(names)} tensors, {digest})"
+        if len(names) == 1:
+            gkey = names[0]
+        else:
+            digest = hashlib.sha1("\0".join(names).encode()).hexdigest()[:8]
+            gkey = f"dense:{names[0]}..{names[-1]} ({len(names)} tensors, {digest})"
         fp = fingerprint(
             key=gkey,
             codec=DENSE,
@@ -713,7 +709,7 @@ class Router:
             op=op,
             size=p,
         )
-        yield from Exchange(comm, fp, self.agreed, gkey, f"dense allreduce of {len(names)} tensors").begin()
+        ex = Exchange(comm, fp, self.agreed, gkey, f"dense allreduce of {gkey!r}")
         like = dense[0][1]
         wdt = np.result_type(*[work_dtype(x.dtype) for _, x, *_ in dense])
         total = sum(int(x.size) for _, x, *_ in dense)
@@ -729,7 +725,7 @@ class Router:
             spans.append((o, n))
             o += n
         st = StepStats(gkey, 0, DENSE, 0)
-        yield from timed(st, _collective(comm.allreduce(buf, "sum")))
+        yield from run_dense(ex, st, buf.nbytes, lambda: comm.allreduce(buf, "sum"))
         if op == "mean":
             xp.scale(buf, buf, 1.0 / p)
         held = time.perf_counter() - dense[0][5]
@@ -739,7 +735,7 @@ class Router:
             kst = StepStats(key, step, DENSE, int(x.nbytes))
             nb = n * np.dtype(wdt).itemsize
             kst.add("payload_bytes", nb)
-            kst.add("wire_bytes", 2 * (p - 1) * nb // p)
+            kst.add("wire_bytes", ring_bytes(nb, p))
             kst.add("comm_s", st.values["comm_s"] * share)
             kst.add("host_bytes", st.values["host_bytes"] * share)
             self.record(key, {"step": step, "mode": DENSE, **kst.values, "codec": DENSE})
@@ -765,26 +761,6 @@ class Router:
             rec["quality"] = q
         self.record(key, rec)
         return out
-
-    def _dense(
-        self, comm: Communicator, x: np.ndarray, out: np.ndarray, key: str, op: str, step: int, carried: Any
-    ) -> Protocol:
-        p = comm.size
-        fp = fingerprint(key=key, codec=DENSE, shape=list(x.shape), dtype=dtype_name(x.dtype), op=op, size=p)
-        ex = Exchange(comm, fp, self.agreed, key, f"dense allreduce of {key!r}")
-        yield from ex.begin()  # the sum's size follows from the configuration: agree on it first
-        buf = x.reshape(-1).astype(work_dtype(x.dtype))
-        if carried is not None and carried.size == buf.size:
-            xp.add(buf, carried.reshape(-1).astype(buf.dtype))  # x + residual (format.md §10's NaN rule)
-        st = StepStats(key, step, DENSE, x.nbytes)
-        st.add("payload_bytes", buf.nbytes)
-        st.add("wire_bytes", 2 * (p - 1) * buf.nbytes // p)
-        yield from timed(st, _collective(comm.allreduce(buf, "sum")))
-        if op == "mean":
-            buf *= buf.dtype.type(1.0 / p)
-        out.reshape(-1)[...] = buf
-        self.record(key, {"step": step, "mode": DENSE, **st.values, "codec": DENSE})
-        return st
 
 
 class RouterSetting:

@@ -20,10 +20,32 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["DENSE", "FIELDS", "REPORT_FIELDS", "KeyRounds", "Stats", "StepReports", "StepStats"]
+__all__ = [
+    "DENSE",
+    "FIELDS",
+    "REPORT_FIELDS",
+    "KeyRounds",
+    "Stats",
+    "StepReports",
+    "StepStats",
+    "ring_bytes",
+    "scatter_bytes",
+]
 
 #: The mode of an exchange that sent its tensor uncompressed (statistics, switch records).
 DENSE = "dense"
+
+
+def ring_bytes(nbytes: int, p: int) -> int:
+    """The bytes one rank sends (and receives) in a ring allreduce of ``nbytes`` on ``p`` ranks:
+    2 (p-1)/p of them, a reduce-scatter and an all-gather."""
+    return 2 * (p - 1) * nbytes // p
+
+
+def scatter_bytes(nbytes: int, p: int) -> int:
+    """The bytes one rank sends in a reduce-scatter of ``nbytes`` on ``p`` ranks: (p-1)/p of them."""
+    return (p - 1) * nbytes // p
+
 
 FIELDS = ("raw_bytes", "payload_bytes", "wire_bytes", "encode_s", "comm_s", "decode_s", "host_bytes")
 
