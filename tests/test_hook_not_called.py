@@ -85,6 +85,18 @@ def test_without_module_any_first_step_of_a_process_without_buckets_warns(monkey
     assert handle.id not in _post_hooks()  # a state that is gone watches no more
 
 
+@pytest.mark.usefixtures("one_rank")
+def test_several_states_warn_at_one_step_without_breaking_torchs_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch calls its global post-step hooks while iterating their OrderedDict: a watcher that
+    # removed itself there before the last one ran made opt.step() raise "OrderedDict mutated
+    # during iteration" (three states without a module, as bench/transports.py builds them)
+    monkeypatch.setattr(hook_module, "_any_bucket", False)
+    model = _model()
+    states = [gcodec.torch.HookState("uniform", warm=False) for _ in range(3)]
+    assert _steps(DDP(model), torch.optim.SGD(model.parameters(), lr=0.1), 2) == 3  # each once
+    assert not any(_watching(s) for s in states)
+
+
 def _post_hooks() -> dict:
     from torch.optim.optimizer import _global_optimizer_post_hooks
 

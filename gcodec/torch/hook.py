@@ -92,18 +92,41 @@ class HookNotCalledWarning(UserWarning):
 
 _any_bucket = False  # a bucket reached some HookState of this process
 
+#: Watchers that are done (they warned, or their state was collected or reached) and wait to be
+#: removed: torch calls the global post-step hooks while iterating their OrderedDict, which may
+#: lose an entry during that loop only once the loop has reached its last entry (removing an
+#: earlier one raises "OrderedDict mutated during iteration" in ``opt.step()``).
+_retired: list[Any] = []
+
+
+def _sweep(current: Any = None) -> None:
+    """Remove the retired watchers where no loop over torch's hooks can break: outside one
+    (``current`` None: a bucket, in DDP's backward), or from the loop's last hook ``current``."""
+    if current is not None:
+        try:
+            from torch.optim.optimizer import _global_optimizer_post_hooks as hooks
+        except ImportError:  # pragma: no cover - another torch: leave them to the next bucket
+            return
+        if not hooks or next(reversed(hooks)) != current.id:
+            return
+    while _retired:
+        _retired.pop().remove()
+
 
 def _watch(state: HookState) -> Any:
     """Until the first bucket reaches ``state``: an optimizer post-step hook of its own that warns
-    (HookNotCalledWarning) at the first step of the state's model, then removes itself; the first
-    bucket removes it too (:func:`comm_hook`), and so does the state's collection. Nothing of it runs
-    on later steps."""
+    (HookNotCalledWarning) at the first step of the state's model, then removes itself (when torch's
+    loop over its hooks allows: :func:`_sweep`); the first bucket removes it too (:func:`comm_hook`),
+    and so does the state's collection. Nothing of it runs on later steps."""
     ref = weakref.ref(state)
 
     def after_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         st = ref()
-        if st is None or st._reached:
-            handle.remove()
+        done = any(h is handle for h in _retired)
+        if st is None or st._reached or done:
+            if not done:
+                _retired.append(handle)
+            _sweep(handle)
             return
         if st._watched is None:
             concerned = not _any_bucket
@@ -111,7 +134,8 @@ def _watch(state: HookState) -> Any:
             groups = getattr(opt, "param_groups", None) or ()
             concerned = any(id(q) in st._watched for g in groups for q in g.get("params", ()))
         if concerned:
-            handle.remove()
+            _retired.append(handle)
+            _sweep(handle)
             warnings.warn(
                 f"gcodec: {type(opt).__name__}.step() ran before DDP handed any gradient bucket to this "
                 "HookState: its comm_hook was never called, and the gradients were averaged uncompressed "
@@ -132,6 +156,7 @@ def _first_bucket(state: HookState) -> None:
     global _any_bucket
     _any_bucket = state._reached = True
     state._watch_handle.remove()
+    _sweep()  # in DDP's backward, outside any optimizer step
 
 
 class HookState:
