@@ -1,7 +1,8 @@
 """The queue that runs the torch engines' protocols behind futures (gcodec.torch.comm.FutureQueue):
-submission order, and ``start_here``: an idle queue runs a protocol on the calling thread up to its
+submission order, ``start_here``: an idle queue runs a protocol on the calling thread up to its
 first collective, the queue's thread the rest; a busy one runs it all on its thread, after the
-protocols before it. No process group is needed: the works here are events the test sets."""
+protocols before it; and ``finish_here``: an idle queue runs it all on the calling thread. No
+process group is needed: the works here are events the test sets."""
 
 from __future__ import annotations
 
@@ -102,5 +103,82 @@ def test_started_protocol_errors_and_returns_reach_the_future() -> None:
         g = Gate("g", log)
         g.event.set()
         assert q.submit(_proto("after", [g], log, 1), start_here=True).wait() == 1
+    finally:
+        q.close(5)
+
+
+def test_finish_here_runs_the_whole_protocol_on_the_calling_thread() -> None:
+    """An idle queue with finish_here runs the protocol to its end in submit(): every step on the
+    caller's thread, the future completed before submit returns; its errors reach the future."""
+
+    def raises_after(g: Gate) -> Any:
+        yield g
+        raise ConfigError("bad bucket")
+
+    q, log = FutureQueue(), []
+    try:
+        a, b = Gate("a", log), Gate("b", log)
+        a.event.set()
+        b.event.set()
+        fut = q.submit(_proto("p", [a, b], log, 42), start_here=True, finish_here=True)
+        assert fut.done() and fut.wait() == 42
+        me = threading.get_ident()
+        assert [e for e, _ in log] == ["p starts", "p issues a", "p issues b", "p ends"]
+        assert all(t == me for _, t in log)
+        g = Gate("g", log)
+        g.event.set()
+        bad = q.submit(raises_after(g), finish_here=True)
+        assert bad.done()
+        with pytest.raises(ConfigError, match="bad bucket"):
+            bad.wait()
+    finally:
+        q.close(5)
+
+
+def test_finish_here_on_a_busy_queue_waits_its_turn_on_the_queues_thread() -> None:
+    """finish_here does nothing on the caller's thread while an earlier protocol is unfinished:
+    the protocol is queued (submit returns at once) and runs after the earlier one."""
+    q, log = FutureQueue(), []
+    try:
+        a1, b1 = Gate("a1", log), Gate("b1", log)
+        fa = q.submit(_proto("A", [a1], log, "A"), start_here=True)
+        fb = q.submit(_proto("B", [b1], log, "B"), start_here=True, finish_here=True)
+        assert not fb.done() and [e for e, _ in log] == ["A starts", "A issues a1"]
+        a1.event.set()
+        b1.event.set()
+        assert (fa.wait(), fb.wait()) == ("A", "B")
+        order = [e for e, _ in log]
+        assert order.index("A ends") < order.index("B starts")
+        assert log[order.index("B starts")][1] != threading.get_ident()
+    finally:
+        q.close(5)
+
+
+def test_a_protocol_submitted_while_one_finishes_here_starts_after_it() -> None:
+    """While a protocol runs to its end on another caller's thread (finish_here), a protocol
+    submitted meanwhile, even with start_here, issues nothing until that one has ended: the
+    collectives keep the submission order on every rank."""
+    q, log = FutureQueue(), []
+    try:
+        a1, a2, c1 = Gate("a1", log), Gate("a2", log), Gate("c1", log)
+        futs: dict[str, Any] = {}
+        caller = threading.Thread(
+            target=lambda: futs.setdefault("A", q.submit(_proto("A", [a1, a2], log, "A"), finish_here=True))
+        )
+        caller.start()
+        for _ in range(1000):  # until A waits on its first collective, on the caller's thread
+            if ("A issues a1", caller.ident) in log:
+                break
+            threading.Event().wait(0.01)
+        fc = q.submit(_proto("C", [c1], log, "C"), start_here=True)
+        assert "C starts" not in [e for e, _ in log]  # queued, not started here
+        c1.event.set()
+        a1.event.set()
+        a2.event.set()
+        caller.join(10)
+        assert (futs["A"].wait(), fc.wait()) == ("A", "C")
+        order = [e for e, _ in log]
+        assert order.index("A ends") < order.index("C starts")
+        assert all(t == caller.ident for e, t in log if e.startswith("A"))
     finally:
         q.close(5)

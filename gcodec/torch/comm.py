@@ -241,8 +241,9 @@ class FutureWork:
 class FutureQueue:
     """Run protocols one at a time in submission order on a thread of the queue's own.
 
-    ``submit`` never blocks: it returns a ``torch.futures.Future`` that completes with the
-    protocol's result (or its error). One worker thread runs the protocols in submission order,
+    ``submit`` does not block (unless asked to run the protocol here: ``finish_here``): it
+    returns a ``torch.futures.Future`` that completes with the protocol's result (or its error).
+    One worker thread runs the protocols in submission order,
     waiting on each collective with ``wait()``, so the collectives of overlapping calls (DDP calls
     the hook for bucket i + 1 while bucket i is still in flight) start in the same order on every
     rank, and the encoding of a bucket overlaps the backward pass of the next.
@@ -265,9 +266,13 @@ class FutureQueue:
         self._thread: threading.Thread | None = None
         self._held: list[Work] = []  # the collectives of the last completed protocol (see _serve)
         self._pending = 0  # protocols submitted and not yet finished (under _lock)
+        # held while a protocol runs, on the queue's thread or on a caller's (finish_here)
+        self._exec = threading.Lock()
         _live.add(self)
 
-    def submit(self, proto: Protocol, device: Any = None, *, start_here: bool = False) -> torch.futures.Future:
+    def submit(
+        self, proto: Protocol, device: Any = None, *, start_here: bool = False, finish_here: bool = False
+    ) -> torch.futures.Future:
         """Queue ``proto``; for tensors on a CUDA ``device`` its work goes on the stream that is
         current *now* (the caller's: DDP's, when DDP calls the hook) and the future is made for that
         device, so a consumer waits on the stream (torch records an event when the value is set),
@@ -283,7 +288,16 @@ class FutureQueue:
         while DDP's thread is still in the hook, as torch's own ``allreduce_hook`` starts its
         allreduce. A protocol that has heavy local work before its first collective
         (an encode) should yield a completed work (``DoneWork``) before it, so that the work runs
-        on the queue's thread and still overlaps the caller's."""
+        on the queue's thread and still overlaps the caller's.
+
+        ``finish_here``: when the queue is idle, ``proto`` runs to its end on the calling thread,
+        which waits on its collectives itself, and the future comes back completed; for a caller
+        that has nothing to overlap with it (DDP's last bucket of an iteration: its thread only
+        waits for the futures after it). That spares two thread switches: the queue thread's
+        wake-up for the first wait, and the caller's wake-up by the queue thread at the end. The
+        order of collectives is kept as with ``start_here``: the protocol runs under the queue's
+        execution lock, so a protocol submitted meanwhile (from another thread) starts only after
+        it on the queue's thread."""
         stream = None
         if device is not None and torch.device(device).type == "cuda":
             stream = torch.cuda.current_stream(device)
@@ -294,11 +308,38 @@ class FutureQueue:
             if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
                 self._thread = threading.Thread(target=self._serve, name="gcodec-torch-queue", daemon=True)
                 self._thread.start()
-            if start_here and self._pending == 0:
+            here = finish_here and self._pending == 0
+            if here:
+                # Taken before the lock is let go: a protocol submitted from now on queues behind
+                # this one, and the queue's thread runs it only once this one has ended.
+                self._exec.acquire()
+            elif start_here and self._pending == 0:
                 proto = _started(proto)
             self._pending += 1
-            self._jobs.put((proto, result, stream))
+            if not here:
+                self._jobs.put((proto, result, stream))
+        if here:
+            self._finish(proto, result)
         return result
+
+    def _finish(self, proto: Protocol, result: torch.futures.Future) -> None:
+        """Run ``proto`` to its end on this thread (``submit(finish_here=True)``), holding the
+        execution lock the caller took, and complete ``result``."""
+        try:
+            held: list[Work] = []
+            value, error = self._run(proto, held)
+            if error is not None:
+                _drop_locals(error)
+            self._held = held  # released by whichever thread ends the next protocol (see _serve)
+            del held
+        finally:
+            self._exec.release()
+            with self._lock:
+                self._pending -= 1
+        if error is None:
+            result.set_result(value)
+        else:
+            result.set_exception(error)
 
     def run(self, proto: Protocol) -> Any:
         """Run ``proto`` after the protocols submitted before it and return its result (or raise its
@@ -336,7 +377,8 @@ class FutureQueue:
             # future records its completion event there.
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 held: list[Work] = []
-                value, error = self._run(job[0], held)
+                with self._exec:
+                    value, error = self._run(job[0], held)
                 if error is not None:
                     _drop_locals(error)
                 result = job[1]

@@ -610,7 +610,7 @@ def _prepare(state: HookState, buf: torch.Tensor, plan: Plan, g: Group, it: int)
     ts, idx = g.state, g.idx
     grads = [item.tensor for item in plan.items]
     if g.mode == "lowrank":
-        g.items = [LowRankItem(plan.items[i].name, as_array(grads[i]), as_array(grads[i])) for i in idx]
+        g.items = [LowRankItem(plan.items[i].name, a, a) for i in idx for a in (as_array(grads[i]),)]
         if g.flush is not None:
             for item, owed in zip(g.items, g.flush):
                 if owed is not None:
@@ -717,12 +717,18 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     if not state._reached:
         _first_bucket(state)
     it = state.iter
-    if bucket.is_last():
+    last = bucket.is_last()
+    if last:
         state.iter += 1
     # Started here while the queue is idle: a dense bucket's BEGIN goes out before DDP's thread
-    # returns, as torch's allreduce hook starts its allreduce (FutureQueue.submit).
+    # returns, as torch's allreduce hook starts its allreduce (FutureQueue.submit). The
+    # iteration's last bucket has no backward pass left to overlap: when the queue is idle it runs
+    # to its end here, without handing over to the queue's thread and back.
     return queue_for(state.process_group).submit(
-        _reported(state, _bucket_protocol(state, bucket, it)), bucket.buffer().device, start_here=True
+        _reported(state, _bucket_protocol(state, bucket, it)),
+        bucket.buffer().device,
+        start_here=True,
+        finish_here=last,
     )
 
 

@@ -189,10 +189,17 @@ def lowrank_protocol(
             assert r.q is not None
             xp.copy(xp.flat(r.q), qbuf[pos : pos + r.q.size])
             pos += r.q.size
-            mean = r.decompress(xp.empty(m, m.size, m.dtype).reshape(m.shape), scale=scale)
+            # The mean goes straight into the output when it has M's dtype (M is a copy, so the
+            # output may be the input): no temporary of the tensor's size and no copy of it;
+            # the values are the same bits either way (the reconstruct kernel writes them).
+            direct = i.out.dtype == m.dtype and xp.is_contiguous(i.out)
+            mean = r.decompress(
+                (xp.flat(i.out) if direct else xp.empty(m, m.size, m.dtype)).reshape(m.shape), scale=scale
+            )
             if state.error_feedback:
                 xp.subtract(xp.flat(m), xp.flat(mean))
                 state.lowrank_residuals[i.key] = m.reshape(i.x.shape)
             if op == "sum":
                 xp.scale(xp.flat(mean), xp.flat(mean), float(p))
-            xp.copy(xp.flat(i.out), xp.flat(mean))
+            if not direct:
+                xp.copy(xp.flat(i.out), xp.flat(mean))
