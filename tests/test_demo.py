@@ -21,6 +21,7 @@ import gcodec
 from gcodec.cli import main
 from gcodec.demo import DEMO_RUNS, demo_settings
 from gcodec.demo.data import load_digits, train_test_split
+from gcodec.transports import resolve_mode, shares_flat_group
 
 pytestmark = pytest.mark.torch
 
@@ -69,8 +70,8 @@ def _model_shapes() -> list[tuple[int, ...]]:
 
 def test_bytes_per_step_match_the_codec(demo):
     """What the demo reports a worker sends equals what the codec makes of the same tensors: one
-    payload per step for the compressed weights (the hook flattens a bucket's tensors per codec),
-    plus the small tensors that stay dense in fp32."""
+    payload per step for the compressed weights a flat group may join (the hook flattens a bucket's
+    tensors per codec), one per weight sent alone, plus the small tensors that stay dense in fp32."""
     s = demo_settings(quick=True)
     shapes = _model_shapes()
     nparams = sum(math.prod(sh) for sh in shapes)
@@ -88,10 +89,21 @@ def test_bytes_per_step_match_the_codec(demo):
             expect = sum(4 * (m + n) * codec.params["rank"] for m, n in big)
         else:
             big = [sh for sh in shapes if math.prod(sh) >= s.min_numel]
-            flat = rng.standard_normal(sum(math.prod(sh) for sh in big)).astype(np.float32)
-            expect = gcodec.validate(codec.encode(flat)).nbytes
+            # the hook joins the tensors whose encoding a flat group leaves unchanged into one
+            # payload, and sends every other one alone (docs/transports.md, "Plan, then run")
+            mode = resolve_mode(codec, "auto", 2)
+            joined = [sh for sh in big if shares_flat_group(codec, math.prod(sh), mode)]
+            parts = [joined] if joined else []
+            parts += [[sh] for sh in big if sh not in joined]
+            expect = 0
+            for part in parts:
+                flat = rng.standard_normal(sum(math.prod(sh) for sh in part)).astype(np.float32)
+                expect += gcodec.validate(codec.encode(flat)).nbytes
         dense = sum(4 * math.prod(sh) for sh in shapes if sh not in big)
-        assert r["bytes_per_step"] == pytest.approx(expect + dense, rel=0.02), r["label"]
+        # 3 %: a sparse codec's delta-coded index widths depend on where the kept elements lie
+        # (real gradients here, normal draws above): 2.2 % in all for top-k 1 % + uniform 8, whose
+        # weights each go in a small payload of their own
+        assert r["bytes_per_step"] == pytest.approx(expect + dense, rel=0.03), r["label"]
 
 
 def test_the_table_shows_every_codec_and_the_plot_is_a_png(demo):

