@@ -46,6 +46,17 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def _print_json(obj: Any, out: TextIO) -> None:
     from .jsonsafe import json_safe  # NaN and infinities (e.g. bits/element of an empty tensor) become null
 
@@ -434,8 +445,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as e:
             raise UsageError(f"--codec: not valid JSON: {e}") from None
     t0 = time.perf_counter()
-    times = warmup(codecs, progress=lambda label, s: print(f"{s:7.2f} s  {label}", flush=True))
-    print(f"warmed up {len(times)} codec settings in {time.perf_counter() - t0:.1f} s")
+    times = warmup(codecs, progress=lambda label, s: print(f"{s:7.2f} s  {label}", flush=True), jobs=args.jobs)
+    print(f"warmed up {len(times)} codec settings in {time.perf_counter() - t0:.1f} s ({args.jobs} process(es))")
     return EXIT_OK
 
 
@@ -872,6 +883,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help='only this codec: an id or a JSON config such as \'{"id": "uniform", "bits": 4}\' (repeatable); '
         "default: every codec at its defaults plus common settings",
+    )
+    p.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=1,
+        help="compile in this many processes at once (Numba compiles on one core; default 1)",
     )
     p.set_defaults(func=cmd_warmup)
 

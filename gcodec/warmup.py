@@ -5,7 +5,10 @@ gcodec's CPU kernels are compiled by Numba on first use and cached on disk (``ca
 compile on every rank's first step (1.5-3 s per codec setting); :func:`warmup` (``gcodec warmup`` on
 the command line) runs codecs through encode, validate, decode and accumulate on small inputs of
 every dtype, so that an image build or an install step fills the cache once. It changes nothing else
-and is safe to run again: with a filled cache it only loads what is there.
+and is safe to run again: with a filled cache it only loads what is there. Numba compiles on one
+core; ``jobs=`` (``gcodec warmup --jobs N``) compiles the settings in N processes at once, each
+writing its own kernels' cache files (a kernel two settings share may be compiled by both: the
+cache keeps one).
 
 The quantizers compile one kernel per setting (code width, rule, rounding, scale type), so that a
 job compiles only what it uses. By default every codec is warmed up at its defaults plus
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
@@ -58,32 +63,51 @@ def warmup(
     codecs: Iterable[str | dict[str, Any]] | None = None,
     *,
     progress: Callable[[str, float], None] | None = None,
+    jobs: int = 1,
 ) -> dict[str, float]:
     """Compile (or load from the cache) every kernel the given codecs use; returns seconds per codec.
 
     ``codecs``: ids or configs; default every registered codec at its defaults plus
-    :data:`WARMUP_CONFIGS`. ``progress(label, seconds)`` is called after each one.
+    :data:`WARMUP_CONFIGS`. ``progress(label, seconds)`` is called after each one. ``jobs``: how
+    many processes compile at once (each setting is one task, handed to whichever process is free;
+    a new process imports gcodec first, about a second).
     """
     configs: list[Any] = list(codecs) if codecs is not None else [*list_codecs(), *WARMUP_CONFIGS]
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
     times: dict[str, float] = {}
+    if jobs > 1 and len(configs) > 1:
+        # spawned, not forked: a forked child would inherit a started kernel thread pool's locks
+        with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=get_context("spawn")) as pool:
+            for fut in as_completed([pool.submit(_warm_one, cfg) for cfg in configs]):
+                label, seconds = fut.result()
+                times[label] = seconds
+                if progress is not None:
+                    progress(label, seconds)
+        return times
     for cfg in configs:
-        codec = get_codec(cfg)
-        label = repr(codec)
-        t0 = time.perf_counter()
-        for dtype in DTYPES.values():
-            for x in _inputs(dtype):
-                buf = encode(x, codec, key="warmup", step=0)
-                validate(buf)
-                y = decode(buf)
-                for out_dtype in (np.float32, np.float64):
-                    acc = np.zeros(x.shape, out_dtype)
-                    decode(buf, out=acc, accumulate=True)
-                decode(buf, out=np.empty_like(y))
-        ErrorFeedback(codec).encode(_inputs(np.dtype(np.float32))[-1], key="warmup", step=0)
-        times[label] = time.perf_counter() - t0
+        label, seconds = _warm_one(cfg)
+        times[label] = seconds
         if progress is not None:
-            progress(label, times[label])
+            progress(label, seconds)
     return times
+
+
+def _warm_one(cfg: str | dict[str, Any]) -> tuple[str, float]:
+    """One codec setting through every path :func:`warmup` warms: (its repr, seconds)."""
+    codec = get_codec(cfg)
+    t0 = time.perf_counter()
+    for dtype in DTYPES.values():
+        for x in _inputs(dtype):
+            buf = encode(x, codec, key="warmup", step=0)
+            validate(buf)
+            y = decode(buf)
+            for out_dtype in (np.float32, np.float64):
+                acc = np.zeros(x.shape, out_dtype)
+                decode(buf, out=acc, accumulate=True)
+            decode(buf, out=np.empty_like(y))
+    ErrorFeedback(codec).encode(_inputs(np.dtype(np.float32))[-1], key="warmup", step=0)
+    return repr(codec), time.perf_counter() - t0
 
 
 def warm_for_training(

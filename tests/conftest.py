@@ -75,10 +75,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if WORKER is not None:
         # pytest-xdist: each worker collects the whole suite, and none knows which modules it will
-        # run, so the simulator modules run their jobs when they come (first, see above); the
-        # kernel cache is warmed once, by the first worker's background process.
-        if WORKER == "gw0":
-            _start_warmup()
+        # run, so the simulator modules run their jobs when they come (first, see above). No
+        # background warm-up: every core runs a worker, and a warm-up beside them compiles at low
+        # priority what the workers then compile again; the test command (tools/run-tests.sh)
+        # fills the cache before the workers start, in one process per core (gcodec warmup --jobs).
         return
     modules = {it.module for it in session.items if hasattr(it, "module")}
     for m in sorted(modules, key=lambda m: m.__name__):

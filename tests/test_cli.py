@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import gcodec
+import gcodec.warmup
 from gcodec.arrays import BFLOAT16
 from gcodec.cli import main
 from gcodec.format.container import PendingTensor, SectionSpec, align_up, write_payload
@@ -534,6 +535,22 @@ def test_warmup_compiles_the_named_codecs(capsys):
     assert lines[-1].startswith("warmed up 2 codec settings")
     rc, _, err = run(capsys, "warmup", "--codec", "nope")
     assert rc == 2 and "nope" in err
+
+
+def test_warmup_compiles_in_parallel_processes(capsys):
+    # each setting is compiled in a spawned process of the pool: the labels and seconds come back
+    # from those processes, one line per setting, whatever order they finish in
+    rc, out, _ = run(capsys, "warmup", "--jobs", "2", "--codec", "fp16", "--codec", '{"id": "uniform", "bits": 4}')
+    assert rc == 0
+    lines = out.splitlines()
+    assert sum("get_codec('fp16')" in ln for ln in lines) == 1
+    assert sum("bits=4" in ln for ln in lines) == 1
+    assert lines[-1].startswith("warmed up 2 codec settings") and "(2 process(es))" in lines[-1]
+    for bad in ("0", "-1", "two"):
+        rc, _, err = run(capsys, "warmup", "--jobs", bad, "--codec", "fp16")
+        assert rc == 2 and "--jobs" in err
+    with pytest.raises(ValueError, match="jobs"):
+        gcodec.warmup.warmup(["fp16"], jobs=0)
 
 
 def test_warmup_takes_json_configs(capsys):

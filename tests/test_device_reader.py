@@ -13,6 +13,7 @@ without device checks (top-k's index rules) gets one host copy of its sections, 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import struct
@@ -105,6 +106,7 @@ FP8 = {"id": "fp8", "group_size": 32}
 TOPK = {"id": "topk", "ratio": 0.1}
 
 
+@functools.cache
 def payloads() -> list[tuple[str, dict[str, Any], int, bytes]]:
     """(id, codec config, element count, payload bytes)."""
     u8, u4 = _enc(U8, 3000, 1), _enc(U4, 3001, 2)
@@ -148,9 +150,50 @@ def payloads() -> list[tuple[str, dict[str, Any], int, bytes]]:
     ]
 
 
-PAYLOADS = payloads()
+#: the ids of :func:`payloads`, in its order: the tests are collected from this list, and the
+#: payloads (encoding compiles kernels) are made when a test first needs them, not at collection,
+#: which every pytest-xdist worker repeats for every module
+IDS = (
+    "fp16",
+    "fp16-crc",
+    "u8",
+    "u8-crc",
+    "u8-padding",
+    "u8-nan-scale",
+    "u8-negative-zero-scale",
+    "u8-overflowing-scale",
+    "u8-code-128",
+    "u4",
+    "u4-unused-bits",
+    "u8-f16-scales",
+    "u8-f16-inf-scale",
+    "u8-f16-negative-scale",
+    "sign",
+    "sign-inf-scale",
+    "sign-unused-bits",
+    "mxfp4",
+    "mxfp4-nan-scale",
+    "mxfp4-unused-bits",
+    "mxfp8",
+    "mxfp8-nan-element",
+    "nvfp4",
+    "nvfp4-signed-block-scale",
+    "nvfp4-inf-tensor-scale",
+    "nvfp4-overflowing-block",
+    "nvfp4-empty",
+    "nvfp4-empty-positive-tensor-scale",
+    "fp8",
+    "fp8-overflowing-scale",
+    "topk",
+    "topk-crc",
+)
 VALID = {"fp16", "u8", "u4", "u8-f16-scales", "sign", "mxfp4", "mxfp8", "nvfp4", "nvfp4-empty", "fp8", "topk"}
-BY_ID = {p[0]: p for p in PAYLOADS}
+
+
+def by_id(cid: str) -> tuple[str, dict[str, Any], int, bytes]:
+    table = {p[0]: p for p in payloads()}
+    assert tuple(table) == IDS, "IDS lists payloads()' ids in order"
+    return table[cid]
 
 
 def small_bound(buf: bytes) -> int:
@@ -163,7 +206,7 @@ def small_bound(buf: bytes) -> int:
 
 
 def _worker_job() -> tuple[list[str], dict[str, Any]]:
-    req = {"reader": [{"id": i, "n": n, "payload": b.hex()} for i, _, n, b in PAYLOADS], "watchdog_s": 300}
+    req = {"reader": [{"id": i, "n": n, "payload": b.hex()} for i, _, n, b in payloads()], "watchdog_s": 300}
     return simulator_job("gpu_sim_worker.py", req)
 
 
@@ -204,14 +247,15 @@ def _host(buf: bytes, n: int) -> tuple[str, str, bytes]:
 def test_the_cases_break_what_they_say() -> None:
     """Every broken payload is refused by the host reader and every intact one passes, so the
     comparison below compares refusals, not two passes."""
-    for cid, _, n, buf in PAYLOADS:
+    assert tuple(p[0] for p in payloads()) == IDS
+    for cid, _, n, buf in payloads():
         v, _, _ = _host(buf, n)
         assert (v == "ok") == (cid in VALID), (cid, v)
 
 
-@pytest.mark.parametrize("cid", list(BY_ID))
+@pytest.mark.parametrize("cid", IDS)
 def test_device_reader_agrees_with_the_host_reader(sim: dict[str, Any], cid: str) -> None:
-    _, _, n, buf = BY_ID[cid]
+    _, _, n, buf = by_id(cid)
     got = sim[cid]
     v, d, out = _host(buf, n)
     assert got["validate"] == v
@@ -220,9 +264,9 @@ def test_device_reader_agrees_with_the_host_reader(sim: dict[str, Any], cid: str
         assert bytes.fromhex(got["decoded"]) == out  # bit for bit
 
 
-@pytest.mark.parametrize("cid", list(BY_ID))
+@pytest.mark.parametrize("cid", IDS)
 def test_device_checks_move_only_header_and_small_words(sim: dict[str, Any], cid: str) -> None:
-    _, cfg, _, buf = BY_ID[cid]
+    _, cfg, _, buf = by_id(cid)
     got = sim[cid]
     if codec_class(cfg["id"]).device_checks:
         assert got["section_copies"] == 0

@@ -14,6 +14,8 @@ it had unchanged, so one bad step does not poison every later one without the us
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -268,29 +270,44 @@ def _f32(view: np.ndarray, value: float, count: int | None = None) -> None:
     v[: count if count is not None else v.size] = value
 
 
-def _hostile() -> dict[str, bytes]:
+def _hostile() -> dict[str, Callable[[], bytes]]:
+    """Label -> a function making the payload: encoding compiles kernels, so the payloads are made
+    by the test that uses them, not at collection (which every pytest-xdist worker repeats)."""
     x = np.linspace(-1, 1, 256, dtype=np.float32)
     m = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32)
-    out = {}
-    b = bytes(gcodec.get_codec("uniform").encode(x))
-    b = _edit(b, "scales", lambda v: _f32(v, FLT_MAX, 1))
-    out["uniform scale FLT_MAX, code 127"] = _edit(b, "codes", lambda v: v.__setitem__(0, 0x7F))
-    b = bytes(gcodec.get_codec("qsgd").encode(x, step=0))
-    out["qsgd step 3e38"] = _edit(b, "scales", lambda v: _f32(v, 3e38))
-    b = bytes(gcodec.get_codec("powersgd", rank=2, min_compression_rate=1.0).encode(m))
-    b = _edit(b, "p", lambda v: _f32(v, 1e30))
-    out["powersgd factors 1e30"] = _edit(b, "q", lambda v: _f32(v, 1e30))
+    out: dict[str, Callable[[], bytes]] = {}
+
+    def uniform() -> bytes:
+        b = bytes(gcodec.get_codec("uniform").encode(x))
+        b = _edit(b, "scales", lambda v: _f32(v, FLT_MAX, 1))
+        return _edit(b, "codes", lambda v: v.__setitem__(0, 0x7F))
+
+    def qsgd() -> bytes:
+        return _edit(bytes(gcodec.get_codec("qsgd").encode(x, step=0)), "scales", lambda v: _f32(v, 3e38))
+
+    def powersgd() -> bytes:
+        b = bytes(gcodec.get_codec("powersgd", rank=2, min_compression_rate=1.0).encode(m))
+        b = _edit(b, "p", lambda v: _f32(v, 1e30))
+        return _edit(b, "q", lambda v: _f32(v, 1e30))
+
+    out["uniform scale FLT_MAX, code 127"] = uniform
+    out["qsgd step 3e38"] = qsgd
+    out["powersgd factors 1e30"] = powersgd
     for cid, kw in (("topk", {"ratio": 0.1}), ("threshold", {"threshold": 0.5}), ("randomk", {"ratio": 0.1})):
         for vid, nan_bits in (("fp16", 0x7E00), ("bf16", 0x7F80)):
-            b = bytes(gcodec.get_codec(cid, values={"id": vid}, **kw).encode(x, step=0))
-            out[f"{cid} nested {vid} non-finite"] = _edit(
-                b, "values.data", lambda v, n=nan_bits: v.view("<u2").__setitem__(0, n)
-            )
+
+            def nested(cid: str = cid, kw: dict = kw, vid: str = vid, n: int = nan_bits) -> bytes:
+                b = bytes(gcodec.get_codec(cid, values={"id": vid}, **kw).encode(x, step=0))
+                return _edit(b, "values.data", lambda v: v.view("<u2").__setitem__(0, n))
+
+            out[f"{cid} nested {vid} non-finite"] = nested
     for vid, bits in (("fp16", 0x7C00), ("bf16", 0xFFC0)):
-        b = bytes(gcodec.get_codec("powersgd", rank=2, min_compression_rate=1.0, factors={"id": vid}).encode(m))
-        out[f"powersgd nested {vid} factor non-finite"] = _edit(
-            b, "p.data", lambda v, n=bits: v.view("<u2").__setitem__(3, n)
-        )
+
+        def factors(vid: str = vid, n: int = bits) -> bytes:
+            b = bytes(gcodec.get_codec("powersgd", rank=2, min_compression_rate=1.0, factors={"id": vid}).encode(m))
+            return _edit(b, "p.data", lambda v: v.view("<u2").__setitem__(3, n))
+
+        out[f"powersgd nested {vid} factor non-finite"] = factors
     return out
 
 
@@ -299,7 +316,7 @@ HOSTILE = _hostile()
 
 @pytest.mark.parametrize("label", sorted(HOSTILE))
 def test_reject_policy_payloads_never_decode_non_finite(label):
-    b = HOSTILE[label]
+    b = HOSTILE[label]()
     for fn in (gcodec.validate, gcodec.decode):
         with pytest.raises(PayloadValueError):
             fn(b)

@@ -21,6 +21,8 @@ wide-range tensors, raises a ``GcodecError`` or writes a payload that validates 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -60,8 +62,18 @@ BUDGET = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-SEEDS = seed_payloads()
 CASES = usable_cases()
+#: seed_payloads() encodes every usable case twice, then two bundles. Encoding compiles kernels,
+#: so the payloads are made when a test first needs them, not at collection, which every
+#: pytest-xdist worker repeats for every module.
+N_SEEDS = 2 * len(CASES) + 2
+
+
+@functools.cache
+def seeds() -> list[bytes]:
+    out = seed_payloads()
+    assert len(out) == N_SEEDS, (len(out), N_SEEDS)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,12 +88,12 @@ _mutation = st.tuples(
 
 @BUDGET
 @given(
-    seed=st.sampled_from(range(len(SEEDS))),
+    seed=st.sampled_from(range(N_SEEDS)),
     mutations=st.lists(_mutation, min_size=1, max_size=6),
     resealed=st.booleans(),
 )
 def test_byte_mutations_only_raise_gcodec_errors(seed, mutations, resealed):
-    b = bytearray(SEEDS[seed])
+    b = bytearray(seeds()[seed])
     for op, where, v in mutations:
         i = int(where * len(b)) if b else 0
         if op == "flip" and b:
@@ -128,14 +140,14 @@ _values = st.recursive(
 
 @BUDGET
 @given(
-    seed=st.sampled_from(range(len(SEEDS))),
+    seed=st.sampled_from(range(N_SEEDS)),
     edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), _values | st.just(...)), min_size=1, max_size=3),
     minor=st.sampled_from([0, 0, 0, 1]),
     canonical=st.booleans(),
     data_edit=st.none() | st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)),
 )
 def test_header_mutations_only_raise_gcodec_errors(seed, edits, minor, canonical, data_edit):
-    header, data = parse_payload(SEEDS[seed])
+    header, data = parse_payload(seeds()[seed])
     for where, value in edits:
         paths = header_paths(header)
         path = paths[int(where * len(paths))]
@@ -147,15 +159,15 @@ def test_header_mutations_only_raise_gcodec_errors(seed, edits, minor, canonical
         d[int(data_edit[0] * len(d))] ^= data_edit[1]
         data = bytes(d)
     try:
-        b = rebuild(header, data, checksum=bool(SEEDS[seed][6] & 1), minor=minor, canonical=canonical)
+        b = rebuild(header, data, checksum=bool(seeds()[seed][6] & 1), minor=minor, canonical=canonical)
     except (gcodec.GcodecError, ValueError, TypeError, OverflowError):
         return  # not representable as a header at all (e.g. an int beyond 64 bits)
     check_payload(b, memory=True)
 
 
-@pytest.mark.parametrize("i", range(len(SEEDS)))
+@pytest.mark.parametrize("i", range(N_SEEDS))
 def test_seeds_are_valid(i):
-    assert check_payload(SEEDS[i], memory=True) == "valid"
+    assert check_payload(seeds()[i], memory=True) == "valid"
 
 
 # ---------------------------------------------------------------------------------------------

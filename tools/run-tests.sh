@@ -12,6 +12,14 @@ workers="${GCODEC_TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}"
 [ "$workers" -gt 4 ] && workers=4
 xdist=()
 [ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile)
+# Numba's kernel cache, filled once before the tests, in one process per core: otherwise the
+# workers (and the ranks of every multi-process test) each compile the common kernels they first
+# meet at the same time. Seconds with a filled cache; minutes of CPU on a fresh clone. (A session
+# in one process warms the cache in the background instead, on the core it leaves idle: conftest.py.)
+if [ "$workers" -gt 1 ]; then
+    echo "== kernel cache"
+    python -m gcodec warmup --jobs "$workers" | tail -n 1
+fi
 set +e
 python -m pytest "${xdist[@]}" "$@"
 rc=$?
