@@ -58,7 +58,7 @@ from .state import TransportState, check_mode
 from .stats import DENSE, KeyRounds, StepStats, ring_bytes
 from .two_phase import owner_bounds
 
-__all__ = ["DENSE", "FORMS", "Piece", "Router", "RouterSetting", "split_controller"]
+__all__ = ["DENSE", "FORMS", "Piece", "Router", "split_controller"]
 
 #: How a group's residual is stored in its codec's state (module docstring).
 FORMS = ("flat", "split", "rows", "lowrank")
@@ -118,15 +118,16 @@ def _shares(st: StepStats, keys: Sequence[tuple[str, int, int]], weights: Sequen
     return out
 
 
-def split_controller(policy: Any, controller: Any) -> tuple[Any, Any]:
+def split_controller(policy: Any, controller: Any, stacklevel: int = 3) -> tuple[Any, Any]:
     """``(policy, controller)`` as an engine was given them, with an adaptive controller given as
-    the policy (the old form) moved to ``controller``, with a DeprecationWarning."""
+    the policy (the old form) moved to ``controller``, with a DeprecationWarning (``stacklevel``:
+    the engine's caller's frame, counted from here)."""
     if controller is None and hasattr(policy, "select"):
         warnings.warn(
             f"an adaptive controller given as the policy: pass it as controller= (the old form goes in gcodec "
             f"{REMOVED_IN})",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         return None, policy
     return policy, controller
@@ -761,31 +762,6 @@ class Router:
             rec["quality"] = q
         self.record(key, rec)
         return out
-
-
-class RouterSetting:
-    """An engine attribute that is also one of its router's settings (``codec``, ``min_numel`` or
-    ``policy``): reading it gives the engine's value; setting it (``convert`` applied) re-adapts the
-    router's policy from the next choice, once the engine has its ``router``."""
-
-    def __init__(self, convert: Any = None) -> None:
-        self.convert = convert
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name, self.slot = name, "_" + name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        return self if obj is None else getattr(obj, self.slot)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        value = value if self.convert is None else self.convert(value)
-        setattr(obj, self.slot, value)
-        router = obj.__dict__.get("router")
-        if isinstance(router, Router):
-            if self.name == "policy":
-                router.policy = value
-            else:
-                router.configure(**{self.name: value})
 
 
 def _host(v: Any) -> np.ndarray:
