@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch.distributed as dist
 
 from ..codecs import Codec, get_codec
+from ..deprecation import REMOVED_IN
 from ..errors import ConfigError
 from ..policy import DEFAULTS
 from ..policy import Policy as CodecPolicy
@@ -56,7 +58,8 @@ def check_owner(what: str, saved: tuple[Any, Any], here: tuple[Any, Any], hint: 
 
 class _Setting:
     """``state.codec``, ``state.min_numel``, ``state.policy``: read as attributes; assigning one
-    reconfigures the router (:meth:`EngineState.configure`)."""
+    still reconfigures the router but is deprecated in favour of :meth:`EngineState.configure`,
+    whose name says that it does."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name, self.slot = name, "_" + name
@@ -65,6 +68,12 @@ class _Setting:
         return self if obj is None else getattr(obj, self.slot)
 
     def __set__(self, obj: Any, value: Any) -> None:
+        warnings.warn(
+            f"assigning {type(obj).__name__}.{self.name} is deprecated: call configure({self.name}=...), which "
+            f"reconfigures the router (the assignment goes in gcodec {REMOVED_IN})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         obj.configure(**{self.name: value})
 
 
