@@ -466,17 +466,19 @@ class Router:
         vectors: Sequence[Sequence[Piece]],
         shapes: Sequence[tuple[int, ...]] | None = None,
         like: Any = None,
-    ) -> list[Any] | None:
+    ) -> None:
         """Make ``ts`` hold the pending residuals of the group ``key`` laid out as ``vectors``.
 
         ``form`` is one of :data:`FORMS`; ``shapes`` gives the residual's shape per vector (flat:
         the tensor's; lowrank: each matrix's), and for ``split`` the number of owners as ``[(p,)]``;
         ``like``, an array of the group's memory (host or device), where the residuals go.
-        Costs nothing in a steady job (the group already holds them). Returns None, or, when ``ts``
-        keeps no residuals (no error feedback), the vectors to add to what is sent this step.
+        Costs nothing in a steady job (the group already holds them). A state without error
+        feedback holds no residuals: what its group still owes is :meth:`take` n, to be sent.
         """
         if form not in FORMS:
             raise ConfigError(f"residual form {form!r} is not one of {list(FORMS)}")
+        if ts.worker is None:
+            raise ConfigError(f"{ts.codec.codec_id} keeps no residuals here (no error feedback): take them to send")
         sid = (ts.codec.config_key, key)
         layout = tuple(tuple(v) for v in vectors)
         shape = None if not shapes else tuple(shapes[0])
@@ -486,7 +488,7 @@ class Router:
         # new world size keeps its vectors but re-slices them): nothing to move
         same = store is not None and store.vectors == layout and store.shape == (shape if form != "lowrank" else None)
         if same and all(self._owner.get(n) == sid for n in names):
-            return None
+            return
         got = self._read_names(names)
         fresh = _Store(sid[0], key, form, layout, shape if form != "lowrank" else None)
         for n in names:
@@ -496,8 +498,6 @@ class Router:
         if old is not None:  # this key's own earlier layout (another owner count): its chunk keys go too
             self._drop(old)
         filled = [self._fill(v, got, like) for v in layout]
-        if ts.worker is None:
-            return filled if any(f is not None for f in filled) else None
         self._stores[sid] = fresh
         for n in names:
             self._owner[n] = sid
@@ -515,11 +515,11 @@ class Router:
                 b = owner_bounds(v.shape[0], p)
                 for i in range(p):  # views of the new vector, which nothing else holds
                     ts.worker.set_residual(f"{key}[{i}/{p}]", v[b[i] : b[i + 1]])
-        return None
 
     def take(self, vectors: Sequence[Sequence[Piece]], like: Any = None) -> list[Any] | None:
-        """The pending residuals of parameters about to go dense, laid out as ``vectors`` and
-        forgotten (the caller sends them with this step); None when there are none."""
+        """The pending residuals of parameters about to go dense, or to a codec without error
+        feedback, laid out as ``vectors`` and forgotten (the caller sends them with this step);
+        None when there are none."""
         names = {pc.name for v in vectors for pc in v}
         if not any(n in self._owner for n in names):
             return None
