@@ -35,6 +35,7 @@ import hashlib
 import json
 import time
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,8 @@ from ..arrays import dtype_name
 from ..codecs import Codec, get_codec
 from ..deprecation import REMOVED_IN
 from ..errors import ConfigError
-from ..policy import DEFAULTS, Rules, as_policy, size_rule
+from ..feedback import ErrorFeedback
+from ..policy import DEFAULTS, Policy, Rules, as_policy, size_rule
 from .allreduce import allreduce_protocol
 from .comm import Communicator, Protocol
 from .control import Exchange, failed_exchange
@@ -58,7 +60,7 @@ from .state import TransportState, check_mode
 from .stats import DENSE, KeyRounds, StepStats, ring_bytes
 from .two_phase import owner_bounds
 
-__all__ = ["DENSE", "FORMS", "Piece", "Router", "split_controller"]
+__all__ = ["DENSE", "FORMS", "Piece", "Router", "call_protocol", "split_controller"]
 
 #: How a group's residual is stored in its codec's state (module docstring).
 FORMS = ("flat", "split", "rows", "lowrank")
@@ -762,6 +764,49 @@ class Router:
             rec["quality"] = q
         self.record(key, rec)
         return out
+
+
+#: The states and routers of single calls given none, per communicator (``scope``), codec and mode.
+_shared: dict[tuple[Any, ...], Any] = {}
+_wrapped: weakref.WeakKeyDictionary[ErrorFeedback, TransportState] = weakref.WeakKeyDictionary()
+
+
+def call_protocol(
+    comm: Communicator, scope: Any, x: Any, out: Any, codec: Any, op: str, key: str, mode: str, state: Any
+) -> Protocol:
+    """One allreduce of ``key`` as ``gcodec.mpi.iallreduce`` and ``gcodec.torch.all_reduce`` take
+    their arguments. A :class:`Router` as ``state``, or a :class:`~gcodec.policy.Policy` as
+    ``codec`` (a router without error feedback shared per ``scope`` and policy), chooses per key
+    and step; else ``state`` is a :class:`TransportState`, a :class:`gcodec.ErrorFeedback` (its
+    worker residuals, wrapped once) or None (a state without error feedback shared per ``scope``,
+    codec and mode: it keeps a codec's warm starts and steps). Raises ConfigError on bad arguments
+    (the caller takes part in the exchange with it)."""
+    if isinstance(state, Router) or isinstance(codec, Policy):
+        router = state
+        if not isinstance(state, Router):
+            router = _shared.get((scope, id(codec)))
+            if router is None or router.chooser is not codec:
+                router = _shared[(scope, id(codec))] = Router(codec, error_feedback=False, mode=mode)
+        return router.protocol(comm, x, out, key, op)
+    if state is None:
+        if codec is None:
+            raise ConfigError("an allreduce needs a codec (or a state that holds one, or a Router as state=)")
+        c = get_codec(codec)
+        ts = _shared.get((scope, repr(c), mode))
+        if ts is None:
+            ts = _shared[(scope, repr(c), mode)] = TransportState(c, mode=mode, error_feedback=False)
+    elif isinstance(state, (TransportState, ErrorFeedback)):
+        c = state.codec if codec is None else get_codec(codec)
+        if state.codec != c:
+            raise ConfigError(f"state holds codec {state.codec!r}, not {c!r}")
+        if isinstance(state, TransportState):
+            ts = state
+        elif (ts := _wrapped.get(state)) is None:
+            ts = _wrapped[state] = TransportState(c, mode=mode, worker=state)
+    else:
+        kinds = "None, a gcodec.ErrorFeedback, a TransportState or a Router"
+        raise ConfigError(f"state= must be {kinds}, not {type(state).__name__}")
+    return allreduce_protocol(comm, ts, x, out, key, op, mode)
 
 
 def _host(v: Any) -> np.ndarray:
