@@ -15,7 +15,7 @@ backend) → :mod:`gcodec.codecs` (algorithms) → :mod:`gcodec.format` (bytes) 
 
 from __future__ import annotations
 
-from . import limits  # the module, callable as the limits(...) context manager
+from . import limits  # the module (calling it, the old scoped_limits, is deprecated)
 from .aggregate import sum_payloads
 from .api import (
     PayloadInfo,
@@ -48,7 +48,7 @@ from .errors import (
     WaitTimeoutError,
 )
 from .feedback import ErrorFeedback
-from .limits import Limits, get_limits, set_limits
+from .limits import Limits, get_limits, scoped_limits, set_limits
 from .threads import get_num_threads, num_threads, set_num_threads
 
 __version__ = "0.1.0"
@@ -91,6 +91,7 @@ __all__ = [
     "list_codecs",
     "num_threads",
     "register_codec",
+    "scoped_limits",
     "set_limits",
     "set_num_threads",
     "sum_payloads",

@@ -8,18 +8,19 @@ a sender cannot produce a payload its peers would refuse.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 import types
+import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import numpy as np
 
+from .deprecation import REMOVED_IN, renamed_names
 from .errors import ConfigError, LimitExceededError
 
-__all__ = ["MAX_NESTING_CAP", "NUMPY_MAXDIMS", "Limits", "get_limits", "limits", "set_limits"]
+__all__ = ["MAX_NESTING_CAP", "NUMPY_MAXDIMS", "Limits", "get_limits", "scoped_limits", "set_limits"]
 
 #: The most dimensions a NumPy array can have (64 since NumPy 2.0, 32 before).
 NUMPY_MAXDIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
@@ -38,7 +39,7 @@ class Limits:
     2**28 elements and 1 GiB decoded (one layer of a multi-billion-parameter model; a DDP bucket is
     25 MiB) is admitted, while a 200-byte payload cannot make a receiver allocate more than 1 GiB
     of output plus 2 GiB of temporaries, or spend more than about 2**32 multiply-adds. A receiver
-    that expects bigger tensors raises them: ``gcodec.limits(max_elements=2**31,
+    that expects bigger tensors raises them: ``gcodec.scoped_limits(max_elements=2**31,
     max_output_bytes=8 << 30)``. See docs/limits.md.
 
     Attributes:
@@ -105,7 +106,7 @@ class Limits:
 def how_to_raise(limit_name: str) -> str:
     """The hint every LimitExceededError message ends with."""
     return (
-        f"if the payload is trusted, raise the limit: gcodec.limits({limit_name}=...) for a block, "
+        f"if the payload is trusted, raise the limit: gcodec.scoped_limits({limit_name}=...) for a block, "
         f"limits=gcodec.Limits({limit_name}=...) for one call, or gcodec.set_limits(...)"
     )
 
@@ -128,8 +129,9 @@ def set_limits(new: Limits) -> Limits:
 
 
 @contextmanager
-def limits(**changes: int) -> Iterator[Limits]:
-    """Temporarily change some limits: ``with gcodec.limits(max_elements=10**6): ...``."""
+def scoped_limits(**changes: int) -> Iterator[Limits]:
+    """Change some limits for a block: ``with gcodec.scoped_limits(max_elements=10**6): ...``
+    (restored on exit, even on an exception; blocks nest)."""
     old = set_limits(dataclasses.replace(_current, **changes))
     try:
         yield _current
@@ -137,12 +139,20 @@ def limits(**changes: int) -> Iterator[Limits]:
         set_limits(old)
 
 
-class _LimitsModule(types.ModuleType):
-    """This module, callable: ``gcodec.limits(...)`` is the :func:`limits` context manager, and
-    ``import gcodec.limits as L`` still gives the module (``L.Limits``, ``L.set_limits``)."""
+__getattr__ = renamed_names("gcodec.limits", {"limits": ("scoped_limits", scoped_limits)})
 
-    def __call__(self, **changes: int) -> contextlib.AbstractContextManager[Limits]:
-        return limits(**changes)
+
+class _LimitsModule(types.ModuleType):
+    """This module, still callable for a while: ``gcodec.limits(...)``, the old spelling of
+    :func:`scoped_limits`, warns (a module that is also a function hid what the call does)."""
+
+    def __call__(self, **changes: int) -> AbstractContextManager[Limits]:
+        warnings.warn(
+            f"gcodec.limits(...) is renamed gcodec.scoped_limits(...); calling the module goes in gcodec {REMOVED_IN}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return scoped_limits(**changes)
 
 
 sys.modules[__name__].__class__ = _LimitsModule

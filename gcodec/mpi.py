@@ -17,7 +17,6 @@ mpi4py; ``import gcodec`` does not.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,15 +25,15 @@ from mpi4py import MPI
 
 from . import xp
 from .arrays import host_array
-from .codecs import Codec, get_codec
+from .codecs import Codec
 from .deprecation import renamed_kwarg, renamed_names
 from .errors import ConfigError
 from .feedback import ErrorFeedback
 from .policy import Policy
-from .transports import Communicator, Serial, Task, TransportState, Work, allreduce_protocol
+from .transports import Communicator, Serial, Task, TransportState, Work
 from .transports.collectives import joined
 from .transports.control import failed_exchange
-from .transports.router import Router
+from .transports.router import Router, call_protocol
 
 __all__ = ["MPICommunicator", "Request", "Router", "State", "allreduce", "iallreduce"]
 
@@ -113,9 +112,6 @@ class MPICommunicator(Communicator):
 # One adapter and one FIFO queue per communicator: collectives of overlapping iallreduce calls must
 # start in the same order on every rank, which the queue makes the call order.
 _adapters: dict[int, tuple[MPICommunicator, Serial]] = {}
-_default_states: dict[tuple[int, str, str], TransportState] = {}
-_policy_states: dict[tuple[int, int], Router] = {}
-_ef_states: weakref.WeakKeyDictionary[ErrorFeedback, TransportState] = weakref.WeakKeyDictionary()
 
 
 def _array(x: Any) -> Any:
@@ -136,39 +132,6 @@ def _adapter(comm: MPI.Comm) -> tuple[MPICommunicator, Serial]:
         got = (MPICommunicator(comm), Serial())
         _adapters[key] = got
     return got
-
-
-def _state_for(comm: MPI.Comm, codec: Codec, mode: str, given: Any) -> TransportState:
-    if isinstance(given, TransportState):
-        if given.codec != codec:
-            raise ConfigError(f"state holds codec {given.codec!r}, not {codec!r}")
-        return given
-    if isinstance(given, ErrorFeedback):
-        ef = given
-        st = _ef_states.get(ef)
-        if st is None:
-            st = TransportState(codec, mode=mode, worker=ef)
-            _ef_states[ef] = st
-        return st
-    if given is not None:
-        raise ConfigError(
-            f"state= must be None, a gcodec.ErrorFeedback, a gcodec.mpi.State or a Router, not {type(given).__name__}"
-        )
-    k = (id(comm), repr(codec), mode)
-    st = _default_states.get(k)
-    if st is None:
-        # One state per (communicator, codec, mode): it keeps PowerSGD's warm start (codec_state) and steps.
-        st = TransportState(codec, mode=mode, error_feedback=False)
-        _default_states[k] = st
-    return st
-
-
-def _policy_state(comm: MPI.Comm, policy: Policy) -> Router:
-    k = (id(comm), id(policy))
-    st = _policy_states.get(k)
-    if st is None or st.chooser is not policy:
-        st = _policy_states[k] = Router(policy, error_feedback=False)
-    return st
 
 
 def iallreduce(
@@ -199,14 +162,10 @@ def iallreduce(
             raise ConfigError(f"out= must be a numpy or device array, not {type(out).__name__}")
         elif xp.backend(out) != xp.backend(arr):
             raise ConfigError(f"out= lives in {xp.backend(out)} memory and x in {xp.backend(arr)}")
-        if isinstance(given, Router) or isinstance(codec, Policy):  # per-key choice: policy or controller
-            routed = given if isinstance(given, Router) else _policy_state(comm, codec)  # type: ignore[arg-type]
-            return queue.submit(routed.protocol(adapter, arr, out, key or "tensor", op))
-        c = given.codec if isinstance(given, (TransportState, ErrorFeedback)) and codec is None else get_codec(codec)  # type: ignore[arg-type]
-        ts = _state_for(comm, c, mode, given)
+        proto = call_protocol(adapter, ("mpi", id(comm)), arr, out, codec, op, key or "tensor", mode, given)
     except Exception as e:  # take part, so that the peers raise too instead of waiting
         return queue.submit(failed_exchange(adapter, e, f"allreduce of {key or 'tensor'!r}"))
-    return queue.submit(allreduce_protocol(adapter, ts, arr, out, key or "tensor", op, mode))
+    return queue.submit(proto)
 
 
 def allreduce(

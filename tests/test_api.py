@@ -211,9 +211,9 @@ def test_info_fields():
 
 
 def test_limits_on_encode():
-    with gcodec.limits(max_elements=100), pytest.raises(gcodec.LimitExceededError):
+    with gcodec.scoped_limits(max_elements=100), pytest.raises(gcodec.LimitExceededError):
         gcodec.get_codec("fp16").encode(np.ones(101, np.float32))
-    with gcodec.limits(max_ndim=2), pytest.raises(gcodec.LimitExceededError):
+    with gcodec.scoped_limits(max_ndim=2), pytest.raises(gcodec.LimitExceededError):
         gcodec.get_codec("fp16").encode(np.ones((1, 1, 1), np.float32))
 
 

@@ -73,3 +73,22 @@ def test_a_controller_given_as_the_policy_is_taken_as_the_controller_with_a_warn
         new.policy = ctl
     new.policy = {"*": None}  # a policy change adapts the chooser and runs nothing
     assert len(calls) == 2 and not Router({"*": None}).adaptive
+
+
+@pytest.mark.torch
+def test_assigning_an_engine_setting_warns_and_still_reconfigures_the_router() -> None:
+    """``state.codec = ...`` reconfigured the router behind an assignment; ``configure`` says so.
+    The assignment still works, with a DeprecationWarning naming the method."""
+    pytest.importorskip("torch")
+    from gcodec.torch import FSDPState, HookState
+
+    for st in (HookState("fp16", warm=False), FSDPState("fp16")):
+        st.configure(codec={"id": "uniform", "bits": 4}, min_numel=7)
+        assert st.codec == gcodec.get_codec("uniform", bits=4) and st.min_numel == 7
+        assert st.router.choose("w", (8, 8), 0) == st.codec and st.router.choose("w", (2, 3), 0) is None
+        with pytest.warns(DeprecationWarning, match=rf"call configure\(codec=...\).*{REMOVED_IN}"):
+            st.codec = "bf16"
+        assert st.router.choose("w", (8, 8), 0) == gcodec.get_codec("bf16")
+        with pytest.warns(DeprecationWarning, match=r"configure\(policy=...\)"):
+            st.policy = {"w": None}
+        assert st.policy == {"w": None} and st.router.choose("w", (8, 8), 0) is None

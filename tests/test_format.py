@@ -113,7 +113,7 @@ def test_F5_header_length_zero_and_limit():
     with pytest.raises(gcodec.HeaderError, match="F5"):
         gcodec.validate(b)
     b = payload()
-    with gcodec.limits(max_header_bytes=10), pytest.raises(gcodec.LimitExceededError):
+    with gcodec.scoped_limits(max_header_bytes=10), pytest.raises(gcodec.LimitExceededError):
         gcodec.validate(b)
 
 

@@ -24,8 +24,10 @@ def test_a_state_records_its_rank_and_another_ranks_is_refused() -> None:
     assert (sd["rank"], sd["world_size"]) == (0, 1)
     FSDPState({"id": "uniform", "bits": 4}).load_state_dict(sd)  # its own: accepted
     other = {**sd, "rank": 1, "world_size": 2}
-    with pytest.raises(gcodec.ConfigError, match=r"belongs to rank 1 of 2, not rank 0 of 1"):
+    with pytest.raises(gcodec.ConfigError, match=r"saved by a job of 2 ranks; this job has 1"):
         FSDPState({"id": "uniform", "bits": 4}).load_state_dict(other)
+    with pytest.raises(gcodec.ConfigError, match=r"saved by rank 1 of 1; this is rank 0 of 1"):
+        FSDPState({"id": "uniform", "bits": 4}).load_state_dict({**sd, "rank": 1})
     old = {k: v for k, v in sd.items() if k not in ("rank", "world_size")}  # saved before the fields
     FSDPState({"id": "uniform", "bits": 4}).load_state_dict(old)
 

@@ -1,7 +1,7 @@
 """Limits (docs/limits.md): a huge shape is refused before any allocation.
 
 Every field of :class:`gcodec.Limits` is enforced on decode (a peer's payload) and on encode (so a
-sender cannot produce what its peers would refuse), through both ``gcodec.limits(...)`` and the
+sender cannot produce what its peers would refuse), through both ``gcodec.scoped_limits(...)`` and the
 ``limits=`` argument. A header declaring an absurd size is refused with ``LimitExceededError`` while
 the traced allocation stays tiny.
 """
@@ -103,7 +103,7 @@ def test_default_limits_admit_realistic_tensors():
     tiny = _topk_declaring([1 << 29])  # 204 bytes declaring 2 GiB of float32
     assert len(tiny) < 300
     for fn in (gcodec.validate, gcodec.decode):
-        with pytest.raises(LimitExceededError, match=r"max_elements=268435456.*gcodec\.limits\(max_elements="):
+        with pytest.raises(LimitExceededError, match=r"max_elements=268435456.*gcodec\.scoped_limits\(max_elements="):
             fn(tiny)
 
 
@@ -160,7 +160,7 @@ def test_every_limits_field_is_covered():
 
 @pytest.mark.parametrize("field", sorted(TIGHT))
 def test_limit_enforced_on_decode(field):
-    with gcodec.limits(**{field: TIGHT[field]}):
+    with gcodec.scoped_limits(**{field: TIGHT[field]}):
         for fn in (gcodec.decode, gcodec.validate):
             with pytest.raises(LimitExceededError, match=field):
                 fn(BUNDLE)
@@ -173,7 +173,7 @@ def test_limit_enforced_on_decode(field):
 @pytest.mark.parametrize("field", sorted(TIGHT))
 def test_limit_enforced_on_encode(field):
     """A sender cannot write a payload that a peer with the same limits refuses."""
-    with gcodec.limits(**{field: TIGHT[field]}):
+    with gcodec.scoped_limits(**{field: TIGHT[field]}):
         with pytest.raises(LimitExceededError, match=field):
             _encode_bundle()
     lim = dataclasses.replace(gcodec.get_limits(), **{field: TIGHT[field]})
@@ -188,7 +188,7 @@ def test_what_encode_accepts_decode_accepts(field):
     limit is refused on decode exactly when the encoder refuses to write it."""
     free = bytes(_encode_one())  # the same tensor, written under the default limits
     for value in (TIGHT[field], TIGHT[field] * 4, LARGEST.get(field, 1 << 40)):
-        with gcodec.limits(**{field: value}):
+        with gcodec.scoped_limits(**{field: value}):
             try:
                 b: bytes | None = bytes(_encode_one())
             except LimitExceededError:
@@ -207,13 +207,13 @@ def test_what_encode_accepts_decode_accepts(field):
 
 def test_limits_context_manager_nests_and_restores():
     before = gcodec.get_limits()
-    with gcodec.limits(max_elements=1000) as outer:
+    with gcodec.scoped_limits(max_elements=1000) as outer:
         assert gcodec.get_limits() is outer and outer.max_elements == 1000
-        with gcodec.limits(max_ndim=3) as inner:
+        with gcodec.scoped_limits(max_ndim=3) as inner:
             assert inner.max_elements == 1000 and inner.max_ndim == 3
         assert gcodec.get_limits() is outer
     assert gcodec.get_limits() == before
-    with pytest.raises(RuntimeError), gcodec.limits(max_elements=1):
+    with pytest.raises(RuntimeError), gcodec.scoped_limits(max_elements=1):
         raise RuntimeError
     assert gcodec.get_limits() == before
 
@@ -229,7 +229,7 @@ def test_set_limits_returns_previous():
 
 
 def test_limits_per_call_override_global():
-    with gcodec.limits(max_elements=10):
+    with gcodec.scoped_limits(max_elements=10):
         gcodec.decode(PAYLOAD, limits=Limits())
         gcodec.validate(PAYLOAD, limits=Limits())
 
@@ -237,7 +237,7 @@ def test_limits_per_call_override_global():
 def test_raised_ndim_limit_never_leaks_a_numpy_error():
     """NumPy arrays have at most 64 dimensions: a raised max_ndim must not let a ValueError escape."""
     b = _fp16_payload([1] * 70, nbytes=2)
-    with gcodec.limits(max_ndim=100):
+    with gcodec.scoped_limits(max_ndim=100):
         for fn in (gcodec.validate, gcodec.decode):
             with pytest.raises(gcodec.GcodecError):
                 fn(b)
@@ -247,12 +247,12 @@ def test_raised_ndim_limit_never_leaks_a_numpy_error():
 def test_element_limit_per_codec(case):
     b = encode_case(case)
     n = int(np.prod(case.shape))
-    with gcodec.limits(max_elements=n - 1):
+    with gcodec.scoped_limits(max_elements=n - 1):
         with pytest.raises(LimitExceededError):
             gcodec.decode(b)
         with pytest.raises(LimitExceededError):
             encode_case(case)
-    with gcodec.limits(max_elements=n):
+    with gcodec.scoped_limits(max_elements=n):
         gcodec.decode(b)
 
 
@@ -320,23 +320,30 @@ def test_sparse_index_temporaries_count_against_the_scratch_limit():
     params = {"k": k, "index_coding": "delta", "index_bytes": 0, "values": sign}
     b = _zero_payload("topk", [k], params)
     assert len(b) < 21 << 20  # index_widths (k / 64 bytes) and 1-bit values; zero-width gaps
-    with gcodec.limits(max_scratch_bytes=(12 * k) - 1):
+    with gcodec.scoped_limits(max_scratch_bytes=(12 * k) - 1):
         for fn in (gcodec.validate, gcodec.decode):
             err, peak = _peak(lambda f=fn: f(b))
             assert isinstance(err, LimitExceededError) and "max_scratch_bytes" in str(err), repr(err)
             assert peak < SMALL_PEAK + 4 * len(b)
 
 
-def test_limits_is_the_module_and_the_context_manager():
-    """``import gcodec.limits as L`` gives the module; ``gcodec.limits(...)`` still scopes limits."""
+def test_limits_is_the_module_and_calling_it_is_deprecated():
+    """``import gcodec.limits as L`` gives the module; ``gcodec.scoped_limits(...)`` scopes limits;
+    the old call of the module, ``gcodec.limits(...)``, still does, with a DeprecationWarning."""
     import importlib
 
     L = importlib.import_module("gcodec.limits")
     assert L is gcodec.limits and L.Limits is gcodec.Limits and L.set_limits is gcodec.set_limits
     before = gcodec.get_limits().max_elements
-    with gcodec.limits(max_elements=7) as lim:
+    with gcodec.scoped_limits(max_elements=7) as lim:
         assert lim.max_elements == 7 and gcodec.get_limits().max_elements == 7
     assert gcodec.get_limits().max_elements == before
+    with pytest.warns(DeprecationWarning, match=r"gcodec.limits\(...\) is renamed gcodec.scoped_limits"):
+        with gcodec.limits(max_elements=9) as lim:  # type: ignore[operator]
+            assert lim.max_elements == 9 and gcodec.get_limits().max_elements == 9
+    assert gcodec.get_limits().max_elements == before
+    with pytest.warns(DeprecationWarning, match="renamed gcodec.limits.scoped_limits"):
+        assert L.limits is gcodec.scoped_limits
 
 
 def test_a_header_of_tiny_containers_is_refused_before_it_becomes_tens_of_mib():

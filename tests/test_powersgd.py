@@ -377,7 +377,9 @@ def test_decode_work_limit_refuses_huge_rank_before_decoding():
     b = _zero_payload("powersgd", [8192, 8192], params)
     assert len(b) < 3 << 20
     for fn in (gcodec.validate, gcodec.decode):
-        with pytest.raises(gcodec.LimitExceededError, match=r"68719476736 exceeds max_decode_work=.*gcodec\.limits"):
+        with pytest.raises(
+            gcodec.LimitExceededError, match=r"68719476736 exceeds max_decode_work=.*gcodec\.scoped_limits"
+        ):
             fn(b)
     # the same shape at rank 32 is within the default
     ok = _zero_payload("powersgd", [8192, 8192], {**params, "rank": 32})
@@ -389,8 +391,8 @@ def test_decode_work_limit_refuses_huge_rank_before_decoding():
 def test_encoder_refuses_what_exceeds_the_work_limit():
     x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     codec = gcodec.get_codec("powersgd", rank=8)
-    with gcodec.limits(max_decode_work=64 * 64 * 8 - 1):
+    with gcodec.scoped_limits(max_decode_work=64 * 64 * 8 - 1):
         with pytest.raises(gcodec.LimitExceededError, match="max_decode_work"):
             codec.encode(x)
-    with gcodec.limits(max_decode_work=64 * 64 * 8):
+    with gcodec.scoped_limits(max_decode_work=64 * 64 * 8):
         gcodec.decode(codec.encode(x))

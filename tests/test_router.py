@@ -150,10 +150,12 @@ def test_a_codec_without_feedback_gets_the_pending_residual_to_send() -> None:
     a = _res(8, 4, np.float64)  # float64 residuals stay float64 through every move
     r.hold({"w[0:8]": a})
     ts = r.state_for(r.codec(U8))  # type: ignore[arg-type]
-    flush = r.place(ts, "k", "flat", [[Piece.whole("w", 8)]], [(8,)])
+    with pytest.raises(gcodec.ConfigError, match="keeps no residuals"):
+        r.place(ts, "k", "flat", [[Piece.whole("w", 8)]], [(8,)])
+    flush = r.take([[Piece.whole("w", 8)]])
     assert flush is not None and flush[0] is not None and flush[0].dtype == np.float64
     np.testing.assert_array_equal(flush[0], a)
-    assert r.place(ts, "k", "flat", [[Piece.whole("w", 8)]], [(8,)]) is None  # sent once, not twice
+    assert r.take([[Piece.whole("w", 8)]]) is None  # sent once, not twice
 
 
 def test_a_checkpoint_of_the_router_restores_every_range() -> None:

@@ -30,7 +30,7 @@ oracle is ``check_encoder``: encoding raises a ``GcodecError`` or writes a paylo
 oracles above as valid. Seeds: wide-range tensors of every case (``encoder_seeds``).
 
 Decoding is limited to ``--max-output-mb`` (default 256) decoded bytes per payload during the run
-(``gcodec.limits(max_output_bytes=...)``), so that a legitimately huge declared tensor does not
+(``gcodec.scoped_limits(max_output_bytes=...)``), so that a legitimately huge declared tensor does not
 exhaust the machine; the size checks themselves are exercised all the same.
 
 docs/fuzzing.md explains how to run it for hours and what to do with a crash.

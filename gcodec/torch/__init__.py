@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
-from ..codecs import Codec, get_codec
+from ..codecs import Codec
 from ..deprecation import renamed_names
-from ..errors import ConfigError
+from ..feedback import ErrorFeedback
 from ..policy import Policy as CodecPolicy
-from ..transports import Router, TransportState, allreduce_protocol
+from ..transports import Router, TransportState
 from ..transports.control import failed_exchange
+from ..transports.router import call_protocol
 from .comm import FutureQueue as FutureQueue  # importable for engines built on it; not the API
 from .comm import FutureWork, comm_for, queue_for, synchronize
 from .comm import TorchCommunicator as TorchCommunicator
@@ -54,10 +55,6 @@ __all__ = [
 
 __getattr__ = renamed_names("gcodec.torch", {"Policy": ("TensorChooser", TensorChooser)})
 
-_states: dict[tuple[int, str, str], TransportState] = {}
-_routers: dict[tuple[int, int], Router] = {}
-
-
 #: What ``all_reduce(..., async_op=True)`` returns, like torch's ``Work``.
 AllReduceWork = FutureWork
 
@@ -71,7 +68,7 @@ def all_reduce(
     *,
     key: str | None = None,
     mode: str = "auto",
-    state: TransportState | Router | None = None,
+    state: TransportState | ErrorFeedback | Router | None = None,
 ) -> AllReduceWork | None:
     """Compressed allreduce of a tensor, in place (the result overwrites ``tensor``).
 
@@ -86,46 +83,21 @@ def all_reduce(
         async_op: return a work object instead of waiting (as ``torch.distributed.all_reduce``).
         key: names the tensor for its state (residuals, streams, statistics).
         mode: ``"auto"``, ``"summable"``, ``"gather"``, ``"two_phase"`` or ``"lowrank"``.
-        state: a :class:`TransportState` for error feedback and statistics; by default a shared
+        state: a :class:`TransportState` for error feedback and statistics, or a
+            :class:`gcodec.ErrorFeedback` (worker residuals kept in it); by default a shared
             state without error feedback, per group and codec. Or a
             :class:`~gcodec.transports.Router` (a policy or an adaptive controller choosing per key
             and step, residuals that follow a key across codec changes), as ``gcodec.mpi``'s
             ``Router``.
     """
     comm = comm_for(group)
-    if isinstance(state, Router) or isinstance(codec, CodecPolicy):
-        try:
-            got = state if isinstance(state, Router) else _routers.get((id(group), id(codec)))
-            if got is None or (got.chooser is not codec and not isinstance(state, Router)):
-                got = _routers[(id(group), id(codec))] = Router(codec, error_feedback=False, mode=mode)
-            router = got
-            arr = as_array(tensor)
-        except Exception as e:
-            queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
-            raise
-        fut = queue_for(group).submit(router.protocol(comm, arr, arr, key or "tensor", op), tensor.device)
-        work = AllReduceWork(fut)
-        if async_op:
-            return work
-        work.wait()
-        return None
     try:
-        if codec is None:
-            raise ConfigError("all_reduce needs a codec (or a Router as state=)")
-        c = get_codec(codec)  # type: ignore[arg-type]
-        if state is None:
-            k = (id(group), repr(c), mode)
-            state = _states.get(k)
-            if state is None:
-                state = _states[k] = TransportState(c, error_feedback=False, mode=mode)
-        elif state.codec != c:
-            raise ConfigError(f"state holds codec {state.codec!r}, not {c!r}")
         arr = as_array(tensor)  # a NumPy view (CPU) or a device array (CUDA), never a copy
+        proto = call_protocol(comm, ("torch", id(group)), arr, arr, codec, op, key or "tensor", mode, state)
     except Exception as e:  # take part, so that the peers raise too instead of waiting
         queue_for(group).run(failed_exchange(comm, e, f"all_reduce of {key or 'tensor'!r}"))
         raise
-    fut = queue_for(group).submit(allreduce_protocol(comm, state, arr, arr, key or "tensor", op, mode), tensor.device)
-    work = AllReduceWork(fut)
+    work = AllReduceWork(queue_for(group).submit(proto, tensor.device))
     if async_op:
         return work
     work.wait()

@@ -33,6 +33,7 @@ from ..transports.control import Exchange, control_bytes, failed_exchange
 from ..transports.handshake import fingerprint
 from .comm import FutureWork, comm_for, own_group, queue_for, synchronize
 from .convert import arrays_from_tensors, as_array
+from .engine import check_owner, config_diff, rank_and_world
 
 __all__ = ["DiLoCo"]
 
@@ -364,18 +365,11 @@ class DiLoCo:
             raise ConfigError(f"DiLoCo state version {version!r}, this gcodec reads 1 to {_STATE_VERSION}")
         mine = json.dumps(self._config, sort_keys=True)
         if sd["config"] != mine:
-            raise ConfigError(f"DiLoCo state was saved with another configuration ({_config_diff(sd['config'], mine)})")
+            diff = config_diff(json.loads(sd["config"]), json.loads(mine)) or "the same fields, another order"
+            raise ConfigError(f"DiLoCo state was saved with another configuration ({diff})")
         if version == _STATE_VERSION:
-            rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-            if int(sd["world_size"]) != world:
-                raise ConfigError(
-                    f"DiLoCo state was saved by a job of {int(sd['world_size'])} replicas; this one has {world}"
-                )
-            if int(sd["rank"]) != rank:
-                raise ConfigError(
-                    f"DiLoCo state was saved by rank {int(sd['rank'])}; this is rank {rank}: every replica must load "
-                    "its own (its local parameters and residuals are its own; docs/lowcomm.md, 'Checkpoints')"
-                )
+            hint = "every replica loads its own local parameters and residuals (docs/lowcomm.md, 'Checkpoints')"
+            check_owner("DiLoCo state", (sd["rank"], sd["world_size"]), rank_and_world(self.group), hint)
         self.sync()
         self._pending.clear()
         with torch.no_grad():
@@ -424,13 +418,6 @@ def _agree_parameters(named: Sequence[tuple[str, torch.Tensor]], group: Any) -> 
         + (f" (parameter counts: {counts})" if counts else "")
         + f": the first that differs is #{first}: {held}"
     )
-
-
-def _config_diff(saved: str, mine: str) -> str:
-    """The fields in which two configuration JSONs differ, each with both values."""
-    a, b = json.loads(saved), json.loads(mine)
-    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return "; ".join(f"{k}: saved {a.get(k)!r}, here {b.get(k)!r}" for k in keys) or "the same fields, another order"
 
 
 def _hyper(opt: torch.optim.Optimizer) -> dict[str, Any]:

@@ -39,17 +39,16 @@ from ..deprecation import renamed_names
 from ..errors import ConfigError
 from ..policy import DEFAULTS
 from ..policy import Policy as CodecPolicy
-from ..transports import Router, TransportState
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import allgather_protocol
 from ..transports.handshake import Agreement, fingerprint
 from ..transports.plan import Item, Piece, Plan, policy_chooser
 from ..transports.plan import plan as make_plan
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
-from ..transports.router import RouterSetting, split_controller
-from ..transports.stats import Stats, StepReports, StepStats, scatter_bytes
+from ..transports.stats import Stats, StepStats, scatter_bytes
 from .comm import FutureWork, TorchCommunicator, comm_for, queue_for
 from .convert import as_array
+from .engine import EngineState, check_owner, rank_and_world
 from .hook import TensorChooser
 
 __all__ = ["FSDPState", "QuantizedAllGather", "ReduceScatter", "compress_fsdp", "reshard_state_dicts"]
@@ -101,7 +100,7 @@ class _Layout:
         self.row = sum(e[3] for e in entries)
 
 
-class FSDPState:
+class FSDPState(EngineState):
     """State of the compressed reduce-scatters of one FSDP2 model (what :func:`compress_fsdp` returns).
 
     Args:
@@ -137,8 +136,15 @@ class FSDPState:
         all_gather: Codec | str | dict[str, Any] | None = None,
         controller: Any = None,
     ) -> None:
-        policy, controller = split_controller(policy, controller)
-        self.codec = get_codec(codec)
+        self._setup(
+            codec,
+            policy=policy,
+            controller=controller,
+            start_iter=start_iter,
+            min_numel=min_numel,
+            error_feedback=error_feedback,
+            num_threads=num_threads,
+        )
         self.all_gather = None if all_gather is None else get_codec(all_gather)
         if self.all_gather is not None and self.all_gather.low_rank:
             raise ConfigError(f"{self.all_gather.codec_id} needs whole matrices; FSDP all-gathers flat shards")
@@ -146,33 +152,14 @@ class FSDPState:
         self._ag = Stats()
         if self.codec.low_rank:
             raise ConfigError(f"{self.codec.codec_id} needs whole matrices; FSDP's reduce-scatter sends row chunks")
-        self.policy = policy
-        self.start_iter = int(start_iter)
-        self.min_numel = int(min_numel)
-        self.error_feedback = bool(error_feedback)
-        self.num_threads = num_threads
         self.iters: dict[str, int] = {}  # module FQN -> reduce-scatters done
-        self.router = Router(
-            policy,
-            controller=controller,
-            codec=self.codec,
-            min_numel=self.min_numel,
-            dense_1d=DEFAULTS.dense_1d,
-            error_feedback=self.error_feedback,
-            num_threads=num_threads,
-        )
         self._dense = Stats()
-        #: per-step totals over every module's reduce-scatter (:meth:`step_report`)
-        self.reports = StepReports()
         self._modules: set[str] = set()  # the ReduceScatters of this state: a step ends when all reported
-        self._agreed: dict[str, str] = {}
         self._threads: int | None = num_threads
         self._shapes: dict[str, tuple[int, ...]] = {}
 
-    # ---- policy (the router's settings: changes reach it) -----------------------------------
-    codec = RouterSetting(get_codec)
-    min_numel = RouterSetting(int)
-    policy = RouterSetting()
+    def _config(self) -> dict[str, Any]:
+        return {**super()._config(), "all_gather": self.all_gather and self.all_gather.get_config()}
 
     def codec_for(self, fqn: str, shape: Sequence[int], step: int = 0, rung: Codec | None = None) -> Codec | None:
         """The codec of a parameter at its module's ``step``, or None when it stays dense (policy,
@@ -185,9 +172,6 @@ class FSDPState:
             raise ConfigError(f"{fqn}: {codec.codec_id} cannot compress FSDP's row chunks (it needs whole matrices)")
         return codec
 
-    def state_for(self, codec: Codec) -> TransportState:
-        return self.router.state_for(codec)
-
     def comm(self, group: Any) -> TorchCommunicator:
         return comm_for(group)
 
@@ -196,14 +180,6 @@ class FSDPState:
         return max(self.iters.values(), default=0)
 
     # ---- statistics --------------------------------------------------------------------------
-    def step_report(self) -> dict[str, Any]:
-        """What the reduce-scatters did per step, every module together, as the DDP hook's
-        :meth:`HookState.step_report`: ``step`` is the modules' reduce-scatter count (warm-up
-        included), a step ends when every module of this state has reported it, dense bytes are
-        the columns sent uncompressed in a compressed step (``dense_wire_bytes`` their
-        reduce-scatter share, (p-1)/p), and ``held_s`` runs from each call to its protocol's end."""
-        return self.reports.as_dict()
-
     def _report(self, step: int, groups: list[StepStats], raw: int, t0: float, **dense: Any) -> None:
         held = time.perf_counter() - t0
         self.reports.add(step, groups, raw_bytes=raw, held_s=held, parts=len(self._modules), **dense)
@@ -212,9 +188,7 @@ class FSDPState:
         """Per key (module and codec): bytes and seconds of the last step and totals, as the DDP
         hook's ``HookState.stats()``; dense traffic under ``"<module>:dense"`` with codec None."""
         out: dict[str, dict[str, Any]] = {k: {**v, "codec": None} for k, v in self._dense.as_dict().items()}
-        for st in self.router.states.values():
-            for k, v in st.stats().items():
-                out[k] = {**v, "codec": st.codec.get_config()}
+        out.update(super().stats())
         if self.all_gather is not None:
             cfg = self.all_gather.get_config()
             for k, v in self._ag.as_dict().items():
@@ -236,7 +210,7 @@ class FSDPState:
         Tensors, ints, floats, strings and None only: ``torch.load(weights_only=True)`` reads it.
         """
         residuals = {k: torch.from_numpy(v.astype(np.float32)) for k, v in self.router.ranges().items()}
-        rank, world = _rank_and_world()
+        rank, world = rank_and_world()
         return {
             "format": FORMAT,
             "rank": rank,
@@ -258,17 +232,10 @@ class FSDPState:
             raise ConfigError(f"not a gcodec FSDP state dict (format {sd.get('format')!r})")
         if get_codec(json.loads(sd["codec"])) != self.codec:
             raise ConfigError(f"state was saved with codec {sd['codec']}, not {self.codec.get_config()}")
-        # Each rank's residuals are its own: at the world size they were saved at, a rank loads
-        # its own (the single-file habit of loading rank 0's everywhere would give every rank rank
-        # 0's residuals, silently); at another world size, reshard_state_dicts' outputs name the
-        # rank each is for. A state without these fields (saved before them) loads unchecked.
-        rank, world = _rank_and_world()
-        saved = (sd.get("rank"), sd.get("world_size"))
-        if None not in saved and rank is not None and saved != (rank, world):
-            raise ConfigError(
-                f"this FSDP state belongs to rank {saved[0]} of {saved[1]}, not rank {rank} of {world}: each rank "
-                "loads the state it saved (reshard_state_dicts makes one per rank for another world size)"
-            )
+        # At another world size, reshard_state_dicts' outputs name the rank each is for. A state
+        # without these fields (saved before them) loads unchecked.
+        hint = "each rank loads the state it saved (reshard_state_dicts makes one per rank for another world size)"
+        check_owner("FSDP state", (sd.get("rank"), sd.get("world_size")), rank_and_world(), hint)
         self.iters = {str(k): int(v) for k, v in sd["iters"].items()}
         self._shapes = {str(k): tuple(int(d) for d in v) for k, v in sd["shapes"].items()}
         pending = _assemble(sd["residuals"], self._shapes)
@@ -352,13 +319,6 @@ def _assemble(residuals: Mapping[str, Any], shapes: Mapping[str, Sequence[int]])
             raise ConfigError(f"residual {k!r} has shape {vals.shape}; expected ({b - a},) within {arr.shape[0]}")
         arr[a:b] = vals
     return full
-
-
-def _rank_and_world() -> tuple[int | None, int | None]:
-    """(this rank, the world size) of the default process group, or (None, None) before it is up."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None, None
-    return dist.get_rank(), dist.get_world_size()
 
 
 def reshard_state_dicts(state_dicts: Sequence[Mapping[str, Any]], world_size: int) -> list[dict[str, Any]]:

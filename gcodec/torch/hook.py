@@ -47,25 +47,24 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import xp
 from ..arrays import BFLOAT16, tensors_from_arrays
-from ..codecs import Codec, get_codec
+from ..codecs import Codec
 from ..deprecation import renamed_names
 from ..errors import ConfigError, GcodecError
 from ..policy import DEFAULTS
 from ..policy import Policy as CodecPolicy
 from ..telemetry import Telemetry
-from ..transports import DENSE, DoneWork, LowRankItem, Router, TransportState
+from ..transports import DENSE, DoneWork, LowRankItem, Router
 from ..transports.control import Exchange, failed_exchange
 from ..transports.handshake import fingerprint
 from ..transports.plan import Group, Item, Plan, policy_chooser
 from ..transports.plan import plan as make_plan
 from ..transports.quality import sample_quality
-from ..transports.router import RouterSetting, split_controller
 from ..transports.run import dense, run
-from ..transports.state import check_mode
-from ..transports.stats import StepReports, StepStats, ring_bytes
+from ..transports.stats import StepStats, ring_bytes
 from ..warmup import warm_for_training
 from .comm import TorchCommunicator, comm_for, queue_for
 from .convert import arrays_from_tensors, as_array
+from .engine import EngineState, check_owner, config_diff, rank_and_world
 
 __all__ = ["HookNotCalledWarning", "HookState", "TensorChooser", "comm_hook"]
 
@@ -75,8 +74,6 @@ __all__ = ["HookNotCalledWarning", "HookState", "TensorChooser", "comm_hook"]
 TensorChooser = Callable[[str, torch.Tensor], "Codec | str | dict[str, Any] | None"]
 
 __getattr__ = renamed_names("gcodec.torch.hook", {"Policy": ("TensorChooser", TensorChooser)})
-
-_POLICY_MARK = "gcodec.policy.Policy"  # how a pickled HookState tells a Policy from a pattern dict
 
 
 class HookNotCalledWarning(UserWarning):
@@ -159,7 +156,7 @@ def _first_bucket(state: HookState) -> None:
     _sweep()  # in DDP's backward, outside any optimizer step
 
 
-class HookState:
+class HookState(EngineState):
     """State of :func:`comm_hook`, kept apart from the hook as torch does with ``PowerSGDState``.
 
     Args:
@@ -229,43 +226,31 @@ class HookState:
         warmup_codec: Codec | str | dict[str, Any] | None = None,
         warm: bool = True,
     ) -> None:
-        policy, controller = split_controller(policy, controller)
-        self.codec = get_codec(codec)
-        self.telemetry = telemetry
+        self._setup(
+            codec,
+            policy=policy,
+            controller=controller,
+            start_iter=start_iter,
+            min_numel=min_numel,
+            error_feedback=error_feedback,
+            num_threads=num_threads,
+            mode=mode,
+            telemetry=telemetry,
+        )
         self.process_group = process_group
-        self.start_iter = int(start_iter)
-        self.min_numel = int(min_numel)
-        self.error_feedback = bool(error_feedback)
-        self.mode = check_mode(mode)
-        self.policy = policy
-        self.num_threads = num_threads
         self.iter = 0
         self._names: dict[int, str] = {}
         if module is not None:
             self._names = {id(p): n for n, p in module.named_parameters()}
         self._named_by_order = module is None
-        self.router = Router(
-            policy,
-            controller=controller,
-            codec=self.codec,
-            min_numel=self.min_numel,
-            dense_1d=DEFAULTS.dense_1d,
-            error_feedback=self.error_feedback,
-            mode=self.mode,
-            num_threads=num_threads,
-            telemetry=telemetry,
-        )
         self._comm: TorchCommunicator | None = None
         self._expected: tuple[int | None, int | None] | None = None  # (rank, world) a loaded state was saved by
         #: The error of the last bucket that failed on this rank (None while none has), as raised:
         #: DDP re-raises it from ``backward()`` as a ``RuntimeError`` with its message only
         #: (``except RuntimeError: raise state.last_error``). Its message starts with its class.
         self.last_error: BaseException | None = None
-        self._agreed: dict[str, str] = {}  # bucket -> the plan its exchange last agreed on
         # bucket index -> (what its compressed plan followed from, the fingerprint, its JSON)
         self._plans: dict[int, tuple[Any, dict[str, Any], str]] = {}
-        #: per-iteration totals over every bucket (:meth:`step_report`)
-        self.reports = StepReports()
         self.warmup_codec = self.router.codec(warmup_codec)
         self._warned: set[str] = set()  # codec configs warned about for not shrinking their input
         #: seconds the kernels' warm-up took at construction (0.0 without ``warm``)
@@ -273,7 +258,7 @@ class HookState:
         if warm:
             dtypes = {torch.float32} | ({q.dtype for q in module.parameters()} if module is not None else set())
             self.warm_s = warm_for_training(
-                _configured_codecs(self.codec, self.warmup_codec, policy, controller),
+                _configured_codecs(self.codec, self.warmup_codec, self.policy, self.controller),
                 [np.dtype(str(d).replace("torch.", "")) if d != torch.bfloat16 else BFLOAT16 for d in dtypes],
                 error_feedback=self.error_feedback,
             )
@@ -283,16 +268,6 @@ class HookState:
         self._watched = None if module is None else {id(q) for q in module.parameters()}
         self._watch_handle = _watch(self)
 
-    @property
-    def controller(self) -> Any:
-        """The adaptive controller (None: the policy decides)."""
-        return self.router.controller
-
-    # ---- the configuration the router's shorthand policy holds (changes reach the router) ----
-    codec = RouterSetting(get_codec)
-    min_numel = RouterSetting(int)
-    policy = RouterSetting()
-
     # ---- names, codecs, states ---------------------------------------------------------------
     def _name(self, p: torch.Tensor) -> str:
         name = self._names.get(id(p))
@@ -301,39 +276,19 @@ class HookState:
             self._names[id(p)] = name
         return name
 
-    def state_for(self, codec: Codec) -> TransportState:
-        """The transport state (residuals, statistics) of one codec of this hook."""
-        return self.router.state_for(codec)
-
     def comm(self) -> TorchCommunicator:
         if self._comm is None:
             self._comm = comm_for(self.process_group)
         return self._comm
 
-    # ---- statistics and checkpoints ----------------------------------------------------------
-    def stats(self) -> dict[str, dict[str, Any]]:
-        """Per key (parameter group) and codec: bytes and seconds of the last step and totals."""
-        out: dict[str, dict[str, Any]] = {}
-        for st in self.router.states.values():
-            for k, v in st.stats().items():
-                out[k] = {**v, "codec": st.codec.get_config()}
-        return out
-
-    def step_report(self) -> dict[str, Any]:
-        """What the hook did per iteration, every bucket together: the last finished iteration
-        (``"last"``: raw, encoded, received and dense bytes, encode, communication, decode and
-        overhead seconds that add up to ``held_s``, the time the hook held the buckets; ``step``
-        is the hook's iteration, warm-up included), the number of iterations and the totals
-        (:class:`gcodec.transports.stats.StepReports`)."""
-        return self.reports.as_dict()
-
+    # ---- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Iteration and the router's state (every codec's steps and factors, the residuals by
         parameter and element range, a controller's figures), with whose state it is: this rank,
         the world size and the configuration. Tensors, ints and strings only
         (``torch.load(weights_only=True)`` accepts it). The residuals are this rank's own: every
         rank saves its own state and loads its own (docs/transports.md, "Checkpoints")."""
-        rank, world = _rank_and_world(self.process_group)
+        rank, world = rank_and_world(self.process_group)
         return {
             "version": _STATE_VERSION,
             "rank": rank,
@@ -353,12 +308,10 @@ class HookState:
                 raise ConfigError(
                     f"this hook state has version {int(sd['version'])}; this gcodec reads up to {_STATE_VERSION}"
                 )
-            _same_config(json.loads(str(sd["config"])), json.loads(self._config_json()))
-            saved = (
-                None if sd["rank"] is None else int(sd["rank"]),
-                None if sd["world_size"] is None else int(sd["world_size"]),
-            )
-            self._expected = saved
+            diff = config_diff(json.loads(str(sd["config"])), json.loads(self._config_json()))
+            if diff:
+                raise ConfigError(f"this hook state was saved with another configuration ({diff})")
+            self._expected = (sd["rank"], sd["world_size"])
             self._check_owner()
         self._agreed.clear()  # agree again after a restore: the peers may have changed
         self.iter = int(sd["iter"])
@@ -378,63 +331,16 @@ class HookState:
     def _check_owner(self) -> None:
         """Raise ConfigError when the state loaded here was saved by another rank or world size
         (a no-op until the process group is up; the hook checks again at its first bucket)."""
-        if self._expected is None:
+        here = rank_and_world(self.process_group)
+        if self._expected is None or here[0] is None:
             return
-        rank, world = _rank_and_world(self.process_group)
-        if rank is None:
-            return
-        want_rank, want_world = self._expected
-        if want_world is not None and want_world != world:
-            raise ConfigError(
-                f"this hook state was saved by a job of {want_world} ranks; this job has {world}: its residuals "
-                "and warm starts belong to that job's ranks (start this job's hook afresh instead)"
-            )
-        if want_rank is not None and want_rank != rank:
-            raise ConfigError(
-                f"this hook state was saved by rank {want_rank}; this is rank {rank}: every rank must load its own "
-                "state (residuals are per rank; docs/transports.md, 'Checkpoints')"
-            )
+        hint = "every rank loads its own state, saved by a job of its size (docs/transports.md, 'Checkpoints')"
+        check_owner("hook state", self._expected, here, hint)
         self._expected = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Like torch's PowerSGDState: the configuration and the state, not the process group (nor
-        # the live adapter, nor parameter identities, which name parameters of this process only).
-        return {**self._config(), "state": self.state_dict()}
-
     def _config(self) -> dict[str, Any]:
-        """The constructor's arguments that pickling keeps."""
-        policy: Any = self.policy
-        if isinstance(policy, CodecPolicy):
-            policy = {_POLICY_MARK: policy.to_dict()}
-        elif isinstance(policy, Mapping):
-            policy = {k: (v if v is None else get_codec(v).get_config()) for k, v in policy.items()}
-        return {
-            "codec": self.codec.get_config(),
-            "start_iter": self.start_iter,
-            "min_numel": self.min_numel,
-            "error_feedback": self.error_feedback,
-            "mode": self.mode,
-            "policy": policy,
-            "controller": self.controller,
-            "num_threads": self.num_threads,
-            "warmup_codec": None if self.warmup_codec is None else self.warmup_codec.get_config(),
-        }
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        if isinstance(d["policy"], Mapping) and _POLICY_MARK in d["policy"]:
-            d = {**d, "policy": CodecPolicy.from_dict(d["policy"][_POLICY_MARK])}
-        self.__init__(  # type: ignore[misc]
-            d["codec"],
-            start_iter=d["start_iter"],
-            min_numel=d["min_numel"],
-            error_feedback=d["error_feedback"],
-            mode=d["mode"],
-            policy=d["policy"],
-            controller=d.get("controller"),
-            num_threads=d["num_threads"],
-            warmup_codec=d.get("warmup_codec"),
-        )
-        self.load_state_dict(d["state"])
+        warmup = None if self.warmup_codec is None else self.warmup_codec.get_config()
+        return {**super()._config(), "mode": self.mode, "warmup_codec": warmup}
 
 
 def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
@@ -530,22 +436,6 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
 
 #: The layout of HookState.state_dict: 2 added the rank, world size and configuration it belongs to.
 _STATE_VERSION = 2
-
-
-def _rank_and_world(group: Any) -> tuple[int | None, int | None]:
-    """(this rank, the world size) of ``group`` (None: the default group), or (None, None) before
-    the process group is up."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None, None
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
-def _same_config(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
-    """Raise ConfigError naming every field in which a saved state's configuration differs."""
-    diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
-    if diff:
-        parts = "; ".join(f"{k}: saved {saved.get(k)!r}, here {mine.get(k)!r}" for k in diff)
-        raise ConfigError(f"this hook state was saved with another configuration ({parts})")
 
 
 def _warn_no_gain(state: HookState, plan: Plan, grads: list[torch.Tensor]) -> None:

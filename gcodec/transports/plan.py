@@ -292,7 +292,11 @@ def plan(
         else:
             shapes = None
         vectors = _vectors([items[i] for i in idx], form)
-        flush = router.place(ts, key, form, vectors, shapes, like(idx[0]))
+        flush = None
+        if ts.worker is None:  # no error feedback in this codec: what its items still owe is sent now
+            flush = router.take(vectors, like(idx[0]))
+        else:
+            router.place(ts, key, form, vectors, shapes, like(idx[0]))
         out.groups.append(Group(key, codec, ts, gmode, idx, form, shape, flush))
     if out.dense:
         taken = router.take(out.dense_vectors(), like(out.dense[0]))

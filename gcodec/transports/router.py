@@ -35,6 +35,7 @@ import hashlib
 import json
 import time
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,8 @@ from ..arrays import dtype_name
 from ..codecs import Codec, get_codec
 from ..deprecation import REMOVED_IN
 from ..errors import ConfigError
-from ..policy import DEFAULTS, Rules, as_policy, size_rule
+from ..feedback import ErrorFeedback
+from ..policy import DEFAULTS, Policy, Rules, as_policy, size_rule
 from .allreduce import allreduce_protocol
 from .comm import Communicator, Protocol
 from .control import Exchange, failed_exchange
@@ -58,7 +60,7 @@ from .state import TransportState, check_mode
 from .stats import DENSE, KeyRounds, StepStats, ring_bytes
 from .two_phase import owner_bounds
 
-__all__ = ["DENSE", "FORMS", "Piece", "Router", "RouterSetting", "split_controller"]
+__all__ = ["DENSE", "FORMS", "Piece", "Router", "call_protocol", "split_controller"]
 
 #: How a group's residual is stored in its codec's state (module docstring).
 FORMS = ("flat", "split", "rows", "lowrank")
@@ -118,15 +120,16 @@ def _shares(st: StepStats, keys: Sequence[tuple[str, int, int]], weights: Sequen
     return out
 
 
-def split_controller(policy: Any, controller: Any) -> tuple[Any, Any]:
+def split_controller(policy: Any, controller: Any, stacklevel: int = 3) -> tuple[Any, Any]:
     """``(policy, controller)`` as an engine was given them, with an adaptive controller given as
-    the policy (the old form) moved to ``controller``, with a DeprecationWarning."""
+    the policy (the old form) moved to ``controller``, with a DeprecationWarning (``stacklevel``:
+    the engine's caller's frame, counted from here)."""
     if controller is None and hasattr(policy, "select"):
         warnings.warn(
             f"an adaptive controller given as the policy: pass it as controller= (the old form goes in gcodec "
             f"{REMOVED_IN})",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         return None, policy
     return policy, controller
@@ -465,17 +468,19 @@ class Router:
         vectors: Sequence[Sequence[Piece]],
         shapes: Sequence[tuple[int, ...]] | None = None,
         like: Any = None,
-    ) -> list[Any] | None:
+    ) -> None:
         """Make ``ts`` hold the pending residuals of the group ``key`` laid out as ``vectors``.
 
         ``form`` is one of :data:`FORMS`; ``shapes`` gives the residual's shape per vector (flat:
         the tensor's; lowrank: each matrix's), and for ``split`` the number of owners as ``[(p,)]``;
         ``like``, an array of the group's memory (host or device), where the residuals go.
-        Costs nothing in a steady job (the group already holds them). Returns None, or, when ``ts``
-        keeps no residuals (no error feedback), the vectors to add to what is sent this step.
+        Costs nothing in a steady job (the group already holds them). A state without error
+        feedback holds no residuals: what its group still owes is :meth:`take` n, to be sent.
         """
         if form not in FORMS:
             raise ConfigError(f"residual form {form!r} is not one of {list(FORMS)}")
+        if ts.worker is None:
+            raise ConfigError(f"{ts.codec.codec_id} keeps no residuals here (no error feedback): take them to send")
         sid = (ts.codec.config_key, key)
         layout = tuple(tuple(v) for v in vectors)
         shape = None if not shapes else tuple(shapes[0])
@@ -485,7 +490,7 @@ class Router:
         # new world size keeps its vectors but re-slices them): nothing to move
         same = store is not None and store.vectors == layout and store.shape == (shape if form != "lowrank" else None)
         if same and all(self._owner.get(n) == sid for n in names):
-            return None
+            return
         got = self._read_names(names)
         fresh = _Store(sid[0], key, form, layout, shape if form != "lowrank" else None)
         for n in names:
@@ -495,8 +500,6 @@ class Router:
         if old is not None:  # this key's own earlier layout (another owner count): its chunk keys go too
             self._drop(old)
         filled = [self._fill(v, got, like) for v in layout]
-        if ts.worker is None:
-            return filled if any(f is not None for f in filled) else None
         self._stores[sid] = fresh
         for n in names:
             self._owner[n] = sid
@@ -514,11 +517,11 @@ class Router:
                 b = owner_bounds(v.shape[0], p)
                 for i in range(p):  # views of the new vector, which nothing else holds
                     ts.worker.set_residual(f"{key}[{i}/{p}]", v[b[i] : b[i + 1]])
-        return None
 
     def take(self, vectors: Sequence[Sequence[Piece]], like: Any = None) -> list[Any] | None:
-        """The pending residuals of parameters about to go dense, laid out as ``vectors`` and
-        forgotten (the caller sends them with this step); None when there are none."""
+        """The pending residuals of parameters about to go dense, or to a codec without error
+        feedback, laid out as ``vectors`` and forgotten (the caller sends them with this step);
+        None when there are none."""
         names = {pc.name for v in vectors for pc in v}
         if not any(n in self._owner for n in names):
             return None
@@ -763,29 +766,47 @@ class Router:
         return out
 
 
-class RouterSetting:
-    """An engine attribute that is also one of its router's settings (``codec``, ``min_numel`` or
-    ``policy``): reading it gives the engine's value; setting it (``convert`` applied) re-adapts the
-    router's policy from the next choice, once the engine has its ``router``."""
+#: The states and routers of single calls given none, per communicator (``scope``), codec and mode.
+_shared: dict[tuple[Any, ...], Any] = {}
+_wrapped: weakref.WeakKeyDictionary[ErrorFeedback, TransportState] = weakref.WeakKeyDictionary()
 
-    def __init__(self, convert: Any = None) -> None:
-        self.convert = convert
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name, self.slot = name, "_" + name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        return self if obj is None else getattr(obj, self.slot)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        value = value if self.convert is None else self.convert(value)
-        setattr(obj, self.slot, value)
-        router = obj.__dict__.get("router")
-        if isinstance(router, Router):
-            if self.name == "policy":
-                router.policy = value
-            else:
-                router.configure(**{self.name: value})
+def call_protocol(
+    comm: Communicator, scope: Any, x: Any, out: Any, codec: Any, op: str, key: str, mode: str, state: Any
+) -> Protocol:
+    """One allreduce of ``key`` as ``gcodec.mpi.iallreduce`` and ``gcodec.torch.all_reduce`` take
+    their arguments. A :class:`Router` as ``state``, or a :class:`~gcodec.policy.Policy` as
+    ``codec`` (a router without error feedback shared per ``scope`` and policy), chooses per key
+    and step; else ``state`` is a :class:`TransportState`, a :class:`gcodec.ErrorFeedback` (its
+    worker residuals, wrapped once) or None (a state without error feedback shared per ``scope``,
+    codec and mode: it keeps a codec's warm starts and steps). Raises ConfigError on bad arguments
+    (the caller takes part in the exchange with it)."""
+    if isinstance(state, Router) or isinstance(codec, Policy):
+        router = state
+        if not isinstance(state, Router):
+            router = _shared.get((scope, id(codec)))
+            if router is None or router.chooser is not codec:
+                router = _shared[(scope, id(codec))] = Router(codec, error_feedback=False, mode=mode)
+        return router.protocol(comm, x, out, key, op)
+    if state is None:
+        if codec is None:
+            raise ConfigError("an allreduce needs a codec (or a state that holds one, or a Router as state=)")
+        c = get_codec(codec)
+        ts = _shared.get((scope, repr(c), mode))
+        if ts is None:
+            ts = _shared[(scope, repr(c), mode)] = TransportState(c, mode=mode, error_feedback=False)
+    elif isinstance(state, (TransportState, ErrorFeedback)):
+        c = state.codec if codec is None else get_codec(codec)
+        if state.codec != c:
+            raise ConfigError(f"state holds codec {state.codec!r}, not {c!r}")
+        if isinstance(state, TransportState):
+            ts = state
+        elif (ts := _wrapped.get(state)) is None:
+            ts = _wrapped[state] = TransportState(c, mode=mode, worker=state)
+    else:
+        kinds = "None, a gcodec.ErrorFeedback, a TransportState or a Router"
+        raise ConfigError(f"state= must be {kinds}, not {type(state).__name__}")
+    return allreduce_protocol(comm, ts, x, out, key, op, mode)
 
 
 def _host(v: Any) -> np.ndarray:

@@ -127,9 +127,9 @@ def scenario_hook() -> None:
                 else:
                     if RANK == changer:
                         if change == "codec":
-                            st.codec = gcodec.get_codec(other_codec(cfg))
+                            st.configure(codec=gcodec.get_codec(other_codec(cfg)))
                         elif change == "length":
-                            st.min_numel = 1000  # the 8 x 96 weight goes dense: the groups' lengths change
+                            st.configure(min_numel=1000)  # the 8 x 96 weight goes dense: the groups' lengths change
                         else:
                             st.mode = other_mode(cfg, mode, WORLD)
                     torch.nn.functional.mse_loss(ddp(x), y).backward()
@@ -232,7 +232,7 @@ def scenario_fsdp() -> None:
             n, dtype, op = S, torch.float32, avg
             if RANK == changer:
                 if change == "codec":
-                    st.policy = {"*": {"id": "bf16"} if name == "fp16" else {**cfg, "bits": 4}}
+                    st.configure(policy={"*": {"id": "bf16"} if name == "fp16" else {**cfg, "bits": 4}})
                 elif change == "length":
                     n = S + 256
                 elif change == "dtype":
@@ -249,7 +249,7 @@ def scenario_fsdp() -> None:
                     str(e)[:400],
                 )
             if RANK == changer and change == "codec":
-                st.policy = {"*": cfg}
+                st.configure(policy={"*": cfg})
             reduce_scatter_works_again(key, name, S, partial(call, S, torch.float32, avg, 3))
 
 

@@ -61,7 +61,7 @@ def _fsdp_call(proto: str, step: int) -> None:
         ag(torch.empty(WORLD * x.numel()), x, None)
         return
     cfg = {"id": "fp16"} if proto == "fsdp-values" else {"id": "uniform", "bits": 8}
-    st.policy = {"*": cfg}  # the flat layout without an FSDP module is 1-D: compressed when named
+    st.configure(policy={"*": cfg})  # the flat layout without an FSDP module is 1-D: compressed when named
     rs = gcodec.torch.ReduceScatter(st, None, name=proto)
     x = torch.from_numpy(np.concatenate([exact_inputs(RANK, step).reshape(-1)] * WORLD))
     rs(torch.empty(x.numel() // WORLD), x, None, dist.ReduceOp.AVG)
