@@ -167,9 +167,10 @@ class HookState(EngineState):
             (:func:`gcodec.torch.comm.own_group`).
         start_iter: iterations averaged uncompressed before compression starts. Default 0: error
             feedback from the first step, which ended where 10 dense steps first end for sign,
-            top-k, PowerSGD and uniform 4 over 3 seeds on the MLP under SGD and the LM under AdamW
-            (docs/convergence.md, "Error feedback from the first step"); PowerSGD's first step
-            starts from the spec's random Q. torch's PowerSGD hook needs at least 2 dense steps
+            top-k, PowerSGD and uniform 4 on the MLP under SGD, and for uniform 4 on the LM under
+            AdamW, where top-k and PowerSGD lost more without them (docs/convergence.md, "Error
+            feedback from the first step": keep 10 for those codecs with AdamW); PowerSGD's first
+            step starts from the spec's random Q. torch's PowerSGD hook needs at least 2 dense steps
             (its state is per bucket, which DDP rebuilds after the first); gcodec keeps residuals
             and warm starts per parameter, so it needs none.
         warmup_codec: the codec of the warm-up iterations instead of the uncompressed average, e.g.
