@@ -167,6 +167,81 @@ def plot(result: dict[str, Any], path: str) -> str | None:
     return None
 
 
+# ---- the dense warm-up (--warmup-study) ------------------------------------------------------------
+
+#: The biased codecs (and uniform 4) whose error feedback the warm-up study starts at step 0 and
+#: after the 10 dense steps that were HookState's default; PowerSGD's first step starts from the
+#: spec's random Q (a compressed start: nothing dense). PowerSGD with 16-bit factors runs from
+#: step 0 only (the bytes it saves are measured against the float32 factors at the same steps).
+WARMUP_CODECS: list[tuple[str, dict[str, Any]]] = [
+    ("sign", {"id": "sign"}),
+    ("top-k 1%", {"id": "topk", "ratio": 0.01}),
+    ("powersgd r2", {"id": "powersgd", "rank": 2}),
+    ("uniform 4", {"id": "uniform", "bits": 4}),
+]
+FACTOR_RUNS: list[tuple[str, dict[str, Any]]] = [
+    ("powersgd r2, fp16 factors", {"id": "powersgd", "rank": 2, "factors": "fp16"}),
+    ("powersgd r2, bf16 factors", {"id": "powersgd", "rank": 2, "factors": "bf16"}),
+]
+#: the dense warm-up the study compares against (HookState's default until it became 0)
+OLD_START = 10
+
+
+def warmup_runs(lm: bool, factors: bool = True) -> list[dict[str, Any]]:
+    """The runs of one warm-up study job: the uncompressed baseline, then each codec of
+    :data:`WARMUP_CODECS` with error feedback after ``OLD_START`` dense steps and from step 0, and
+    (``factors``) PowerSGD's 16-bit factors from step 0."""
+
+    def spec(label: str, cfg: dict[str, Any], start: int) -> dict[str, Any]:
+        base = lm_spec(label, "ddp-gcodec", cfg, True) if lm else run_spec(label, cfg, True)
+        return {**base, "start_iter": start}
+
+    out = [lm_spec("uncompressed", "ddp") if lm else run_spec("uncompressed", None, False)]
+    for name, cfg in WARMUP_CODECS:
+        out.append(spec(f"{name} + EF, dense {OLD_START}", cfg, OLD_START))
+        out.append(spec(f"{name} + EF, from step 0", cfg, 0))
+    if factors:  # the LM (minutes a run on 2 cores) runs the bf16 factors only
+        out += [spec(f"{name} + EF, from step 0", cfg, 0) for name, cfg in (FACTOR_RUNS[1:] if lm else FACTOR_RUNS)]
+    return out
+
+
+def run_warmup(
+    seeds: int, lm: bool, epochs: int, steps: int, workers: int = 2, factors: bool = True, first_seed: int = 0
+) -> dict[str, Any]:
+    """One job per seed of :func:`warmup_runs`; the MLP at ``epochs``, the LM (demo size, the
+    nanoGPT recipe of :func:`lm_settings`) at ``steps``."""
+    jobs = []
+    t0 = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    runs = warmup_runs(lm, factors)
+    for seed in range(first_seed, first_seed + seeds):
+        print(f"seed {seed}: {len(runs)} runs ...", file=sys.stderr, flush=True)
+        t1 = time.perf_counter()
+        if lm:
+            s: Any = lm_settings("demo", seed, steps)
+            res = run_job(runs, s, workers, module="gcodec.demo.lm_worker", timeout_s=4 * 3600)
+        else:
+            s = Settings(epochs=epochs, seed=seed, evals_per_epoch=2)
+            res = run_job(runs, s, workers, split_seed=0)
+        elapsed = time.perf_counter() - t1
+        jobs.append({"size": "demo", "seed": seed, "settings": s.to_dict(), "runs": res["runs"], "elapsed_s": elapsed})
+        print(f"  {time.perf_counter() - t1:.0f} s, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+    return {
+        "workload": "lm" if lm else "mlp",
+        "study": "warmup",
+        "workers": workers,
+        "seeds": seeds,
+        "sizes": ["demo"],
+        "epochs": epochs,
+        "steps": steps,
+        "elapsed_s": time.perf_counter() - t0,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+        "load": [load0, os.getloadavg()[0]],
+        "jobs": jobs,
+    }
+
+
 # ---- the language model under AdamW (--workload lm) ---------------------------------------------
 
 #: Model sizes: the demo's (``gcodec demo --workload lm``: 437,760 parameters) and a nanoGPT-style
@@ -553,6 +628,12 @@ def main(argv: list[str] | None = None) -> int:
         help="LM: seed 0 of the demo size with the dense shadow's diagnostics, per tensor (docs/convergence.md)",
     )
     ap.add_argument(
+        "--warmup-study",
+        action="store_true",
+        help="error feedback from step 0 against 10 dense steps first (and PowerSGD's 16-bit factors), per workload",
+    )
+    ap.add_argument("--no-factors", action="store_true", help="--warmup-study without the 16-bit factor runs")
+    ap.add_argument(
         "--from-json", metavar="FILE", nargs="+", help="re-make the table and plot from earlier --json files (merged)"
     )
     args = ap.parse_args(argv)
@@ -574,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
             result["elapsed_s"] += more["elapsed_s"]
         if result.get("workload") == "lm":  # seeds run apart (--first-seed)
             result["seeds"] = len({j["seed"] for j in result["jobs"]})
+    elif args.warmup_study:
+        lm = args.workload == "lm"
+        result = run_warmup(args.seeds, lm, args.epochs, args.steps, args.workers, not args.no_factors, args.first_seed)
     elif args.workload == "lm":
         sizes = ["demo"] if args.quick else [x for x in args.sizes.split(",") if x]
         unknown = [x for x in sizes if x not in LM_SIZES]

@@ -14,8 +14,9 @@ iproute2; where a namespace cannot be created the benchmark says so and exits 0 
 
 **The training** is the demo's with the design guide's model: an MLP 64-2048-2048-10 (4.35 M
 parameters) on the bundled digits, 2 gloo workers, plain SGD with a cosine learning rate.
-Contenders: plain DDP (uncompressed), torch's ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 2),
-and gcodec's hook with several codecs.
+Contenders: plain DDP (uncompressed), torch's ``fp16_compress_hook``, ``bf16_compress_hook`` and
+``powerSGD_hook`` (ranks 1, 2 and 4, each at its shortest warm-up of 2 dense steps), and gcodec's
+hook with several codecs, from its default warm-up (``--warmup``: HookState's ``start_iter``).
 
 **The method.** The trajectory of a run does not depend on the link (same weights, batches and
 arithmetic), only its wall time does. So:
@@ -64,6 +65,7 @@ sys.path.insert(0, str(ROOT))
 
 from gcodec.demo.launch import run_job  # noqa: E402
 from gcodec.demo.runs import Settings, run_spec  # noqa: E402
+from gcodec.policy import DEFAULTS  # noqa: E402
 
 RATES = ["100mbit", "1gbit", "10gbit", "unlimited"]
 RATE_BITS = {"100mbit": 100e6, "1gbit": 1e9, "10gbit": 10e9, "unlimited": math.inf}
@@ -110,6 +112,13 @@ CONTENDERS: list[dict[str, Any]] = [
         "adaptive": {"interval": 10, "warmup_steps": 10, "warmup_rungs": 3},
         "start_iter": 0,  # the controller decides from the first step
     },
+    # torch's other hooks, each at its own best warm-up: bf16 (no warm-up), PowerSGD at ranks 1
+    # and 4 with its shortest warm-up (2 dense steps), so that the best of ranks 1, 2 and 4 is torch's
+    run_spec("torch bf16_compress_hook", None, False, hook="torch-bf16"),
+    {**run_spec("torch powerSGD_hook r1", None, True, hook="torch-powersgd"), "rank": 1, "start_iter": 2},
+    {**run_spec("torch powerSGD_hook r4", None, True, hook="torch-powersgd"), "rank": 4, "start_iter": 2},
+    # PowerSGD's factors summed in bfloat16: half the bytes of the float32 factors
+    run_spec("gcodec powersgd r2 + EF, bf16 factors", {"id": "powersgd", "rank": 2, "factors": "bf16"}, True),
 ]
 #: Timed at every rate beside the contenders, never trained to the target: DDP with a hook that
 #: sends nothing (each rank keeps its own gradients, so the replicas drift apart). Its step is the
@@ -979,7 +988,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rates", type=lambda s: s.split(","), default=RATES, help="comma-separated, e.g. 1gbit,unlimited")
     ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=10, help="uncompressed steps before compression starts")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=DEFAULTS.start_iter,
+        help="gcodec's uncompressed steps before compression starts (default: HookState's, "
+        f"{DEFAULTS.start_iter}); torch's PowerSGD keeps its own shortest, 2",
+    )
     ap.add_argument("--timed-steps", type=int, default=10)
     ap.add_argument("--target", type=float, default=None, help="accuracy to reach (default: uncompressed final)")
     ap.add_argument("--workers", type=int, default=2)

@@ -55,6 +55,8 @@ SETTINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "threshold": [],  # thresholds depend on the data: filled in by _threshold_settings
     "powersgd": [(f"powersgd r={r}", {"rank": r, "iterations": 2}) for r in (1, 4, 16, 64)]
     + [
+        ("powersgd r=4 + fp16", {"rank": 4, "iterations": 2, "factors": {"id": "fp16"}}),
+        ("powersgd r=4 + bf16", {"rank": 4, "iterations": 2, "factors": {"id": "bf16"}}),
         ("powersgd r=16 + fp16", {"rank": 16, "iterations": 2, "factors": {"id": "fp16"}}),
         ("powersgd r=16 + uniform8", {"rank": 16, "iterations": 2, "factors": {"id": "uniform", "bits": 8}}),
     ],
@@ -122,6 +124,56 @@ def measure(x: np.ndarray) -> list[dict[str, Any]]:
     return rows
 
 
+def protocol_rows(x: np.ndarray, steps: tuple[int, ...] = (1, 8)) -> list[dict[str, Any]]:
+    """PowerSGD as the DDP hook runs it (the two-allreduce protocol on one rank, no error
+    feedback, warm start on): bits per element on the wire (P and Q, float32 or 16-bit) and the
+    relative error of the step's output at each of ``steps`` (step 1 starts from the spec's random
+    Q; later steps from the warm start), float32 factors against ``factors="fp16"`` and ``"bf16"``;
+    ``apart``: how far the last step's output lies from the float32 factors' (relative to ||x||)."""
+    from gcodec.advise import MirrorComm
+    from gcodec.transports import LowRankItem, TransportState, lowrank_protocol, run_blocking
+    from gcodec.transports.allreduce import exchange_for
+    from gcodec.transports.stats import StepStats
+
+    norm = float(np.linalg.norm(x.astype(np.float64)))
+    rows = []
+    for rank in (1, 2, 4, 16):
+        ref: np.ndarray | None = None
+        for factors in (None, "fp16", "bf16"):
+            codec = gcodec.get_codec("powersgd", rank=rank, factors=factors)
+            comm, state = MirrorComm(1), TransportState(codec, error_feedback=False)
+            out = np.empty_like(x)
+            errs, nbytes = {}, 0
+            for t in range(1, max(steps) + 1):
+                ex = exchange_for(comm, state, "t", "rate-distortion", shapes=[list(x.shape)], size=1)
+                step = state.next_step("t")
+                st = StepStats("t", step, "lowrank", x.nbytes)
+                run_blocking(lowrank_protocol(ex, state, [LowRankItem("t", x, out)], "mean", step, st))
+                nbytes = int(st.values["payload_bytes"])
+                if t in steps:
+                    errs[t] = float(np.linalg.norm(out.astype(np.float64) - x) / norm)
+            if ref is None:
+                ref = out.astype(np.float64)
+            apart = float(np.linalg.norm(out.astype(np.float64) - ref) / norm)
+            bits = 8 * nbytes / x.size
+            rows.append({"rank": rank, "factors": factors or "float32", "bits": bits, "errors": errs, "apart": apart})
+    return rows
+
+
+def protocol_table(rows: list[dict[str, Any]]) -> str:
+    steps = list(rows[0]["errors"])
+    lines = [
+        "| PowerSGD (two-allreduce protocol) | factors | bits/element | "
+        + " | ".join(f"relative error, step {t}" for t in steps)
+        + f" | apart from float32 factors, step {steps[-1]} |",
+        "|---|---|---:|" + "---:|" * (len(steps) + 1),
+    ]
+    for r in rows:
+        errs = " | ".join(f"{r['errors'][t]:.5f}" for t in steps)
+        lines.append(f"| rank {r['rank']} | {r['factors']} | {r['bits']:.4f} | {errs} | {r['apart']:.2e} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| codec | setting | bits/element | relative error |", "|---|---|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["family"], r["codec"], r["bits"])):
@@ -176,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     x = gradient_like(args.size, args.size, args.seed)
     rows = measure(x)
     print(table(rows))
+    print()
+    print(protocol_table(protocol_rows(x)))
     if args.png:
         plot(rows, Path(args.png))
         print(f"\nplot: {args.png}")

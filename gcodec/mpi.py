@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import xp
-from .arrays import host_array
+from .arrays import BFLOAT16, host_array
 from .codecs import Codec
 from .deprecation import renamed_kwarg, renamed_names
 from .errors import ConfigError
@@ -79,12 +79,17 @@ class MPICommunicator(Communicator):
     NumPy arrays. The control messages stay host int64 words.
     """
 
+    #: MPI has no bfloat16 datatype: PowerSGD's bf16 factors are refused before they travel
+    sums_bfloat16 = False
+
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
 
     def allreduce(self, arr: Any, op: str = "sum") -> Work:
+        if arr.dtype == BFLOAT16:  # no MPI datatype (float16 has one: MPICH's MPIX_C_FLOAT16)
+            raise ConfigError("MPI has no bfloat16 sum: use PowerSGD's factors='fp16' (or none) with gcodec.mpi")
         return _MPIWork(self.comm.Iallreduce(MPI.IN_PLACE, arr, op=_OPS[op]), arr)
 
     def allgather(self, arr: np.ndarray) -> Work:

@@ -61,8 +61,12 @@ class Defaults:
         codec: the codec of compressed tensors (DiLoCo's default is None instead: the papers'
             uncompressed outer synchronisation, which a codec must be asked for).
         all_gather: the codec of a standalone FSDP2 ``QuantizedAllGather``.
-        start_iter: iterations averaged uncompressed before compression starts (torch's PowerSGD
-            hook also waits 10); DiLoCo has no such phase.
+        start_iter: iterations averaged uncompressed before compression starts: 0, error feedback
+            from the first step (docs/convergence.md, "Error feedback from the first step": under
+            SGD sign, top-k, PowerSGD and uniform 4 with EF from step 0 end where they end after 10
+            dense steps, and under AdamW uniform 4 does, while top-k and PowerSGD lose more without
+            them; PowerSGD's first step starts from the spec's random Q, a compressed start). A job
+            may still ask for dense steps first; DiLoCo has no such phase.
         min_numel: tensors with fewer elements stay dense (no gain on the wire, a fixed cost each).
         dense_1d: 1-D tensors (biases, norm scales) stay dense unless a rule or pattern names a
             codec for them (a :class:`Policy` keeps them dense whatever its rules say).
@@ -71,7 +75,7 @@ class Defaults:
 
     codec: str = "fp16"
     all_gather: str = "uniform"
-    start_iter: int = 10
+    start_iter: int = 0
     min_numel: int = 1024
     dense_1d: bool = True
     powersgd_min_rate: float = 2.0

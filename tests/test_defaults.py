@@ -125,3 +125,15 @@ def test_a_controllers_rung_obeys_the_same_size_rules_in_every_engine() -> None:
             got = router.rung_for(shape, rung)
             assert (got is None) == (want is None), f"{name} {shape}: rung {got}, policy {want}"
     assert hook.router.rung_for((64,), None) is None
+
+
+def test_the_guides_defaults_table_states_the_warm_up_the_engines_take() -> None:
+    """docs/guide.md's "Defaults" table gives DEFAULTS.start_iter, and the DDP hook and FSDP2 built
+    with their defaults take it (DiLoCo has no warm-up phase)."""
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    row = next(line for line in guide.splitlines() if line.startswith("| `start_iter` |"))
+    assert row.split("|")[2].strip() == str(DEFAULTS.start_iter), row
+    assert gcodec.torch.HookState(warm=False).start_iter == DEFAULTS.start_iter
+    assert gcodec.torch.FSDPState().start_iter == DEFAULTS.start_iter

@@ -309,7 +309,10 @@ class PowerSGD(Codec):
         epsilon: added to column norms in Gram-Schmidt so zero columns stay zero (default 1e-8).
         seed: Philox key of the initial Q; every rank must use the same seed.
         factors: ``None`` sends P and Q as float32; a codec config such as ``{"id": "fp16"}`` or
-            ``{"id": "uniform", "bits": 8}`` encodes both factors with that codec (a hybrid).
+            ``{"id": "uniform", "bits": 8}`` encodes both factors with that codec (a hybrid). In the
+            two-allreduce protocol (the DDP hook, ``all_reduce``, ``gcodec.mpi``) ``"fp16"`` and
+            ``"bf16"`` sum the factors in 16 bits, half the bytes (specs/codecs/powersgd.md §8; MPI
+            sums fp16 only); other factor codecs do not sum and are refused there.
 
     State (warm-start Q per key in slot :data:`Q_SLOT`, initial-Q stream counters) lives in the
     caller's :class:`~gcodec.codecs.state.CodecState`, which saves and restores it like torch's

@@ -57,7 +57,7 @@ class Settings:
 
 
 def run_spec(label: str, codec: dict[str, Any] | None, error_feedback: bool, hook: str = "gcodec") -> dict[str, Any]:
-    """One run as the worker reads it. ``hook``: ``gcodec``, or torch's ``torch-fp16`` /
+    """One run as the worker reads it. ``hook``: ``gcodec``, or torch's ``torch-fp16`` / ``torch-bf16`` /
     ``torch-powersgd`` or ``torch-allreduce`` (DDP's own allreduce as a Python hook: what any hook's
     step costs more than DDP's; for comparisons), or ``none`` (plain DDP allreduce), or ``local`` (DDP with a
     hook that sends nothing: each rank keeps its own gradients, for timing the compute); or FSDP2 instead of

@@ -70,7 +70,7 @@ def _wire_bytes_dense(run: dict[str, Any], params: Sequence[torch.Tensor], s: Se
         return sum((2 if run.get("reduce_dtype") == "bf16" else 4) * p.numel() for p in params)
     if hook == "fsdp-gcodec":  # its statistics count the dense groups too
         return 0
-    if hook == "torch-fp16":
+    if hook in ("torch-fp16", "torch-bf16"):
         return sum(2 * p.numel() for p in params)
     if hook == "torch-powersgd":
         r = int(run.get("rank", 2))
@@ -208,6 +208,8 @@ def _wrap(model: torch.nn.Module, run: dict[str, Any], s: Settings, comm: _Comm)
         ddp.register_comm_hook(hook_state, gcodec.torch.comm_hook)
     elif hook == "torch-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "torch-bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif hook == "torch-allreduce":  # what DDP does, as a Python hook: the floor of any hook's step
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif hook == "torch-powersgd":

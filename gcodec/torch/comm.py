@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .. import alloc, xp
+from ..arrays import BFLOAT16
 from ..errors import ConfigError, WaitTimeoutError
 from ..transports import Communicator, DoneWork, Protocol, Work
 from ..transports.collectives import joined
@@ -59,8 +60,13 @@ class TorchWork(Work):
 
 def _tensor(a: Any) -> torch.Tensor:
     """The tensor view of an array the protocols hand over (host: a CPU tensor; device: a CUDA
-    tensor of its device), never a copy."""
-    return torch.from_numpy(a) if isinstance(a, np.ndarray) else as_tensor(a)
+    tensor of its device), never a copy. Host bfloat16 (PowerSGD's 16-bit factors) is viewed
+    through its bits: torch.from_numpy has no bfloat16."""
+    if isinstance(a, np.ndarray):
+        if a.dtype == BFLOAT16:
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+    return as_tensor(a)
 
 
 def _array(t: torch.Tensor) -> Any:

@@ -1,6 +1,6 @@
 """FSDP2: a compressed reduce-scatter with error feedback, plugged into ``fully_shard``.
 
->>> state = gcodec.torch.compress_fsdp(model, codec="uniform", start_iter=10)   # doctest: +SKIP
+>>> state = gcodec.torch.compress_fsdp(model, codec="uniform")   # doctest: +SKIP
 
 torch's FSDP2 reduces gradients with one reduce-scatter per FSDP module (parameter group) and step,
 and accepts a custom one (``FSDPModule.set_custom_reduce_scatter``). :class:`ReduceScatter` is that
@@ -113,7 +113,8 @@ class FSDPState(EngineState):
         controller: an adaptive controller (:class:`gcodec.adaptive.AdaptiveController`: one rung
             per module every few steps) instead of the policy; calibrated at construction. (Given
             as ``policy=``, it is taken as the controller, with a DeprecationWarning.)
-        start_iter: reduce-scatters per module left uncompressed first (FSDP's own reduce-scatter).
+        start_iter: reduce-scatters per module left uncompressed first (FSDP's own reduce-scatter);
+            default 0, error feedback from the first (gcodec.policy.DEFAULTS).
         min_numel: parameters with fewer elements stay dense.
         error_feedback: keep per-rank worker residuals (per parameter chunk and destination).
         num_threads: kernel threads per rank; None follows the job (docs/transports.md, "Threads").

@@ -2,7 +2,7 @@
 
 Register it the way torch's own hooks are registered::
 
-    state = gcodec.torch.HookState(codec="uniform", start_iter=10, min_numel=1024)
+    state = gcodec.torch.HookState(codec="uniform", min_numel=1024)
     ddp.register_comm_hook(state, gcodec.torch.comm_hook)
 
 Per bucket, the hook sorts the gradients into three kinds, in the spirit of torch's
@@ -165,9 +165,14 @@ class HookState(EngineState):
             collectives run on a group of its own over the same ranks, so that none of DDP's
             own (``find_unused_parameters``, SyncBatchNorm) can come between them
             (:func:`gcodec.torch.comm.own_group`).
-        start_iter: iterations averaged uncompressed before compression starts. Early gradients are
-            large and change fast; compressing them hurts more than later (torch's PowerSGD uses
-            10 warm-up steps by default; 0 compresses from the start).
+        start_iter: iterations averaged uncompressed before compression starts. Default 0: error
+            feedback from the first step, which ended where 10 dense steps first end for sign,
+            top-k, PowerSGD and uniform 4 on the MLP under SGD, and for uniform 4 on the LM under
+            AdamW, where top-k and PowerSGD lost more without them (docs/convergence.md, "Error
+            feedback from the first step": keep 10 for those codecs with AdamW); PowerSGD's first
+            step starts from the spec's random Q. torch's PowerSGD hook needs at least 2 dense steps
+            (its state is per bucket, which DDP rebuilds after the first); gcodec keeps residuals
+            and warm starts per parameter, so it needs none.
         warmup_codec: the codec of the warm-up iterations instead of the uncompressed average, e.g.
             ``{"id": "uniform", "bits": 8}`` with error feedback, or ``"fp16"``: a light codec that
             keeps early gradients almost exact at a fraction of the bytes, where a slow link makes

@@ -108,6 +108,8 @@ class Communicator(ABC):
     @abstractmethod
     def allreduce(self, arr: Any, op: str = "sum") -> Work:
         """Reduce ``arr`` (float32, float64 or int64, C-contiguous, host or device) in place across ranks.
+        A sum may also be of host float16 or bfloat16 (PowerSGD's 16-bit factors, summed in that
+        format); a communicator that cannot sum one raises ConfigError.
 
         ``op`` is ``"sum"`` or ``"max"``. The result is ``arr``.
         """

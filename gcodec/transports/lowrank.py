@@ -13,6 +13,15 @@ Tensors it does not compress (vectors, small or thin matrices) are summed dense 
 round 1's allreduce, ahead of the P factors (float64 ones in an allreduce of their own), so a batch
 costs two collectives, not three. P and Q are identical on every rank after each sum, so non-finite input on any rank
 shows up on every rank and is refused by all of them.
+
+**16-bit factors** (the codec's ``factors`` is ``fp16`` or ``bf16``; specs/codecs/powersgd.md §8):
+each rank rounds its P, then its Q, to that format (nearest even) and the two allreduces sum them
+in it, half the bytes of float32; every rank widens the same sum back to float32 before
+orthogonalising or reconstructing. Round 1's float32 head (riders, dense tensors) then travels in
+an allreduce of its own, started with P's. Error feedback is intact: the residual is M minus the
+reconstruction from the rounded, summed factors, so the rounding is fed back like the rank
+truncation. A factor that overflows the format (binary16: |x| > 65504) sums to infinity on every
+rank, and every rank refuses it.
 """
 
 from __future__ import annotations
@@ -24,15 +33,16 @@ import numpy as np
 
 from .. import xp
 from ..aggregate import count_nonfinite
-from ..errors import PayloadValueError
-from .comm import Protocol
+from ..arrays import BFLOAT16
+from ..errors import ConfigError, PayloadValueError
+from .comm import AllWork, Protocol
 from .control import Exchange
 from .protocol_helpers import work_dtype
 from .state import TransportState
 from .stats import StepStats
 from .threads import kernel_threads
 
-__all__ = ["LowRankItem", "lowrank_protocol"]
+__all__ = ["LowRankItem", "factor_wire_dtype", "lowrank_protocol"]
 
 
 @dataclass
@@ -43,6 +53,39 @@ class LowRankItem:
     key: str
     x: Any
     out: Any
+
+
+#: The factor codecs whose values a sum can carry: their element type on the wire.
+_SUMMABLE_FACTORS = {"fp16": np.dtype(np.float16), "bf16": BFLOAT16}
+
+
+def factor_wire_dtype(codec: Any) -> np.dtype:
+    """The element type PowerSGD's factors travel in through the two allreduces: float32 without a
+    ``factors`` codec, float16 or bfloat16 with ``factors`` ``fp16`` or ``bf16``. Any other factor
+    codec (uniform, sign, ...) is no sum of its inputs, so this protocol refuses it with a
+    ConfigError (a gathered payload carries it: specs/codecs/hybrid.md)."""
+    cfg = codec.params.get("factors") if hasattr(codec, "params") else None
+    if cfg is None:
+        return np.dtype(np.float32)
+    dt = _SUMMABLE_FACTORS.get(str(cfg.get("id")))
+    if dt is None:
+        raise ConfigError(
+            f"powersgd: factors {cfg!r} cannot be summed by the two-allreduce protocol (its factors travel "
+            "as float32, fp16 or bf16); use factors='fp16' or 'bf16', or none"
+        )
+    return dt
+
+
+def _to_wire(buf: Any, dt: np.dtype) -> Any:
+    """``buf`` (flat float32, host) rounded to the 16-bit wire type ``dt`` (nearest even); a value
+    beyond the format's range becomes infinity, which every rank refuses after the sum."""
+    with np.errstate(over="ignore"):
+        return buf.astype(dt)
+
+
+def _from_wire(buf: Any) -> Any:
+    """The summed 16-bit factors widened to float32 (exact), the type the steps work in."""
+    return buf.astype(np.float32)
 
 
 def _flat_concat(arrays: list[Any], dtype: np.dtype, like: Any) -> Any:
@@ -128,12 +171,24 @@ def lowrank_protocol(
             yield comm.allreduce(riders, "sum")
         return
 
-    # Round 1: P = M Q for every tensor (M with its residual), summed in one allreduce.
+    # Round 1: P = M Q for every tensor (M with its residual), summed in one allreduce (two with
+    # 16-bit factors: the float32 head in its own, started with P's).
     rounds, mats = [], []
     nhead = sum(h.size for h in head)
     err: Exception | None = None
+    try:
+        wire = factor_wire_dtype(codec)
+        if wire != np.float32 and xp.on_device(like):
+            raise ConfigError(f"powersgd: factors in {wire} have no device path yet (host tensors only)")
+        if wire == BFLOAT16 and not getattr(comm, "sums_bfloat16", True):
+            raise ConfigError(f"powersgd: {type(comm).__name__} cannot sum bfloat16 factors; use factors='fp16'")
+    except ConfigError as bad:  # the configuration is agreed below: every rank raises the same
+        wire, err = np.dtype(np.float32), bad
+    split = wire != np.float32
     with kernel_threads(state.threads), st.timing("encode_s"):
         try:
+            if err is not None:
+                raise err
             for i in comp:
                 wd = work_dtype(i.x.dtype)
                 m = xp.empty(i.x, i.x.size, wd)  # this rank's M, a copy in the work dtype
@@ -145,24 +200,48 @@ def lowrank_protocol(
                 m = m.reshape(i.x.shape)
                 rounds.append(codec.begin(m, key=i.key, step=step, state=state.codec_state))  # type: ignore[attr-defined]
                 mats.append(m)
-            pbuf = _flat_concat([*head, *(r.p for r in rounds)], np.dtype(np.float32), like)
+            if split:
+                hbuf = _flat_concat(head, np.dtype(np.float32), like)
+                pbuf = _to_wire(_flat_concat([r.p for r in rounds], np.dtype(np.float32), like), wire)
+            else:
+                pbuf = _flat_concat([*head, *(r.p for r in rounds)], np.dtype(np.float32), like)
         except Exception as e:  # take part, so that the peers raise too (see _poisoned)
             err = e
-            pbuf = _poisoned(like, nhead + sum(codec.factor_sizes(i.x.shape)[0] for i in comp))  # type: ignore[attr-defined]
-    st.add("payload_bytes", pbuf.nbytes - 4 * nhead)
+            nfac = sum(codec.factor_sizes(i.x.shape)[0] for i in comp)  # type: ignore[attr-defined]
+            if split:
+                hbuf, pbuf = _poisoned(like, nhead), _to_wire(_poisoned(like, nfac), wire)
+            else:
+                pbuf = _poisoned(like, nhead + nfac)
+    fac_bytes = pbuf.nbytes - (0 if split else 4 * nhead)
+    st.add("payload_bytes", fac_bytes)
     yield from ex.begin()
-    yield comm.allreduce(pbuf, "sum")
+    if split:
+        yield (
+            AllWork([comm.allreduce(hbuf, "sum"), comm.allreduce(pbuf, "sum")])
+            if nhead
+            else comm.allreduce(pbuf, "sum")
+        )
+    else:
+        yield comm.allreduce(pbuf, "sum")
     if err is not None:
         raise err
-    st.add("wire_bytes", 2 * (p - 1) * (pbuf.nbytes - 4 * nhead) // p)
-    pos = 0
+    st.add("wire_bytes", 2 * (p - 1) * fac_bytes // p)
+    if split:  # the head's sums, then P's in float32 from here on (the layout of the float32 path)
+        _check_finite(pbuf, what)
+        pos = 0
+        pbuf = _from_wire(pbuf)
+        hsrc = hbuf
+    else:
+        pos, hsrc = 0, pbuf
     if riders is not None:
-        xp.copy(riders, pbuf[: riders.size])
+        xp.copy(riders, hsrc[: riders.size])
         pos = riders.size
     if own is not None and own.dtype == np.float32:
-        xp.copy(own, pbuf[pos : pos + own.size])
+        xp.copy(own, hsrc[pos : pos + own.size])
         pos += own.size
         _finish_dense(dense, own, op, scale, what)
+    if split:
+        pos = 0
     _check_finite(pbuf[pos:], what)
 
     # Round 2: orthogonalise each summed P, Q = M^T P, summed in one allreduce.
@@ -172,15 +251,21 @@ def lowrank_protocol(
                 xp.copy(xp.flat(r.p), pbuf[pos : pos + r.p.size])
                 pos += r.p.size
             qbuf = _flat_concat([r.compute_q() for r in rounds], np.dtype(np.float32), like)
+            if split:
+                qbuf = _to_wire(qbuf, wire)
         except Exception as e:  # take part, so that the peers raise too (see _poisoned)
             err = e
             qbuf = _poisoned(like, sum(codec.factor_sizes(i.x.shape)[1] for i in comp))  # type: ignore[attr-defined]
+            if split:
+                qbuf = _to_wire(qbuf, wire)
     st.add("payload_bytes", qbuf.nbytes)
     yield comm.allreduce(qbuf, "sum")
     if err is not None:
         raise err
     st.add("wire_bytes", 2 * (p - 1) * qbuf.nbytes // p)
     _check_finite(qbuf, what)
+    if split:
+        qbuf = _from_wire(qbuf)
 
     # Decompress the mean P Q^T / p; the residual is what this rank's M lost against it.
     with kernel_threads(state.threads), st.timing("decode_s"):

@@ -130,6 +130,19 @@ def scenario_matrix() -> None:
         same = COMM.allgather(y.tobytes())
         check(f"powersgd r2 {mode}: projection bound", 0 < rel <= 1.0 + 1e-5, f"rel err {rel:.3g}")
         check(f"powersgd r2 {mode}: same on every rank", all(s == same[0] for s in same))
+    # 16-bit factors: MPI sums binary16 (MPICH's MPIX_C_FLOAT16); the same projection bound, the
+    # same result on every rank; bfloat16 has no MPI datatype and every rank refuses it alike
+    r16 = gcodec.get_codec("powersgd", rank=2, seed=1, factors="fp16")
+    y = gcodec.mpi.allreduce(COMM, xs[ME], r16, key="psgd-fp16")
+    rel = float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
+    same = COMM.allgather(y.tobytes())
+    check("powersgd r2 fp16 factors: projection bound", 0 < rel <= 1.0 + 1e-3, f"rel err {rel:.3g}")
+    check("powersgd r2 fp16 factors: same on every rank", all(s == same[0] for s in same))
+    try:
+        gcodec.mpi.allreduce(COMM, xs[ME], gcodec.get_codec("powersgd", rank=2, factors="bf16"), key="psgd-bf16")
+        check("powersgd bf16 factors: refused", False, "no error")
+    except gcodec.ConfigError as e:
+        check("powersgd bf16 factors: refused", "bfloat16" in str(e), str(e))
     v = inputs((1000,), 21)  # a vector: PowerSGD leaves it dense, the exact mean in float32
     y = gcodec.mpi.allreduce(COMM, v[ME], r2, key="psgd-vec")
     check("powersgd vector: dense mean", np.allclose(y, np.mean(v, axis=0), rtol=1e-6, atol=1e-6))
