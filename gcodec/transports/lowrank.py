@@ -34,6 +34,7 @@ import numpy as np
 from .. import xp
 from ..aggregate import count_nonfinite
 from ..arrays import BFLOAT16
+from ..codecs import get_codec
 from ..errors import ConfigError, PayloadValueError
 from .comm import AllWork, Protocol
 from .control import Exchange
@@ -55,25 +56,22 @@ class LowRankItem:
     out: Any
 
 
-#: The factor codecs whose values a sum can carry: their element type on the wire.
-_SUMMABLE_FACTORS = {"fp16": np.dtype(np.float16), "bf16": BFLOAT16}
-
-
 def factor_wire_dtype(codec: Any) -> np.dtype:
     """The element type PowerSGD's factors travel in through the two allreduces: float32 without a
-    ``factors`` codec, float16 or bfloat16 with ``factors`` ``fp16`` or ``bf16``. Any other factor
-    codec (uniform, sign, ...) is no sum of its inputs, so this protocol refuses it with a
-    ConfigError (a gathered payload carries it: specs/codecs/hybrid.md)."""
+    ``factors`` codec; with one, the number type its payloads carry when the ranks may sum them
+    value by value (the codec's ``values_dtype`` capability: float16 for fp16, bfloat16 for bf16).
+    A factor codec without that capability (uniform, sign, ...) is no sum of its inputs, so this
+    protocol refuses it with a ConfigError (a gathered payload carries it: specs/codecs/hybrid.md)."""
     cfg = codec.params.get("factors") if hasattr(codec, "params") else None
     if cfg is None:
         return np.dtype(np.float32)
-    dt = _SUMMABLE_FACTORS.get(str(cfg.get("id")))
+    dt = get_codec(cfg).values_dtype
     if dt is None:
         raise ConfigError(
             f"powersgd: factors {cfg!r} cannot be summed by the two-allreduce protocol (its factors travel "
-            "as float32, fp16 or bf16); use factors='fp16' or 'bf16', or none"
+            "as float32 or as a summable codec's values: fp16 or bf16); use factors='fp16' or 'bf16', or none"
         )
-    return dt
+    return np.dtype(dt)
 
 
 def _to_wire(buf: Any, dt: np.dtype) -> Any:
