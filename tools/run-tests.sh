@@ -18,9 +18,14 @@ xdist=()
 # background instead, on the core it leaves idle: tests/conftest.py.)
 warm_log="$(mktemp)"
 warm_pid=""
-trap '[ -n "$warm_pid" ] && kill "$warm_pid" 2>/dev/null; rm -f "$warm_log"' EXIT
+# its own process group (setsid), so that a failed lint step stops its pool processes too
+trap '[ -n "$warm_pid" ] && { kill -- "-$warm_pid" || kill "$warm_pid"; } 2>/dev/null; rm -f "$warm_log"' EXIT
 if [ "$workers" -gt 1 ]; then
-    python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
+    if command -v setsid >/dev/null; then
+        setsid python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
+    else
+        python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
+    fi
     warm_pid=$!
 fi
 echo "== ruff"; ruff check . && ruff format --check .
