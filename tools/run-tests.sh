@@ -22,7 +22,7 @@ warm_pid=""
 trap '[ -n "$warm_pid" ] && { kill -- "-$warm_pid" || kill "$warm_pid"; } 2>/dev/null; rm -f "$warm_log"' EXIT
 if [ "$workers" -gt 1 ]; then
     if command -v setsid >/dev/null; then
-        setsid python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
+        setsid --wait python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
     else
         python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
     fi
