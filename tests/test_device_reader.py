@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import json
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -106,94 +107,69 @@ FP8 = {"id": "fp8", "group_size": 32}
 TOPK = {"id": "topk", "ratio": 0.1}
 
 
-@functools.cache
-def payloads() -> list[tuple[str, dict[str, Any], int, bytes]]:
-    """(id, codec config, element count, payload bytes)."""
-    u8, u4 = _enc(U8, 3000, 1), _enc(U4, 3001, 2)
-    u8f16, sign = _enc(U8F16, 3000, 3), _enc(SIGN, 8001, 4)
-    mx4, mx8, nv, fp8 = _enc(MX4, 4001, 5), _enc(MX8, 3000, 6), _enc(NV, 4001, 7), _enc(FP8, 3000, 8)
-    fp16, topk = _enc({"id": "fp16"}, 2000, 9), _enc(TOPK, 3000, 10)
-    nv0 = _enc(NV, 0, 11)
-    return [
-        ("fp16", {"id": "fp16"}, 2000, fp16),
-        ("fp16-crc", {"id": "fp16"}, 2000, _flip(fp16)),
-        ("u8", U8, 3000, u8),
-        ("u8-crc", U8, 3000, _flip(u8)),
-        ("u8-padding", U8, 3000, _pad(u8)),
-        ("u8-nan-scale", U8, 3000, _put(u8, "scales", 3, np.float32(np.nan))),
-        ("u8-negative-zero-scale", U8, 3000, _put(u8, "scales", 5, np.float32(-0.0))),
-        ("u8-overflowing-scale", U8, 3000, _put(u8, "scales", 2, np.float32(3e37))),
-        ("u8-code-128", U8, 3000, _put(u8, "codes", 150, np.int8(-128))),
-        ("u4", U4, 3001, u4),
-        ("u4-unused-bits", U4, 3001, _last_byte(u4, "codes", 0xF0)),
-        ("u8-f16-scales", U8F16, 3000, u8f16),
-        ("u8-f16-inf-scale", U8F16, 3000, _put(u8f16, "scales", 1, np.uint16(0x7C00))),
-        ("u8-f16-negative-scale", U8F16, 3000, _put(u8f16, "scales", 2, np.uint16(0x8001))),
-        ("sign", SIGN, 8001, sign),
-        ("sign-inf-scale", SIGN, 8001, _put(sign, "scales", 1, np.float32(np.inf))),
-        ("sign-unused-bits", SIGN, 8001, _last_byte(sign, "bits", 0xFF)),
-        ("mxfp4", MX4, 4001, mx4),
-        ("mxfp4-nan-scale", MX4, 4001, _put(mx4, "scales", 2, np.uint8(0xFF))),
-        ("mxfp4-unused-bits", MX4, 4001, _last_byte(mx4, "elements", 0xF1)),
-        ("mxfp8", MX8, 3000, mx8),
-        ("mxfp8-nan-element", MX8, 3000, _put(mx8, "elements", 40, np.uint8(0x7F))),
-        ("nvfp4", NV, 4001, nv),
-        ("nvfp4-signed-block-scale", NV, 4001, _put(nv, "scales", 3, np.uint8(0x81))),
-        ("nvfp4-inf-tensor-scale", NV, 4001, _put(nv, "tensor_scale", 0, np.float32(np.inf))),
-        ("nvfp4-overflowing-block", NV, 4001, _put(nv, "tensor_scale", 0, np.float32(3e35))),
-        ("nvfp4-empty", NV, 0, nv0),
-        ("nvfp4-empty-positive-tensor-scale", NV, 0, _put(nv0, "tensor_scale", 0, np.float32(1.0))),  # NV4
-        ("fp8", FP8, 3000, fp8),
-        ("fp8-overflowing-scale", FP8, 3000, _put(fp8, "scales", 1, np.float32(1e37))),
-        ("topk", TOPK, 3000, topk),
-        ("topk-crc", TOPK, 3000, _flip(topk)),
-    ]
+def _bases() -> dict[str, bytes]:
+    """The intact payloads the cases start from."""
+    return {
+        "u8": _enc(U8, 3000, 1),
+        "u4": _enc(U4, 3001, 2),
+        "u8f16": _enc(U8F16, 3000, 3),
+        "sign": _enc(SIGN, 8001, 4),
+        "mx4": _enc(MX4, 4001, 5),
+        "mx8": _enc(MX8, 3000, 6),
+        "nv": _enc(NV, 4001, 7),
+        "fp8": _enc(FP8, 3000, 8),
+        "fp16": _enc({"id": "fp16"}, 2000, 9),
+        "topk": _enc(TOPK, 3000, 10),
+        "nv0": _enc(NV, 0, 11),
+    }
 
 
-#: the ids of :func:`payloads`, in its order: the tests are collected from this list, and the
-#: payloads (encoding compiles kernels) are made when a test first needs them, not at collection,
-#: which every pytest-xdist worker repeats for every module
-IDS = (
-    "fp16",
-    "fp16-crc",
-    "u8",
-    "u8-crc",
-    "u8-padding",
-    "u8-nan-scale",
-    "u8-negative-zero-scale",
-    "u8-overflowing-scale",
-    "u8-code-128",
-    "u4",
-    "u4-unused-bits",
-    "u8-f16-scales",
-    "u8-f16-inf-scale",
-    "u8-f16-negative-scale",
-    "sign",
-    "sign-inf-scale",
-    "sign-unused-bits",
-    "mxfp4",
-    "mxfp4-nan-scale",
-    "mxfp4-unused-bits",
-    "mxfp8",
-    "mxfp8-nan-element",
-    "nvfp4",
-    "nvfp4-signed-block-scale",
-    "nvfp4-inf-tensor-scale",
-    "nvfp4-overflowing-block",
-    "nvfp4-empty",
-    "nvfp4-empty-positive-tensor-scale",
-    "fp8",
-    "fp8-overflowing-scale",
-    "topk",
-    "topk-crc",
-)
+#: (id, codec config, element count, the payload made from :func:`_bases`). The tests are collected
+#: from the ids; the payloads (encoding compiles kernels) are made when a test first needs them, not
+#: at collection, which every pytest-xdist worker repeats for every module.
+CASES: list[tuple[str, dict[str, Any], int, Callable[[dict[str, bytes]], bytes]]] = [
+    ("fp16", {"id": "fp16"}, 2000, lambda b: b["fp16"]),
+    ("fp16-crc", {"id": "fp16"}, 2000, lambda b: _flip(b["fp16"])),
+    ("u8", U8, 3000, lambda b: b["u8"]),
+    ("u8-crc", U8, 3000, lambda b: _flip(b["u8"])),
+    ("u8-padding", U8, 3000, lambda b: _pad(b["u8"])),
+    ("u8-nan-scale", U8, 3000, lambda b: _put(b["u8"], "scales", 3, np.float32(np.nan))),
+    ("u8-negative-zero-scale", U8, 3000, lambda b: _put(b["u8"], "scales", 5, np.float32(-0.0))),
+    ("u8-overflowing-scale", U8, 3000, lambda b: _put(b["u8"], "scales", 2, np.float32(3e37))),
+    ("u8-code-128", U8, 3000, lambda b: _put(b["u8"], "codes", 150, np.int8(-128))),
+    ("u4", U4, 3001, lambda b: b["u4"]),
+    ("u4-unused-bits", U4, 3001, lambda b: _last_byte(b["u4"], "codes", 0xF0)),
+    ("u8-f16-scales", U8F16, 3000, lambda b: b["u8f16"]),
+    ("u8-f16-inf-scale", U8F16, 3000, lambda b: _put(b["u8f16"], "scales", 1, np.uint16(0x7C00))),
+    ("u8-f16-negative-scale", U8F16, 3000, lambda b: _put(b["u8f16"], "scales", 2, np.uint16(0x8001))),
+    ("sign", SIGN, 8001, lambda b: b["sign"]),
+    ("sign-inf-scale", SIGN, 8001, lambda b: _put(b["sign"], "scales", 1, np.float32(np.inf))),
+    ("sign-unused-bits", SIGN, 8001, lambda b: _last_byte(b["sign"], "bits", 0xFF)),
+    ("mxfp4", MX4, 4001, lambda b: b["mx4"]),
+    ("mxfp4-nan-scale", MX4, 4001, lambda b: _put(b["mx4"], "scales", 2, np.uint8(0xFF))),
+    ("mxfp4-unused-bits", MX4, 4001, lambda b: _last_byte(b["mx4"], "elements", 0xF1)),
+    ("mxfp8", MX8, 3000, lambda b: b["mx8"]),
+    ("mxfp8-nan-element", MX8, 3000, lambda b: _put(b["mx8"], "elements", 40, np.uint8(0x7F))),
+    ("nvfp4", NV, 4001, lambda b: b["nv"]),
+    ("nvfp4-signed-block-scale", NV, 4001, lambda b: _put(b["nv"], "scales", 3, np.uint8(0x81))),
+    ("nvfp4-inf-tensor-scale", NV, 4001, lambda b: _put(b["nv"], "tensor_scale", 0, np.float32(np.inf))),
+    ("nvfp4-overflowing-block", NV, 4001, lambda b: _put(b["nv"], "tensor_scale", 0, np.float32(3e35))),
+    ("nvfp4-empty", NV, 0, lambda b: b["nv0"]),
+    ("nvfp4-empty-positive-tensor-scale", NV, 0, lambda b: _put(b["nv0"], "tensor_scale", 0, np.float32(1.0))),  # NV4
+    ("fp8", FP8, 3000, lambda b: b["fp8"]),
+    ("fp8-overflowing-scale", FP8, 3000, lambda b: _put(b["fp8"], "scales", 1, np.float32(1e37))),
+    ("topk", TOPK, 3000, lambda b: b["topk"]),
+    ("topk-crc", TOPK, 3000, lambda b: _flip(b["topk"])),
+]
+IDS = tuple(c[0] for c in CASES)
 VALID = {"fp16", "u8", "u4", "u8-f16-scales", "sign", "mxfp4", "mxfp8", "nvfp4", "nvfp4-empty", "fp8", "topk"}
 
 
-def by_id(cid: str) -> tuple[str, dict[str, Any], int, bytes]:
-    table = {p[0]: p for p in payloads()}
-    assert tuple(table) == IDS, "IDS lists payloads()' ids in order"
-    return table[cid]
+@functools.cache
+def payloads() -> dict[str, tuple[dict[str, Any], int, bytes]]:
+    """id -> (codec config, element count, payload bytes), in the order of :data:`CASES`."""
+    b = _bases()
+    return {cid: (cfg, n, make(b)) for cid, cfg, n, make in CASES}
 
 
 def small_bound(buf: bytes) -> int:
@@ -206,7 +182,7 @@ def small_bound(buf: bytes) -> int:
 
 
 def _worker_job() -> tuple[list[str], dict[str, Any]]:
-    req = {"reader": [{"id": i, "n": n, "payload": b.hex()} for i, _, n, b in payloads()], "watchdog_s": 300}
+    req = {"reader": [{"id": i, "n": n, "payload": b.hex()} for i, (_, n, b) in payloads().items()], "watchdog_s": 300}
     return simulator_job("gpu_sim_worker.py", req)
 
 
@@ -247,15 +223,14 @@ def _host(buf: bytes, n: int) -> tuple[str, str, bytes]:
 def test_the_cases_break_what_they_say() -> None:
     """Every broken payload is refused by the host reader and every intact one passes, so the
     comparison below compares refusals, not two passes."""
-    assert tuple(p[0] for p in payloads()) == IDS
-    for cid, _, n, buf in payloads():
+    for cid, (_, n, buf) in payloads().items():
         v, _, _ = _host(buf, n)
         assert (v == "ok") == (cid in VALID), (cid, v)
 
 
 @pytest.mark.parametrize("cid", IDS)
 def test_device_reader_agrees_with_the_host_reader(sim: dict[str, Any], cid: str) -> None:
-    _, _, n, buf = by_id(cid)
+    _, n, buf = payloads()[cid]
     got = sim[cid]
     v, d, out = _host(buf, n)
     assert got["validate"] == v
@@ -266,7 +241,7 @@ def test_device_reader_agrees_with_the_host_reader(sim: dict[str, Any], cid: str
 
 @pytest.mark.parametrize("cid", IDS)
 def test_device_checks_move_only_header_and_small_words(sim: dict[str, Any], cid: str) -> None:
-    _, cfg, _, buf = by_id(cid)
+    cfg, _, buf = payloads()[cid]
     got = sim[cid]
     if codec_class(cfg["id"]).device_checks:
         assert got["section_copies"] == 0
