@@ -18,6 +18,7 @@ job compiles only what it uses. By default every codec is warmed up at its defau
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -76,20 +77,16 @@ def warmup(
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     times: dict[str, float] = {}
-    if jobs > 1 and len(configs) > 1:
-        # spawned, not forked: a forked child would inherit a started kernel thread pool's locks
-        with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=get_context("spawn")) as pool:
-            for fut in as_completed([pool.submit(_warm_one, cfg) for cfg in configs]):
-                label, seconds = fut.result()
-                times[label] = seconds
-                if progress is not None:
-                    progress(label, seconds)
-        return times
-    for cfg in configs:
-        label, seconds = _warm_one(cfg)
-        times[label] = seconds
-        if progress is not None:
-            progress(label, seconds)
+    with contextlib.ExitStack() as stack:
+        results: Iterable[tuple[str, float]] = map(_warm_one, configs)
+        if jobs > 1 and len(configs) > 1:
+            # spawned, not forked: a forked child would inherit a started kernel thread pool's locks
+            pool = stack.enter_context(ProcessPoolExecutor(min(jobs, len(configs)), mp_context=get_context("spawn")))
+            results = (f.result() for f in as_completed([pool.submit(_warm_one, cfg) for cfg in configs]))
+        for label, seconds in results:
+            times[label] = seconds
+            if progress is not None:
+                progress(label, seconds)
     return times
 
 

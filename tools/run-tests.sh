@@ -21,11 +21,9 @@ warm_pid=""
 # its own process group (setsid), so that a failed lint step stops its pool processes too
 trap '[ -n "$warm_pid" ] && { kill -- "-$warm_pid" || kill "$warm_pid"; } 2>/dev/null; rm -f "$warm_log"' EXIT
 if [ "$workers" -gt 1 ]; then
-    if command -v setsid >/dev/null; then
-        setsid --wait python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
-    else
-        python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
-    fi
+    group=()
+    command -v setsid >/dev/null && group=(setsid --wait)
+    "${group[@]}" python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
     warm_pid=$!
 fi
 echo "== ruff"; ruff check . && ruff format --check .
