@@ -42,18 +42,65 @@ def codecs_default() -> list[gcodec.Codec]:
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
+#: Seconds of wall each of the longest modules took in a whole-suite run (2 pytest-xdist workers on
+#: 2 cores at load 10-18, fresh clone, 2026-12-07; test_faults less its soaks' later cut). Only the
+#: order of modules under pytest-xdist uses it: longest first (see below). A module missing here
+#: only starts later; a stale figure only costs balance.
+MODULE_SECONDS = {
+    "test_device_protocols": 730,  # waits on its CUDA-simulator job (start_in_background)
+    "test_gpu_sim": 380,  # likewise
+    "test_torchft": 750,
+    "test_vectors": 720,
+    "test_faults": 570,
+    "test_demo": 490,
+    "test_fsdp": 400,
+    "test_memory_bound": 320,
+    "test_nested_range": 320,
+    "test_transport_torch": 280,
+    "test_nonfinite": 280,
+    "test_formats": 240,
+    "test_agreement": 230,
+    "test_properties": 220,
+    "test_spec_decoder": 200,
+    "test_lm": 180,
+    "test_integrations": 160,
+    "test_quant_uniform": 150,
+    "test_procs": 150,
+    "test_kernel_settings": 140,
+    "test_bench_link": 110,
+    "test_header_depth": 110,
+    "test_corruption": 100,
+    "test_transport_mpi": 100,
+    "test_feedback": 90,
+    "test_adaptive": 85,
+    "test_diloco": 85,
+    "test_engine_order": 75,
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules whose long single-process job starts in the background when a large session
-    begins (``start_in_background``: the CUDA simulator's workers, many Python threads on one core
-    for minutes) run last in a serial session: their jobs ran meanwhile on the core that the serial
-    tests leave idle, and the tests only read the results. Under pytest-xdist every core runs a
-    worker, so those modules go first instead (the longest jobs first, the short ones fill the
-    gaps at the end). Stable: the rest keep their order."""
+    """The order of the modules. The modules whose long single-process job starts in the
+    background when a large session begins (``start_in_background``: the CUDA simulator's workers,
+    many Python threads on one core for minutes) run last in a serial session: their jobs ran
+    meanwhile on the core that the serial tests leave idle, and the tests only read the results.
+
+    Under pytest-xdist each module runs whole on one worker (``--dist loadfile``), handed out in
+    the order of the collection (``--no-loadscope-reorder``: xdist's own reorder puts the modules
+    with most tests first, which left the few long multi-process modules for the end, on one
+    worker while the others idled). The simulator modules go first, then the others longest first
+    (:data:`MODULE_SECONDS`), the short ones filling the gaps at the end. Stable: a module's
+    tests keep their order."""
 
     def long_job(it: pytest.Item) -> bool:
         return hasattr(it, "module") and hasattr(it.module, "start_in_background")
 
-    items.sort(key=(lambda it: not long_job(it)) if WORKER else long_job)
+    def seconds(it: pytest.Item) -> int:
+        return MODULE_SECONDS.get(Path(str(it.fspath)).stem, 0)
+
+    if WORKER:
+        items.sort(key=lambda it: (not long_job(it), -seconds(it)))
+    else:
+        items.sort(key=long_job)
 
 
 #: a background process filling Numba's kernel cache while the session starts (see below)

@@ -2,14 +2,14 @@
 # The test command of the README: one fresh (or reused) virtual environment, lint, types, tests.
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" test
 # pytest-xdist workers: one more than the cores (at most 4), each test module whole on one worker
-# (its module-scoped jobs run once). Many tests wait on other processes (ranks, watchdogs, a
+# (its module-scoped jobs run once), in the order tests/conftest.py gives them (longest first). Many tests wait on other processes (ranks, watchdogs, a
 # stopped peer's timeout): with a worker per core a core idles in those waits, and one spare
 # worker fills them. GCODEC_TEST_WORKERS=N sets the count; 0 runs the suite in this one process.
 cores="$(nproc 2>/dev/null || echo 2)"
 workers="${GCODEC_TEST_WORKERS:-$((cores + 1))}"
 [ "$workers" -gt 4 ] && workers=4
 xdist=()
-[ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile)
+[ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 
 # Numba's kernel cache, filled once before the tests, in one process per core: otherwise the
 # workers (and the ranks of every multi-process test) each compile the common kernels they first
