@@ -3,6 +3,7 @@ gcodec's 4-bit + error feedback inside it (:mod:`gcodec.torch.torchft`), on the 
 workload of bench/lowcomm.py (a smaller transformer), three replica groups on 127.0.0.1.
 
     python bench/torchft_faults.py --json torchft_faults.json
+    sudo python bench/torchft_faults.py --rate 100mbit      # every process behind a shaped loopback
 
 For each contender, two runs of the same number of committed outer steps: without a fault, and
 with replica 2 killed (SIGKILL) at a random outer step and restarted at once (torchft heals it from
@@ -10,8 +11,10 @@ a peer; the two others go on meanwhile). Reported: the global model's validation
 (every replica's global parameters are compared bit for bit), the bytes each replica encoded per
 outer step (gcodec's payload; float32: 4 bytes per parameter), and whether the job finished with
 no manual step. torchft's lighthouse runs in a process of its own
-(tests/transport_ranks/torchft_lighthouse.py). Nothing is timed: on a loaded machine the seconds
-measure the machine.
+(tests/transport_ranks/torchft_lighthouse.py). ``--rate`` runs the lighthouse and the replicas in
+bench/link.py's network namespace, its loopback shaped by a token bucket (root and iproute2). Each
+job's wall time is reported but compares nothing on a loaded machine, and little where the model's
+exchange is small next to its inner steps.
 """
 
 from __future__ import annotations
@@ -126,11 +129,14 @@ def replica(a: argparse.Namespace) -> None:
     os._exit(0)
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen:
+def _start(args: list[str], log: Path, prefix: list[str]) -> subprocess.Popen:
+    """``prefix``: the command that runs a process inside the shaped link's namespace (``ip netns
+    exec NAME``, which execs: the process is the Python one), or nothing."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     with open(log, "a") as f:
-        return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        cmd = [*prefix, sys.executable, *args]
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
 
 
 def _progress(out: Path, i: int) -> dict[str, Any]:
@@ -138,7 +144,7 @@ def _progress(out: Path, i: int) -> dict[str, Any]:
     return json.loads(f.read_text()) if f.exists() else {"step": -1, "pid": 0}
 
 
-def one_run(a: argparse.Namespace, codec: Any, kill: bool, out: Path, seed: int) -> dict[str, Any]:
+def one_run(a: argparse.Namespace, codec: Any, kill: bool, out: Path, seed: int, prefix: list[str]) -> dict[str, Any]:
     """One job: a lighthouse, three replicas, optionally replica 2 killed and restarted."""
     from tests.procs import free_port
 
@@ -147,7 +153,8 @@ def one_run(a: argparse.Namespace, codec: Any, kill: bool, out: Path, seed: int)
         f.unlink()
     port = free_port()
     procs: dict[int, subprocess.Popen] = {}
-    lh = _start(["-m", "tests.transport_ranks.torchft_lighthouse", str(port), "2", "2000", "2000"], out / "lh.log")
+    lighthouse = ["-m", "tests.transport_ranks.torchft_lighthouse", str(port), "2", "2000", "2000"]
+    lh = _start(lighthouse, out / "lh.log", prefix)
     addr = f"http://localhost:{port}"
     lives = {0: 0, 1: 0, 2: 0}
 
@@ -155,7 +162,7 @@ def one_run(a: argparse.Namespace, codec: Any, kill: bool, out: Path, seed: int)
         cmd = [__file__, "--replica", "--out", str(out), "--index", str(i), "--lighthouse", addr]
         cmd += ["--codec", json.dumps(codec), "--life", str(lives[i]), "--outer-steps", str(a.outer_steps)]
         cmd += ["--sync-every", str(a.sync_every), "--pace", str(a.pace)]
-        procs[i] = _start(cmd, out / f"replica{i}.log")
+        procs[i] = _start(cmd, out / f"replica{i}.log", prefix)
 
     events: dict[str, Any] = {}
     t0 = time.monotonic()
@@ -224,22 +231,46 @@ def main() -> int:
         default=json.dumps([None, U4]),
         help="JSON list of codec configs (null: torchft's own float32 allreduce)",
     )
+    ap.add_argument(
+        "--rate",
+        default="",
+        help="run every process inside a network namespace whose loopback is shaped to this tc rate "
+        "(bench/link.py's link, e.g. 100mbit; needs root and iproute2); default: the host's loopback",
+    )
     ap.add_argument("--json", help="write the results")
     a = ap.parse_args()
     if a.replica:
         replica(a)
         return 0
+    if a.rate:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from link import NoNamespace, namespace
+
+        try:
+            with namespace(a.rate) as prefix:
+                return runs(a, prefix)
+        except NoNamespace as e:
+            print(f"no shaped link: {e}", file=sys.stderr)
+            return 0
+    return runs(a, [])
+
+
+def runs(a: argparse.Namespace, prefix: list[str]) -> int:
+    """Every contender without and with the kill; ``wall_s`` is the seconds of each whole job (its
+    committed outer steps, the kill's recovery included): a figure only on a shaped link and a
+    quiet machine."""
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"torchft_faults_{os.getpid()}"
     rows = []
     for n, codec in enumerate(json.loads(a.contenders)):
         for kill in (False, True):
-            r = one_run(a, codec, kill, work / f"c{n}_{int(kill)}", a.seed)
+            r = one_run(a, codec, kill, work / f"c{n}_{int(kill)}", a.seed, prefix)
+            r["rate"] = a.rate or "host loopback"
             rows.append(r)
             label = "fp32" if codec is None else "gcodec " + json.dumps(codec, sort_keys=True) + " + EF"
             print(
                 f"{label:18} kill={kill!s:5} ok={r['ok']} identical={r['identical']} "
                 f"val_loss={r['val_loss']} bytes/outer step={r['payload_per_outer_step']} "
-                f"killed_at={r.get('killed_at')} {r.get('error', '')}",
+                f"killed_at={r.get('killed_at')} wall={r['wall_s']:.0f} s {r.get('error', '')}",
                 flush=True,
             )
     if a.json:
