@@ -170,10 +170,10 @@ def test_the_progress_bar_keeps_compiling_and_start_up_out_of_its_estimate() -> 
     assert left < 2.0
 
 
-def test_a_run_may_set_its_own_warm_up_length() -> None:
-    """A run spec's ``start_iter`` replaces the settings' for that run alone (bench/link.py gives
-    torch's PowerSGD its shortest warm-up, 2 dense steps, this way): over 6 steps a run with the
-    settings' 1 warm-up step compresses 5, the run that asks for 4 compresses 2."""
+@pytest.fixture(scope="module")
+def small_job() -> dict[str, dict[str, Any]]:
+    """One 2-worker job of three 6-step runs for the tests below (a job's cost is mostly its two
+    workers starting): the settings' 1 warm-up step, a run asking for 4, and the local hook."""
     from gcodec.demo.launch import run_job
     from gcodec.demo.runs import Settings, run_spec
 
@@ -181,25 +181,28 @@ def test_a_run_may_set_its_own_warm_up_length() -> None:
     runs = [
         run_spec("fp16", {"id": "fp16"}, False),
         {**run_spec("fp16, 4 warm-up", {"id": "fp16"}, False), "start_iter": 4},
+        run_spec("local", None, False, hook="local"),
     ]
-    got = {r["label"]: r for r in run_job(runs, s, 2)["runs"]}
-    assert all(r.get("ok") for r in got.values()), got
+    return {r["label"]: r for r in run_job(runs, s, 2)["runs"]}
+
+
+def test_a_run_may_set_its_own_warm_up_length(small_job: dict[str, dict[str, Any]]) -> None:
+    """A run spec's ``start_iter`` replaces the settings' for that run alone (bench/link.py gives
+    torch's PowerSGD its shortest warm-up, 2 dense steps, this way): over 6 steps a run with the
+    settings' 1 warm-up step compresses 5, the run that asks for 4 compresses 2."""
+    got = small_job
+    assert got["fp16"].get("ok") and got["fp16, 4 warm-up"].get("ok"), got
     assert got["fp16"]["steps"] == got["fp16, 4 warm-up"]["steps"] == 6
     assert got["fp16"]["compressed_steps"] == 5
     assert got["fp16, 4 warm-up"]["compressed_steps"] == 2
 
 
-def test_the_local_hook_passes_torchs_hook_checks_and_reports_no_bytes() -> None:
+def test_the_local_hook_passes_torchs_hook_checks_and_reports_no_bytes(small_job: dict[str, dict[str, Any]]) -> None:
     """bench/link.py times the compute floor with DDP under a hook that keeps each rank's own
     gradients (``hook="local"``): torch accepts it as a comm hook (it rejects a hook whose bucket
     is annotated with anything but ``dist.GradBucket``, which a string annotation is), the run
     trains its steps, counts no bytes sent, and reports each step's time."""
-    from gcodec.demo.launch import run_job
-    from gcodec.demo.runs import Settings, run_spec
-
-    s = Settings(hidden=[32], epochs=1, evals_per_epoch=0, start_iter=1, max_steps=6, min_numel=64)
-    got = {r["label"]: r for r in run_job([run_spec("local", None, False, hook="local")], s, 2)["runs"]}
-    r = got["local"]
+    r = small_job["local"]
     assert r.get("ok"), r
     assert r["steps"] == 6 and r["bytes_per_step"] == 0
     assert len(r["first_steps_ms"]) == 6 and all(t > 0 for t in r["first_steps_ms"])
