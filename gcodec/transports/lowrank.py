@@ -40,7 +40,7 @@ from .comm import AllWork, Protocol
 from .control import Exchange
 from .protocol_helpers import work_dtype
 from .state import TransportState
-from .stats import StepStats
+from .stats import StepStats, ring_bytes
 from .threads import kernel_threads
 
 __all__ = ["LowRankItem", "factor_wire_dtype", "lowrank_protocol"]
@@ -156,7 +156,7 @@ def lowrank_protocol(
         dd = work_dtype(max((i.x.dtype for i in dense), key=lambda d: d.itemsize))
         own = _flat_concat([i.x for i in dense], dd, like)
         st.add("payload_bytes", own.nbytes)
-        st.add("wire_bytes", 2 * (p - 1) * own.nbytes // p)
+        st.add("wire_bytes", ring_bytes(own.nbytes, p))
         if dd == np.float32 and comp:
             head.append(own)
         else:
@@ -223,7 +223,7 @@ def lowrank_protocol(
         yield comm.allreduce(pbuf, "sum")
     if err is not None:
         raise err
-    st.add("wire_bytes", 2 * (p - 1) * fac_bytes // p)
+    st.add("wire_bytes", ring_bytes(fac_bytes, p))
     if split:  # the head's sums, then P's in float32 from here on (the layout of the float32 path)
         _check_finite(pbuf, what)
         pos = 0
@@ -260,7 +260,7 @@ def lowrank_protocol(
     yield comm.allreduce(qbuf, "sum")
     if err is not None:
         raise err
-    st.add("wire_bytes", 2 * (p - 1) * qbuf.nbytes // p)
+    st.add("wire_bytes", ring_bytes(qbuf.nbytes, p))
     _check_finite(qbuf, what)
     if split:
         qbuf = _from_wire(qbuf)
