@@ -1,15 +1,16 @@
 """One compressed allreduce of one tensor: resolve its mode, agree on it, run it
 (:func:`gcodec.transports.run.exchange`: the protocol and the statistics).
 
-This is what ``gcodec.mpi.allreduce`` and ``gcodec.torch.all_reduce`` run, on their own
-communicator. ``out`` may be ``x`` itself (in place). Each call is one part of its state's step
-report (:class:`~gcodec.transports.stats.KeyRounds`), or of the router's that ran it.
+This is what ``gcodec.mpi.allreduce`` and ``gcodec.torch.all_reduce`` run on their own
+communicator when given a state or a codec (a :class:`~gcodec.transports.router.Router` plans its
+keys instead: :meth:`~gcodec.transports.router.Router.protocol_many`). ``out`` may be ``x`` itself
+(in place). Each call is one part of its state's step report
+(:class:`~gcodec.transports.stats.KeyRounds`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from .run import exchange
 from .state import TransportState, resolve_mode
 from .stats import StepStats
 
-__all__ = ["OPS", "allreduce_protocol", "exchange_for"]
+__all__ = ["OPS", "allreduce_protocol", "check_call", "exchange_for"]
 
 OPS = ("mean", "sum")
 
@@ -36,6 +37,17 @@ def _writeable_contiguous(a: object) -> bool:
         return bool(a.flags.c_contiguous and a.flags.writeable)
     check = getattr(a, "is_c_contiguous", None)
     return bool(check()) if callable(check) else False
+
+
+def check_call(x: Any, out: Any, op: str) -> None:
+    """A caller's arguments: ``op`` one of :data:`OPS`, ``out`` a writeable C-contiguous array of
+    ``x``'s shape on ``x``'s memory (ConfigError otherwise)."""
+    if op not in OPS:
+        raise ConfigError(f"op {op!r} is not one of {list(OPS)}")
+    if tuple(out.shape) != tuple(x.shape) or not _writeable_contiguous(out):
+        raise ConfigError(f"out must be a writeable C-contiguous array of shape {x.shape}")
+    if xp.backend(out) != xp.backend(x):
+        raise ConfigError(f"out lives in {xp.backend(out)} memory and x in {xp.backend(x)}: give both on one")
 
 
 def ef_fingerprint(state: TransportState) -> Any:
@@ -61,19 +73,13 @@ def allreduce_protocol(
     key: str,
     op: str,
     mode: str,
-    report: Callable[[StepStats], None] | None = None,
 ) -> Protocol:
-    """The protocol of one allreduce of ``key``; its figures go to ``state``'s statistics and to
-    ``report`` (a router's step report), or by default to ``state``'s step report."""
+    """The protocol of one allreduce of ``key``; its figures go to ``state``'s statistics and
+    step report."""
     t0 = time.perf_counter()  # the engine holds the tensor from its protocol's start
     what = f"compressed allreduce of {key!r}"
     try:
-        if op not in OPS:
-            raise ConfigError(f"op {op!r} is not one of {list(OPS)}")
-        if tuple(out.shape) != tuple(x.shape) or not _writeable_contiguous(out):
-            raise ConfigError(f"out must be a writeable C-contiguous array of shape {x.shape}")
-        if xp.backend(out) != xp.backend(x):
-            raise ConfigError(f"out lives in {xp.backend(out)} memory and x in {xp.backend(x)}: give both on one")
+        check_call(x, out, op)
         resolved = resolve_mode(state.codec, mode, comm.size)
     except Exception as e:  # take part, so that the peers raise too instead of waiting
         yield from failed_exchange(comm, e, what)
@@ -83,8 +89,5 @@ def allreduce_protocol(
     sample_quality(state, key, step, x)
     st = StepStats(key, step, resolved, x.nbytes)
     yield from exchange(ex, state, resolved, st, op, x=x, out=out)
-    if report is None:
-        state.reports.add_call(key, [st], raw_bytes=x.nbytes, held_s=time.perf_counter() - t0)
-    else:
-        report(st)
+    state.reports.add_call(key, [st], raw_bytes=x.nbytes, held_s=time.perf_counter() - t0)
     return out

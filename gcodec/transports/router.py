@@ -37,7 +37,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -49,13 +49,14 @@ from ..deprecation import REMOVED_IN
 from ..errors import ConfigError
 from ..feedback import ErrorFeedback
 from ..policy import DEFAULTS, Policy, Rules, as_policy, size_rule
-from .allreduce import allreduce_protocol
+from .allreduce import allreduce_protocol, check_call
 from .comm import Communicator, Protocol
 from .control import Exchange, failed_exchange
-from .handshake import fingerprint
 from .plan import Group, Item, Piece, Plan, plan
 from .protocol_helpers import work_dtype
+from .quality import sample_quality
 from .run import dense as run_dense
+from .run import run
 from .state import TransportState, check_mode
 from .stats import DENSE, KeyRounds, StepStats, ring_bytes
 from .two_phase import owner_bounds
@@ -83,41 +84,8 @@ class _Store:
         return {pc.name for v in self.vectors for pc in v}
 
 
-@dataclass
-class _Member:
-    """One key of :meth:`Router.protocol_many` that goes compressed this step."""
-
-    key: str
-    x: Any
-    out: Any
-    step: int
-    t0: float
-
-
 #: Figures that count whole bytes: a key's share of a group's is rounded, the last key taking the rest.
 _BYTE_FIELDS = ("payload_bytes", "wire_bytes", "host_bytes")
-
-
-def _shares(st: StepStats, keys: Sequence[tuple[str, int, int]], weights: Sequence[int]) -> list[StepStats]:
-    """The figures of one exchange of several keys (``keys``: name, step, raw bytes) split by
-    ``weights`` (their element counts): seconds in proportion, bytes rounded down with the last
-    key taking the remainder, so that the keys' figures add up to the exchange's."""
-    total = max(sum(weights), 1)
-    out = []
-    left = {f: int(st.values[f]) for f in _BYTE_FIELDS}
-    for j, ((key, step, raw), w) in enumerate(zip(keys, weights)):
-        kst = StepStats(key, step, st.mode, raw)
-        for f, v in st.values.items():
-            if f == "raw_bytes":
-                continue
-            if f in _BYTE_FIELDS:
-                share = left[f] if j == len(keys) - 1 else int(v) * w // total
-                left[f] -= share
-                kst.add(f, share)
-            else:
-                kst.add(f, v * w / total)
-        out.append(kst)
-    return out
 
 
 def split_controller(policy: Any, controller: Any, stacklevel: int = 3) -> tuple[Any, Any]:
@@ -192,6 +160,8 @@ class Router:
         self._owner: dict[str, tuple[str | None, str]] = {}  # parameter -> the store holding its residual
         #: per-round totals of the keys this router exchanged one call at a time (:meth:`step_report`)
         self.reports = KeyRounds()
+        #: protocol_many's plans by key set and codecs, while no residual moves
+        self._plans: dict[Any, tuple[Plan, dict[str, Any], str | None]] = {}
 
     # ---- the policy --------------------------------------------------------------------------
     @property
@@ -491,6 +461,7 @@ class Router:
         same = store is not None and store.vectors == layout and store.shape == (shape if form != "lowrank" else None)
         if same and all(self._owner.get(n) == sid for n in names):
             return
+        self._plans.clear()  # a kept plan (protocol_many) placed residuals that moved now
         got = self._read_names(names)
         fresh = _Store(sid[0], key, form, layout, shape if form != "lowrank" else None)
         for n in names:
@@ -525,6 +496,7 @@ class Router:
         names = {pc.name for v in vectors for pc in v}
         if not any(n in self._owner for n in names):
             return None
+        self._plans.clear()  # a kept plan (protocol_many) placed residuals that moved now
         got = self._read_names(names)
         for n in names:
             self._owner.pop(n, None)
@@ -534,6 +506,7 @@ class Router:
 
     def clear_residuals(self) -> None:
         """Forget every pending residual (every codec's and the held ones)."""
+        self._plans.clear()  # a kept plan (protocol_many) placed residuals that moved now
         for ts in self.states.values():
             if ts.worker is not None:
                 ts.worker.reset()
@@ -566,6 +539,7 @@ class Router:
                 raise ConfigError(f"residual {k!r} has {arr.shape[0]} values, not {b - a}")
             pieces.append(Piece(name, a, b, b - a))
             vals.append(arr)
+        self._plans.clear()  # a kept plan (protocol_many) placed residuals that moved now
         for i, (pc, v) in enumerate(zip(pieces, vals)):
             sid = (None, f"held:{pc.name}[{pc.start}:{pc.stop}]#{i}")
             self._stores[sid] = _Store(None, sid[1], "rows", ((pc,),), held=[v])
@@ -614,156 +588,196 @@ class Router:
         if sd.get("chooser") is not None and callable(loader):
             loader(sd["chooser"])
 
-    # ---- one key's allreduce (gcodec.mpi, gcodec.torch.all_reduce) ------------------------------
+    # ---- allreduces of keys (gcodec.mpi, gcodec.torch.all_reduce, DiLoCo) --------------------
     def protocol(self, comm: Communicator, x: np.ndarray, out: np.ndarray, key: str, op: str) -> Protocol:
-        """Choose ``key``'s codec for this step, move its residual on a change, exchange."""
-        t0 = time.perf_counter()
-        codec, step = yield from self.decide(comm, key, tuple(x.shape))
-        pl = self._plan(comm, [(key, x)], {key: codec})
-        if codec is None:
-            yield from self._dense(comm, [(key, x, out, step, None if pl.carried is None else pl.carried[0], t0)], op)
-            return out
-        return (yield from self._compressed(comm, x, out, op, pl.groups[0], t0))
-
-    def _plan(self, comm: Communicator, keyed: Sequence[tuple[str, Any]], chosen: Mapping[str, Codec | None]) -> Plan:
-        """The plan of the keys ``keyed`` (``(key, array)``) whose codecs were ``chosen``: a group
-        of one key goes under its own name, in its shape; each low-rank key goes alone."""
-        items = [Item(k, tuple(x.shape), dtype_name(x.dtype), xp.backend(x), tensor=x) for k, x in keyed]
-        return plan(self, items, lambda item: chosen[item.name], size=comm.size, join_lowrank=False, alone_by_name=True)
+        """Choose ``key``'s codec for this step, move its residual on a change, exchange
+        (:meth:`protocol_many` of one key)."""
+        yield from self.protocol_many(comm, [(key, x, out)], op)
+        return out
 
     def protocol_many(self, comm: Communicator, items: Sequence[tuple[str, Any, Any]], op: str) -> Protocol:
-        """:meth:`protocol` for several keys at once (``items``: ``(key, x, out)``, the same keys in
-        the same order on every rank). Each key's codec is decided as :meth:`protocol` decides it;
-        then the keys are planned together (:func:`gcodec.transports.plan.plan`): the keys that
-        share a codec (and a dtype) are joined into one flat group and one exchange, as the DDP
-        hook joins a bucket's tensors, unless the codec reads shapes (:attr:`Codec.reads_shape`:
-        each such key goes alone, in its shape); the keys that go dense this step are joined into
-        one agreed allreduce. Residuals stay keyed by parameter and element range, so a key that
-        changes group keeps what it is owed (:meth:`place`). (What joining saves is measured in
-        docs/lowcomm.md, "A synchronisation's own cost".)"""
-        decided: dict[str, tuple[Codec | None, int, float]] = {}
+        """Allreduce several keys in one exchange (``items``: ``(key, x, out)``, the same keys in the
+        same order on every rank; ``out`` may be ``x``). Each key's codec is decided for this step
+        (:meth:`decide`); then the keys are planned together (:func:`gcodec.transports.plan.plan`,
+        the plan kept per key set and codec choice until a residual moves): the keys that share a
+        codec (and a dtype) are joined into one flat group, as the DDP hook joins a bucket's
+        tensors, unless the codec reads shapes (:attr:`Codec.reads_shape`) or is low-rank (each such
+        key goes alone, in its shape); a key alone goes under its own name. The ranks agree on the
+        plan once (one fingerprint: every key, shape, dtype, codec and mode), then the groups run in
+        order (:func:`gcodec.transports.run.run`); the keys that go dense ride with the first
+        group in float32, or, when there is none or they hold float64, go in one allreduce of
+        their own. Residuals stay keyed by parameter and element range, so a key that changes
+        group keeps what it is owed (:meth:`place`). Each key's record and step report gets its
+        share of its group's figures. (What joining saves is measured in docs/lowcomm.md, "A
+        synchronisation's own cost".)"""
+        t0 = time.perf_counter()
+        chosen: list[Codec | None] = []
+        steps: list[int] = []
         for key, x, _ in items:
-            t0 = time.perf_counter()
             codec, step = yield from self.decide(comm, key, tuple(x.shape))
-            decided[key] = (codec, step, t0)
-        pl = self._plan(comm, [(k, x) for k, x, _ in items], {k: d[0] for k, d in decided.items()})
+            chosen.append(codec)
+            steps.append(step)
+        names = [k for k, _, _ in items]
+        what = f"compressed allreduce of {names[0]!r}" + (
+            f" and {len(names) - 1} more key(s)" if len(names) > 1 else ""
+        )
+        try:
+            for _, x, out in items:
+                check_call(x, out, op)
+            pl = self._plan(comm, items, chosen, op)
+        except Exception as e:  # take part, so that the peers raise too instead of waiting
+            yield from failed_exchange(comm, e, what)
+        slot = names[0] if len(names) == 1 else _many_key(names)
+        ex = Exchange(comm, pl.fingerprint, self.agreed, slot, what, pl.on_agree, pl.text)
+        p = comm.size
+        try:
+            for g in pl.groups:
+                self._prepare(g, items)
+            buf = self._dense_buffer(pl, items)
+        except Exception as e:
+            yield from ex.begin(e)
+            raise
+        ride = buf is not None and bool(pl.groups) and buf.dtype == np.float32
+        yield from run(ex, pl, op, buf if ride else None)
+        dst = StepStats("", 0, DENSE, 0)
+        if buf is not None:
+            if not ride:
+                yield from run_dense(ex, dst, buf.nbytes, lambda: comm.allreduce(buf, "sum"))
+            if op == "mean":
+                xp.scale(buf, buf, 1.0 / p)
+        held = time.perf_counter() - t0
+        total = max(sum(int(x.size) for _, x, _ in items), 1)
         for g in pl.groups:
-            members = []
-            for i in g.idx:
-                key, x, out = items[i]
-                members.append(_Member(key, x, out, decided[key][1], decided[key][2]))
-            if len(members) == 1:  # alone: under its own key, exactly as protocol() sends it
-                yield from self._compressed(comm, members[0].x, members[0].out, op, g, members[0].t0)
-            else:
-                yield from self._compressed_group(comm, members, op, g)
-        dense = []
-        for j, i in enumerate(pl.dense):
-            key, x, out = items[i]
-            carried = None if pl.carried is None else pl.carried[j]
-            dense.append((key, x, out, decided[key][1], carried, decided[key][2]))
-        if dense:
-            yield from self._dense(comm, dense, op)
+            outs = [items[i][2] for i in g.idx]
+            if len(g.idx) > 1:
+                _scatter(outs, xp.flat(g.out))
+            q = g.state.telemetry.records().get(g.key) if g.state.telemetry is not None else None
+            quality = q if q is not None and q["step"] == g.stats.step else None
+            self._record_keys(
+                g.stats, g.codec, [(names[i], steps[i], items[i][1]) for i in g.idx], held / total, quality
+            )
+        if buf is not None:
+            _scatter([items[i][2] for i in pl.dense], buf)
+            if ride:  # in the first group's collectives: its bytes, none of its seconds
+                dst.values["payload_bytes"] = buf.nbytes
+                dst.values["wire_bytes"] = ring_bytes(buf.nbytes, p)
+            self._record_keys(dst, None, [(names[i], steps[i], items[i][1]) for i in pl.dense], held / total)
         return [out for _, _, out in items]
 
-    def _compressed_group(self, comm: Communicator, members: list[_Member], op: str, g: Group) -> Protocol:
-        """Keys of one codec and dtype as one flat group (:meth:`protocol_many`): their
-        concatenation exchanged under the group's key (:meth:`group_key` of every name, so ranks
-        that group differently disagree and raise), each key's record and step report its share."""
-        codec, ts, gkey, like = g.codec, g.state, g.key, members[0].x
-        sizes = [int(m.x.size) for m in members]
-        total = sum(sizes)
-        x = xp.concat([xp.flat(m.x) for m in members], like)
-        if g.flush is not None and g.flush[0] is not None:  # no feedback in the new codec: send it now
-            xp.add(x, g.flush[0])
-        out = xp.empty(like, total, x.dtype)
-        got: list[StepStats] = []
-        yield from allreduce_protocol(comm, ts, x, out, gkey, op, self.mode, got.append)
-        held = time.perf_counter() - members[0].t0
-        o = 0
-        for m, n in zip(members, sizes):
-            xp.copy(xp.flat(m.out), out[o : o + n])
-            o += n
-        q = ts.telemetry.records().get(gkey) if ts.telemetry is not None else None
-        quality = q if q is not None and q["step"] == ts.steps[gkey] - 1 else None
-        for m, kst in zip(members, _shares(got[0], [(m.key, m.step, int(m.x.nbytes)) for m in members], sizes)):
-            rec: dict[str, Any] = {"step": m.step, "mode": kst.mode, **kst.values, "codec": codec.get_config()}
+    def _plan(
+        self, comm: Communicator, items: Sequence[tuple[str, Any, Any]], chosen: list[Codec | None], op: str
+    ) -> Plan:
+        """The plan of ``items`` under the codecs ``chosen``: kept for the next call of the same keys,
+        shapes, dtypes, memories and codecs, until a residual moves (:meth:`place`, :meth:`take`,
+        :meth:`hold`, :meth:`clear_residuals`), or built (:func:`gcodec.transports.plan.plan`)."""
+        sig = (
+            comm.size,
+            op,
+            tuple(
+                (k, tuple(x.shape), dtype_name(x.dtype), xp.backend(x), None if c is None else c.config_key)
+                for (k, x, _), c in zip(items, chosen)
+            ),
+        )
+        kept = self._plans.get(sig)
+        if kept is not None:
+            return Plan(kept[0].items, kept[0].dense, [replace(g) for g in kept[0].groups], None, kept[1], kept[2])
+        xs = [x for _, x, _ in items]
+        its = [Item(k, tuple(x.shape), dtype_name(x.dtype), xp.backend(x)) for k, x, _ in items]
+        codecs = dict(zip((it.name for it in its), chosen))
+        pl = plan(
+            self,
+            its,
+            lambda it: codecs[it.name],
+            size=comm.size,
+            join_lowrank=False,
+            alone_by_name=True,
+            like=lambda i: xs[i],
+        )
+        wdt = np.result_type(*[work_dtype(xs[i].dtype) for i in pl.dense]) if pl.dense else None
+        ef: Any = {"decay": self.decay} if self.error_feedback and self.decay != 1.0 else self.error_feedback
+        pl.agree_on(ef=ef, op=op, size=comm.size, dense_dtype=None if wdt is None else str(wdt))
+        if pl.carried is None and all(g.flush is None for g in pl.groups):  # nothing owed: steady
+            groups = [replace(g, stats=None, x=None, out=None) for g in pl.groups]
+            self._plans[sig] = (Plan(pl.items, pl.dense, groups), pl.fingerprint, pl.text)
+        return pl
+
+    @staticmethod
+    def _prepare(g: Group, items: Sequence[tuple[str, Any, Any]]) -> None:
+        """Group ``g``'s input (its keys joined, with what it must send now), output and statistics."""
+        ts = g.state
+        xs = [items[i][1] for i in g.idx]
+        if len(xs) == 1:  # alone, in its shape; a copy only to add what it owes
+            x, out = xs[0], items[g.idx[0]][2]
+            if g.flush is not None and g.flush[0] is not None:
+                c = x.reshape(-1).astype(np.result_type(work_dtype(x.dtype), g.flush[0].dtype))
+                xp.add(c, g.flush[0])  # x + residual, a NaN sum a positive NaN (format.md §10)
+                x = c.astype(x.dtype).reshape(x.shape)
+        else:
+            x = xp.concat([xp.flat(a) for a in xs], xs[0])
+            if g.flush is not None and g.flush[0] is not None:
+                xp.add(x, g.flush[0])
+            out = xp.empty(x, x.shape[0], x.dtype)
+        step = ts.next_step(g.key)
+        sample_quality(ts, g.key, step, x)
+        g.stats = StepStats(g.key, step, g.mode, int(x.nbytes))
+        g.x, g.out = x, out
+
+    @staticmethod
+    def _dense_buffer(pl: Plan, items: Sequence[tuple[str, Any, Any]]) -> Any:
+        """The dense keys joined in work precision (float64 for float64 keys, else float32), with
+        what each still owed a codec it left; None when no key goes dense."""
+        if not pl.dense:
+            return None
+        xs = [items[i][1] for i in pl.dense]
+        wdt = np.result_type(*[work_dtype(x.dtype) for x in xs])
+        buf = xp.concat([xp.flat(x) for x in xs], xs[0], wdt)
+        pos = 0
+        for x, owed in zip(xs, pl.carried or [None] * len(xs)):
+            if owed is not None and owed.size == x.size:
+                xp.add(buf[pos : pos + x.size], owed)
+            pos += int(x.size)
+        return buf
+
+    def _record_keys(
+        self, st: StepStats, codec: Codec | None, keys: list[tuple[str, int, Any]], held_per: float, quality: Any = None
+    ) -> None:
+        """The figures ``st`` of one exchange of several keys (``keys``: name, step, input) split by
+        their element counts into each key's record and step report: seconds in proportion, bytes
+        rounded down with the last key taking the remainder, so that they add up to the exchange's;
+        ``held_per``: the call's held seconds per element."""
+        sizes = [int(x.size) for _, _, x in keys]
+        total = max(sum(sizes), 1)
+        left = {f: int(st.values[f]) for f in _BYTE_FIELDS}
+        cfg = DENSE if codec is None else codec.get_config()
+        for j, ((key, step, x), w) in enumerate(zip(keys, sizes)):
+            kst = StepStats(key, step, st.mode, int(x.nbytes))
+            for f, v in st.values.items():
+                if f in _BYTE_FIELDS:
+                    share = left[f] if j == len(keys) - 1 else int(v) * w // total
+                    left[f] -= share
+                    kst.values[f] = share
+                elif f != "raw_bytes":
+                    kst.values[f] = v * w / total
+            rec: dict[str, Any] = {"step": step, "mode": kst.mode, **kst.values, "codec": cfg}
             if quality is not None:  # the group's: what its codec did to these keys together
                 rec["quality"] = quality
-            self.record(m.key, rec)
-            self.reports.add_call(m.key, [kst], raw_bytes=int(m.x.nbytes), held_s=held * m.x.size / max(total, 1))
+            self.record(key, rec)
+            self.reports.add_call(key, [kst], raw_bytes=int(x.nbytes), held_s=held_per * w)
 
-    def _dense(self, comm: Communicator, dense: list[tuple[str, Any, Any, int, Any, float]], op: str) -> Protocol:
-        """The keys that go dense this step (``(key, x, out, step, residual owed, t0)``) as one
-        exchange: one fingerprint (every key, shape and dtype) agreed, one allreduce of their values
-        joined in work precision (float64 for float64 keys, else float32), with what each still
-        owed a codec it left. Each key's record and step report gets its own bytes and its share
-        of the time. A key alone is agreed under its own name."""
-        p = comm.size
-        names = [k for k, *_ in dense]
-        if len(names) == 1:
-            gkey = names[0]
-        else:
-            digest = hashlib.sha1("\0".join(names).encode()).hexdigest()[:8]
-            gkey = f"dense:{names[0]}..{names[-1]} ({len(names)} tensors, {digest})"
-        fp = fingerprint(
-            key=gkey,
-            codec=DENSE,
-            shape=[[k, list(x.shape), dtype_name(x.dtype)] for k, x, *_ in dense],
-            op=op,
-            size=p,
-        )
-        ex = Exchange(comm, fp, self.agreed, gkey, f"dense allreduce of {gkey!r}")
-        like = dense[0][1]
-        wdt = np.result_type(*[work_dtype(x.dtype) for _, x, *_ in dense])
-        total = sum(int(x.size) for _, x, *_ in dense)
-        buf = xp.empty(like, total, wdt)
-        spans = []
-        o = 0
-        for _, x, _, _, carried, _ in dense:
-            n = int(x.size)
-            part = buf[o : o + n]
-            xp.copy(part, xp.flat(x))
-            if carried is not None and carried.size == n:
-                xp.add(part, carried)
-            spans.append((o, n))
-            o += n
-        st = StepStats(gkey, 0, DENSE, 0)
-        yield from run_dense(ex, st, buf.nbytes, lambda: comm.allreduce(buf, "sum"))
-        if op == "mean":
-            xp.scale(buf, buf, 1.0 / p)
-        held = time.perf_counter() - dense[0][5]
-        for (key, x, out, step, _, _), (o, n) in zip(dense, spans):
-            xp.copy(xp.flat(out), buf[o : o + n])
-            share = n / max(total, 1)
-            kst = StepStats(key, step, DENSE, int(x.nbytes))
-            nb = n * np.dtype(wdt).itemsize
-            kst.add("payload_bytes", nb)
-            kst.add("wire_bytes", ring_bytes(nb, p))
-            kst.add("comm_s", st.values["comm_s"] * share)
-            kst.add("host_bytes", st.values["host_bytes"] * share)
-            self.record(key, {"step": step, "mode": DENSE, **kst.values, "codec": DENSE})
-            self.reports.add_call(key, [kst], raw_bytes=int(x.nbytes), held_s=held * share)
 
-    def _compressed(self, comm: Communicator, x: Any, out: Any, op: str, g: Group, t0: float) -> Protocol:
-        """One key's exchange as the group ``g`` planned it (:meth:`protocol` once the codec is decided)."""
-        raw, key, codec, ts = int(x.nbytes), g.key, g.codec, g.state
+def _many_key(names: Sequence[str]) -> str:
+    """The agreement slot of one :meth:`Router.protocol_many` key set: its first and last keys, their
+    count and a digest of every key, so that two key sets never share a slot."""
+    digest = hashlib.sha1("\0".join(names).encode()).hexdigest()[:8]
+    return f"many:{names[0]}..{names[-1]} ({len(names)} keys, {digest})"
 
-        def report(st: StepStats) -> None:  # the call, codec choice included, is one part of the round
-            self.reports.add_call(key, [st], raw_bytes=raw, held_s=time.perf_counter() - t0)
 
-        flush = g.flush
-        if flush is not None and flush[0] is not None:  # no feedback in the new codec: send it now
-            c = x.reshape(-1).astype(np.result_type(work_dtype(x.dtype), flush[0].dtype))
-            xp.add(c, flush[0])  # x + residual, a NaN sum a positive NaN (format.md §10)
-            x = c.astype(x.dtype).reshape(x.shape)
-        yield from allreduce_protocol(comm, ts, x, out, key, op, self.mode, report)
-        rec = dict(ts._stats._last[key])
-        rec["codec"] = codec.get_config()
-        q = ts.telemetry.records().get(key) if ts.telemetry is not None else None
-        if q is not None and q["step"] == ts.steps[key] - 1:
-            rec["quality"] = q
-        self.record(key, rec)
-        return out
+def _scatter(outs: Sequence[Any], flat: Any) -> None:
+    """Write the consecutive slices of ``flat`` into the arrays ``outs``, in order."""
+    pos = 0
+    for o in outs:
+        xp.copy(xp.flat(o), flat[pos : pos + o.size])
+        pos += int(o.size)
 
 
 #: The states and routers of single calls given none, per communicator (``scope``), codec and mode.
