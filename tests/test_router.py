@@ -379,29 +379,28 @@ def test_protocol_many_joins_the_keys_of_one_codec_as_one_flat_group() -> None:
     assert many[0][0][2]["w2"].tolist() == many[1][0][2]["w2"].tolist()  # every rank holds the same average
 
 
-def test_a_key_that_leaves_and_rejoins_a_group_keeps_what_it_is_owed() -> None:
-    # Error feedback conserves what is sent: on every rank x + r_old = decoded + r_new, so the mean
-    # over ranks of x + r_old - r_new is the average every rank receives. w2 leaves the group of
-    # w1 and w3 at step 2 (another codec) and rejoins it at step 3: its residual must follow it
-    # both times. Losing it would break the identity by the residual's mean, about a quantization
-    # step (1e-2 here); float32 rounding of the sums stays below 1e-5 for values of order 1.
+def _conserved(steps: list[tuple[dict, list[str]]], shapes: dict[str, tuple[int, ...]]) -> list:  # type: ignore[type-arg]
+    """Each step's keys through protocol_many under its policy on 3 thread ranks (gather mode:
+    two-phase owners re-encode, which breaks the identity below), checking that error feedback
+    conserves what is sent: on every rank x + r_old = decoded + r_new, so the mean over ranks of
+    x + r_old - r_new is the average every rank receives. A residual lost or left behind breaks it
+    by the residual's mean, about a quantization step (1e-2 here); float32 rounding of the sums
+    stays below 1e-5 for values of order 1. Returns per rank, per step: inputs, residuals before
+    and after, outputs."""
     from gcodec.transports import run_blocking
 
     from .localcomm import run_threads
 
-    U4 = {"id": "uniform", "bits": 4}
-    keys = {"w1": (8, 16), "w2": (40,), "w3": (3, 5)}
-    steps = [{k: U8 for k in keys}] * 2 + [{"w1": U8, "w2": U4, "w3": U8}, {k: U8 for k in keys}]
-
     def rank(comm):  # type: ignore[no-untyped-def]
-        r = Router(error_feedback=True, mode="gather")  # two-phase owners re-encode: no identity
+        r = Router(error_feedback=True, mode="gather")
         got = []
-        for step, pol in enumerate(steps):
+        for step, (pol, keys) in enumerate(steps):
             r.policy = as_policy(pol, min_numel=0)
             xs = {
-                k: np.random.default_rng([comm.rank, step, i]).standard_normal(s).astype(np.float32)
-                for i, (k, s) in enumerate(keys.items())
+                k: np.random.default_rng([comm.rank, step, list(shapes).index(k)]).standard_normal(shapes[k])
+                for k in keys
             }
+            xs = {k: x.astype(np.float32) for k, x in xs.items()}
             before = r.ranges()
             outs = {k: np.empty_like(x) for k, x in xs.items()}
             run_blocking(r.protocol_many(comm, [(k, xs[k], outs[k]) for k in keys], "mean"))
@@ -410,51 +409,34 @@ def test_a_key_that_leaves_and_rejoins_a_group_keeps_what_it_is_owed() -> None:
 
     res = run_threads(3, rank)
     assert not any(isinstance(g, BaseException) for g in res), res
-    for step in range(len(steps)):
-        for k, shape in keys.items():
-            n = int(np.prod(shape))
-            rk = f"{k}[0:{n}]"
+    for step, (_, keys) in enumerate(steps):
+        for k in keys:
+            rk = f"{k}[0:{int(np.prod(shapes[k]))}]"
             sent = [g[step][0][k].reshape(-1).astype(np.float64) + g[step][1].get(rk, 0) - g[step][2][rk] for g in res]
             out = res[0][step][3][k].reshape(-1)
             np.testing.assert_allclose(np.mean(sent, axis=0), out, atol=1e-5, err_msg=f"{k} at step {step}")
-            assert step == 0 or np.abs(res[0][step][1][rk]).max() > 1e-3  # a residual was owed
+            if any(k in ks for _, ks in steps[:step]):  # sent before: a residual was owed
+                assert np.abs(res[0][step][1][rk]).max() > 1e-3
+    return res
+
+
+def test_a_key_that_leaves_and_rejoins_a_group_keeps_what_it_is_owed() -> None:
+    # w2 leaves the group of w1 and w3 at step 2 (another codec) and rejoins it at step 3: its
+    # residual must follow it both times (_conserved).
+    U4 = {"id": "uniform", "bits": 4}
+    shapes = {"w1": (8, 16), "w2": (40,), "w3": (3, 5)}
+    pols = [{k: U8 for k in shapes}] * 2 + [{"w1": U8, "w2": U4, "w3": U8}, {k: U8 for k in shapes}]
+    res = _conserved([(pol, list(shapes)) for pol in pols], shapes)
     assert res[0][2][3]["w2"].tolist() == res[2][2][3]["w2"].tolist()
 
 
 def test_a_key_in_two_key_sets_takes_its_residual_to_each() -> None:
     # protocol_many keeps each key set's plan while no residual moves: w2 alternates between the
     # calls of {w1, w2} and {w2, w3}, so every call moves its residual into the other group and
-    # the plan kept from two calls before is stale. Conservation as in the test above (x + r_old
-    # = decoded + r_new on every rank): using a stale plan would leave w2's residual under the
-    # other group's key, off by about a quantization step (1e-2); float32 sums stay below 1e-5.
-    from gcodec.transports import run_blocking
-
-    from .localcomm import run_threads
-
+    # the plan kept from two calls before is stale; using it would leave w2's residual under the
+    # other group's key (_conserved).
     shapes = {"w1": (8, 16), "w2": (40,), "w3": (3, 5)}
-    sets = [["w1", "w2"], ["w2", "w3"]] * 3
-
-    def rank(comm):  # type: ignore[no-untyped-def]
-        r = Router(as_policy({k: U8 for k in shapes}, min_numel=0), mode="gather")
-        got = []
-        for step, keys in enumerate(sets):
-            xs = {
-                k: np.random.default_rng([comm.rank, step, i]).standard_normal(shapes[k]).astype(np.float32)
-                for i, k in enumerate(keys)
-            }
-            before = r.ranges()
-            outs = {k: np.empty_like(x) for k, x in xs.items()}
-            run_blocking(r.protocol_many(comm, [(k, xs[k], outs[k]) for k in keys], "mean"))
-            got.append((xs, before, r.ranges(), outs))
-        return got
-
-    res = run_threads(3, rank)
-    assert not any(isinstance(g, BaseException) for g in res), res
-    for step in range(len(sets)):
-        rk = "w2[0:40]"
-        sent = [g[step][0]["w2"].astype(np.float64) + g[step][1].get(rk, 0) - g[step][2][rk] for g in res]
-        np.testing.assert_allclose(np.mean(sent, axis=0), res[0][step][3]["w2"], atol=1e-5, err_msg=f"step {step}")
-        assert step == 0 or np.abs(res[0][step][1][rk]).max() > 1e-3  # a residual was owed
+    _conserved([({k: U8 for k in shapes}, keys) for keys in [["w1", "w2"], ["w2", "w3"]] * 3], shapes)
 
 
 def test_protocol_many_refuses_ranks_whose_dense_keys_differ() -> None:
