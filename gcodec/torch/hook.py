@@ -59,7 +59,7 @@ from ..transports.handshake import fingerprint
 from ..transports.plan import Group, Item, Plan, policy_chooser
 from ..transports.plan import plan as make_plan
 from ..transports.quality import sample_quality
-from ..transports.run import dense, run
+from ..transports.run import dense, joined, run, scatter
 from ..transports.stats import StepStats, ring_bytes
 from ..warmup import warm_for_training
 from .comm import TorchCommunicator, comm_for, queue_for
@@ -420,7 +420,12 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     # the bucket's first collective: a failure there, of any kind, goes out in that first control
     # message (the exchange's BEGIN), so that every rank raises instead of the peers waiting.
     try:
-        flat, dense_bytes = _dense_riders(plan)
+        # the dense tensors ride in float32 with the bucket's first group (no round of their own: in or
+        # beside the first data collective of every protocol; a bucket with no compressed group goes
+        # dense as a whole, above), with the residual a parameter kept from a codec it has left
+        dense_in = [as_array(grads[i]) for i in plan.dense]
+        flat = joined(dense_in, np.float32, plan.carried) if dense_in else None
+        dense_bytes = 0 if flat is None else flat.nbytes
         for g in plan.groups:
             _prepare(state, buf, plan, g, it)
     except Exception as e:
@@ -429,9 +434,10 @@ def _bucket_protocol(state: HookState, bucket: dist.GradBucket, it: int) -> Any:
     yield from run(ex, plan, "mean", flat)  # the dense tensors ride with the first group
     for g in plan.groups:
         if g.scatter:
-            _scatter(grads, g.idx, xp.flat(g.out))
-    if flat is not None:
-        _write_dense(grads, plan.dense, flat, p)
+            scatter([as_array(grads[i]) for i in g.idx], xp.flat(g.out))
+    if flat is not None:  # the dense tensors' mean, from their sum
+        xp.scale(flat, flat, 1.0 / p)
+        scatter(dense_in, flat)
     _warn_no_gain(state, plan, grads)
     if ckey is not None and rung is not None:
         _record_rung(router, ckey, rung, plan, time.perf_counter() - t_decided)
@@ -479,25 +485,6 @@ def _configured_codecs(codec: Codec, warmup_codec: Codec | None, policy: Any, co
         out += [v for v in policy.values() if v is not None]
     out += [c for c in getattr(controller, "ladder", None) or [] if c is not None]
     return out
-
-
-def _dense_riders(plan: Plan) -> tuple[np.ndarray | None, int]:
-    """The dense tensors' concatenation in float32, which rides with the bucket's first group (no
-    round of its own: in or beside the first data collective of every protocol; see
-    summable_protocol, lowrank_protocol and Exchange.allgather_bytes; a bucket with no compressed
-    group goes dense as a whole), with the residual a parameter kept from a codec it has left; and
-    its bytes."""
-    if not plan.dense:
-        return None, 0
-    grads = [plan.items[i].tensor for i in plan.dense]
-    parts = [xp.flat(as_array(g)) for g in grads]
-    flat = xp.concat(parts, parts[0], np.float32)
-    pos = 0
-    for part, owed in zip(parts, plan.carried or [None] * len(parts)):
-        if owed is not None:
-            xp.add(flat[pos : pos + part.shape[0]], owed)
-        pos += part.shape[0]
-    return flat, sum(g.numel() * 4 for g in grads)  # they travel in float32
 
 
 def _prepare(state: HookState, buf: torch.Tensor, plan: Plan, g: Group, it: int) -> None:
@@ -564,7 +551,7 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
     plan = make_plan(
         router, items, chooser, size=p, mode=state.mode, exact_groups=True, like=lambda i: as_array(grads[i])
     )
-    # the dense tensors ride with the first group (see _dense_riders)
+    # the dense tensors ride with the first group (see _bucket_protocol)
     carrier = plan.groups[0].key if plan.dense and plan.groups else None
     plan.agree_on(
         ef=state.error_feedback, cache=state._plans, slot=bucket.index(), phase="compressed", carrier=carrier, **common
@@ -585,21 +572,6 @@ def _span(buf: torch.Tensor, grads: list[torch.Tensor], idx: list[int]) -> np.nd
     if start < 0 or pos > buf.numel() * isz or start % isz:
         return None
     return xp.flat(as_array(buf))[start // isz : pos // isz]
-
-
-def _scatter(grads: list[torch.Tensor], idx: list[int], flat: np.ndarray) -> None:
-    """Write the consecutive slices of ``flat`` back into the gradients ``idx``, in order."""
-    pos = 0
-    for i in idx:
-        a = xp.flat(as_array(grads[i]))
-        xp.copy(a, flat[pos : pos + a.shape[0]])
-        pos += a.shape[0]
-
-
-def _write_dense(grads: list[torch.Tensor], dense: list[int], flat: np.ndarray, p: int) -> None:
-    """The dense tensors' mean, from the sum ``flat``, written back into their gradients."""
-    xp.scale(flat, flat, 1.0 / p)
-    _scatter(grads, dense, flat)
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

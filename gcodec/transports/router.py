@@ -56,7 +56,7 @@ from .plan import Group, Item, Piece, Plan, plan
 from .protocol_helpers import work_dtype
 from .quality import sample_quality
 from .run import dense as run_dense
-from .run import run
+from .run import joined, run, scatter
 from .state import TransportState, check_mode
 from .stats import DENSE, KeyRounds, StepStats, ring_bytes
 from .two_phase import owner_bounds
@@ -633,7 +633,8 @@ class Router:
         try:
             for g in pl.groups:
                 self._prepare(g, items)
-            buf = self._dense_buffer(pl, items)
+            xs = [items[i][1] for i in pl.dense]
+            buf = joined(xs, np.result_type(*[work_dtype(x.dtype) for x in xs]), pl.carried) if xs else None
         except Exception as e:
             yield from ex.begin(e)
             raise
@@ -650,14 +651,14 @@ class Router:
         for g in pl.groups:
             outs = [items[i][2] for i in g.idx]
             if len(g.idx) > 1:
-                _scatter(outs, xp.flat(g.out))
+                scatter(outs, xp.flat(g.out))
             q = g.state.telemetry.records().get(g.key) if g.state.telemetry is not None else None
             quality = q if q is not None and q["step"] == g.stats.step else None
             self._record_keys(
                 g.stats, g.codec, [(names[i], steps[i], items[i][1]) for i in g.idx], held / total, quality
             )
         if buf is not None:
-            _scatter([items[i][2] for i in pl.dense], buf)
+            scatter([items[i][2] for i in pl.dense], buf)
             if ride:  # in the first group's collectives: its bytes, none of its seconds
                 dst.values["payload_bytes"] = buf.nbytes
                 dst.values["wire_bytes"] = ring_bytes(buf.nbytes, p)
@@ -722,22 +723,6 @@ class Router:
         g.stats = StepStats(g.key, step, g.mode, int(x.nbytes))
         g.x, g.out = x, out
 
-    @staticmethod
-    def _dense_buffer(pl: Plan, items: Sequence[tuple[str, Any, Any]]) -> Any:
-        """The dense keys joined in work precision (float64 for float64 keys, else float32), with
-        what each still owed a codec it left; None when no key goes dense."""
-        if not pl.dense:
-            return None
-        xs = [items[i][1] for i in pl.dense]
-        wdt = np.result_type(*[work_dtype(x.dtype) for x in xs])
-        buf = xp.concat([xp.flat(x) for x in xs], xs[0], wdt)
-        pos = 0
-        for x, owed in zip(xs, pl.carried or [None] * len(xs)):
-            if owed is not None and owed.size == x.size:
-                xp.add(buf[pos : pos + x.size], owed)
-            pos += int(x.size)
-        return buf
-
     def _record_keys(
         self, st: StepStats, codec: Codec | None, keys: list[tuple[str, int, Any]], held_per: float, quality: Any = None
     ) -> None:
@@ -770,14 +755,6 @@ def _many_key(names: Sequence[str]) -> str:
     count and a digest of every key, so that two key sets never share a slot."""
     digest = hashlib.sha1("\0".join(names).encode()).hexdigest()[:8]
     return f"many:{names[0]}..{names[-1]} ({len(names)} keys, {digest})"
-
-
-def _scatter(outs: Sequence[Any], flat: Any) -> None:
-    """Write the consecutive slices of ``flat`` into the arrays ``outs``, in order."""
-    pos = 0
-    for o in outs:
-        xp.copy(xp.flat(o), flat[pos : pos + o.size])
-        pos += int(o.size)
 
 
 #: The states and routers of single calls given none, per communicator (``scope``), codec and mode.

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import xp
 from .comm import Protocol, Work
 from .control import Exchange
 from .gather import gather_protocol
@@ -32,7 +33,7 @@ from .stats import StepStats, ring_bytes
 from .summable import summable_protocol
 from .two_phase import two_phase_protocol
 
-__all__ = ["FLAT", "dense", "exchange", "run"]
+__all__ = ["FLAT", "dense", "exchange", "joined", "run", "scatter"]
 
 #: The flat protocols by mode: every group whose codec does not declare ``low_rank``.
 FLAT = {"summable": summable_protocol, "gather": gather_protocol, "two_phase": two_phase_protocol}
@@ -92,3 +93,26 @@ def dense(ex: Exchange, st: StepStats, nbytes: int, start: Callable[[], Work]) -
 
 def _one(work: Work) -> Protocol:
     yield work
+
+
+def joined(arrays: Sequence[Any], dtype: Any, owed: Sequence[Any] | None = None) -> Any:
+    """``arrays`` end to end in one new flat ``dtype`` array on the first one's memory (the dense
+    items of a plan, riding or alone), each with what it still owes a codec it left (``owed``,
+    :attr:`Plan.carried`: flat arrays or None) added."""
+    flat = xp.concat([xp.flat(a) for a in arrays], arrays[0], dtype)
+    pos = 0
+    for a, r in zip(arrays, owed or ()):
+        n = int(a.size)
+        if r is not None:
+            xp.add(flat[pos : pos + n], r)
+        pos += n
+    return flat
+
+
+def scatter(outs: Sequence[Any], flat: Any) -> None:
+    """Write the consecutive slices of ``flat`` into the arrays ``outs``, in order."""
+    pos = 0
+    for o in outs:
+        n = int(o.size)
+        xp.copy(xp.flat(o), flat[pos : pos + n])
+        pos += n
