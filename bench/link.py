@@ -73,7 +73,7 @@ RATE_BITS = {"100mbit": 100e6, "1gbit": 1e9, "10gbit": 10e9, "unlimited": math.i
 #: The contender that stands for "no codec" in gcodec's choice.
 ALL_DENSE = "gcodec hook, every tensor dense"
 #: The adaptive controller's contender: its codecs, and so its trajectory, follow the link.
-ADAPTIVE = "gcodec adaptive controller + EF, warm-up on light rungs"
+ADAPTIVE = "gcodec adaptive controller + EF"
 #: The bandwidth ``gcodec advise`` is given for the unlimited loopback (``--unlimited-bps``).
 UNLIMITED_BPS = 40e9
 
@@ -101,15 +101,16 @@ CONTENDERS: list[dict[str, Any]] = [
         "warmup_codec": {"id": "fp16"},
         "warmup_like": "gcodec fp16",
     },
-    # the adaptive controller in the DDP hook, warm-up included: at step 0 it picks the cheapest of
-    # none / fp16 / uniform 8 (EF on) on the link it probed there and keeps it 10 steps (dense on a
-    # fast link), then every 10 steps the rung of none / fp16 / uniform 8 / uniform 4 / top-k 1 % /
-    # PowerSGD r2 with the least predicted step time on that link and what the bucket's exchanges
-    # measured. Its trajectory depends on the link, so it trains the whole schedule at every rate
-    # and its time to target is the wall time of its training steps up to the target.
+    # the adaptive controller in the DDP hook at its defaults: at step 0 it picks, among none /
+    # fp16 / uniform 8 / uniform 4 / top-k 1 % / PowerSGD r2 (EF on), the rung with the least
+    # predicted step time on the link `gcodec advise --probe` measured at that rate (given to it
+    # as link=, :func:`run`: no probe of its own), its codecs priced from their priors; the rung
+    # is on trial for 3 steps, which calibrate the priors, then it decides every 10 steps. Its
+    # trajectory depends on the link, so it trains the whole schedule at every rate and its time
+    # to target is the wall time of its training steps up to the target.
     {
         **run_spec(ADAPTIVE, {"id": "fp16"}, True),
-        "adaptive": {"interval": 10, "warmup_steps": 10, "warmup_rungs": 3},
+        "adaptive": {"interval": 10},
         "start_iter": 0,  # the controller decides from the first step
     },
     # torch's other hooks, each at its own best warm-up: bf16 (no warm-up), PowerSGD at ranks 1
@@ -134,6 +135,18 @@ QUICK = [0, 1, 3, 7, 10, 11, 12]
 def follows_link(c: dict[str, Any]) -> bool:
     """Whether a contender's trajectory depends on the link (it decides from what it measures)."""
     return c.get("adaptive") is not None
+
+
+def with_link(c: dict[str, Any], probed: dict[str, Any] | None) -> dict[str, Any]:
+    """An adaptive contender given the link a rate's probe measured (:func:`probe_rate`: the
+    allreduce's bandwidth and latency, as ``gcodec advise --probe --json`` writes them), so that
+    its controller does not probe the link again; unchanged without a probe or a controller, or
+    where the contender sets a link or bandwidth of its own."""
+    ad = c.get("adaptive")
+    if ad is None or probed is None or "link" in ad or "bandwidth" in ad:
+        return c
+    link = {"bandwidth_bps": probed["bandwidth_bps"], "latency_s": probed["latency_s"]}
+    return {**c, "adaptive": {**ad, "link": link}}
 
 
 def _priced(c: dict[str, Any]) -> bool:
@@ -667,17 +680,19 @@ def run(
         with namespace(rate) as prefix:
             runs = run_job([*fixed, LOCAL], s, args.workers, prefix=prefix, env=env)["runs"]
             timed[rate] = {r["label"]: r for r in runs}
-    # Contenders that decide from what they measure train the whole schedule at every rate.
+    # What the ranks see at each rate, for advise: measured as a user would, with --probe
+    gcodecs = [c["codec"] for c in contenders if _priced(c)]
+    links = {rate: probe_rate(rate, args.workers, _shapes(hidden), gcodecs) for rate in args.rates}
+    # Contenders that decide from what they measure train the whole schedule at every rate, given
+    # the link that rate's probe measured (as a user hands advise's --json to the controller)
     whole: dict[str, dict[str, Any]] = {}
     if len(fixed) < len(contenders):
         for rate in args.rates:
             print(f"whole runs at {rate}: {len(contenders) - len(fixed)} contender(s)", file=sys.stderr, flush=True)
+            deciding = [with_link(c, links.get(rate)) for c in contenders if follows_link(c)]
             with namespace(rate) as prefix:
-                runs = run_job([c for c in contenders if follows_link(c)], base, args.workers, prefix=prefix, env=env)
+                runs = run_job(deciding, base, args.workers, prefix=prefix, env=env)
             whole[rate] = {r["label"]: r for r in runs["runs"]}
-    # What the ranks see at each rate, for advise: measured as a user would, with --probe
-    gcodecs = [c["codec"] for c in contenders if _priced(c)]
-    links = {rate: probe_rate(rate, args.workers, _shapes(hidden), gcodecs) for rate in args.rates}
     rows = []
     for c in contenders:
         if follows_link(c):
@@ -853,8 +868,8 @@ def adaptive_lines(res: dict[str, Any]) -> list[str]:
         if wall:
             line += f", {t / wall:.2f}x the uncompressed run's wall time ({wall:.1f} s)"
         setup = ad["rates"][q].get("setup_s")
-        if setup is not None:  # DDP and the codecs' calibration, before the first step (no setup is in t)
-            line += f"; its setup (DDP and the calibration) {setup:.2f} s"
+        if setup is not None:  # DDP and the hook's set-up (its kernels loaded), before the first step
+            line += f"; its setup (DDP and the hook's kernels) {setup:.2f} s"
             if wall:
                 line += f", {(t + setup) / wall:.2f}x with it"
         out.append(line)

@@ -9,19 +9,24 @@ The ladder runs from light to strong: none (fp32 allreduce) → fp16 → uniform
 top-k 1 % → PowerSGD rank 2 (with the state's error feedback). PowerSGD compresses matrices only: it
 is priced on the key's tensor shapes when the engine gives them (the DDP hook gives a bucket's), its
 vectors travelling dense beside it, and never picked for a key that has no matrix to compress.
-At each decision step of a key (after ``warmup_steps``,
-then every ``interval`` steps; with ``warmup_rungs``, also at its first step, among the light
-rungs only, so that the warm-up is a decision too: dense on a fast link, the cheapest light codec on
-a slow one) the controller
+At each decision step of a key (its first step, by default: the cost model picks the rung to
+start on, compressed where it pays, and the rung is on trial for ``trial_steps`` steps, which time
+it; then every ``interval`` steps; with ``warmup_steps``, the first decision waits that many steps
+on ``start``, or with ``warmup_rungs`` is taken among the light rungs only until then) the
+controller
 
 1. updates, per rung, what it measured through the transport statistics (encode, decode seconds,
    payload bytes; seconds as the median of the last 5 samples, bytes as a moving average) and
-   falls back to a one-off calibration on this machine (the transports' protocol over a mirrored
-   communicator, :func:`gcodec.advise.measure_protocol_speed`, made when a router takes the
-   controller: :meth:`AdaptiveController.calibrate`) for rungs it has not
-   run yet, scaled by how much slower than their calibration the rungs it has
-   run were in the job (:meth:`AdaptiveController.load_factor`);
-2. takes the link bandwidth as given, or measures it as received bytes over communication seconds;
+   prices the rungs it has not run yet from a prior (:data:`PRIOR_SPEEDS`, the protocol's seconds
+   per element measured once on a reference machine; no timing run in the job: the calibration
+   is the job's own first compressed steps) scaled by how much slower than the prior the rungs
+   it has run were in the job (:meth:`AdaptiveController.load_factor`); a rung without a prior
+   (a ladder of one's own) is timed once on this machine, at its first decision
+   (:func:`gcodec.advise.measure_protocol_speed`), and ``calibration="setup"`` times every rung
+   when a router takes the controller, as earlier releases did;
+2. takes the link as given (``bandwidth=``, or ``link=``: what ``gcodec advise --probe`` measured),
+   or probes it once with a few dense allreduces, or measures it as received bytes over
+   communication seconds;
 3. marks a rung *out of bounds* when its sampled telemetry broke the bound: a moving average of the
    norm ratio under ``min_norm_ratio`` (the article's 0.9), or, with error feedback, a residual norm
    above ``max_residual_ratio`` times the gradient's norm (a backlog that keeps growing). Stronger
@@ -74,8 +79,33 @@ DEFAULT_LADDER: tuple[dict[str, Any] | None, ...] = (
 
 #: elements of the dense allreduces the controller's link probe times (16 KB to 4 MB per rank)
 PROBE_SIZES = (1 << 12, 1 << 16, 1 << 20)
-#: the probe takes no larger size once one size's median took longer than this (seconds)
-PROBE_MAX_S = 0.05
+#: the probe takes the next size (16 times the bytes) only when its four allreduces, priced at 16
+#: times the last size's median, would take less than this (seconds). At 100 Mbit/s on the link
+#: benchmark's loopback a 4 MB allreduce takes 0.7 s: the probe stops at 256 KB and costs about
+#: 0.2 s, where taking every size cost 3.2 s (bench/controller_cost.py)
+PROBE_MAX_S = 0.1
+
+
+#: What a rung of the default ladder is taken to cost before the job has run it: the transports'
+#: protocol with error feedback (encode with the residual's passes, decode of 2 ranks' payloads),
+#: seconds per element and payload bytes per element, as
+#: ``gcodec.advise.measure_protocol_speed(codec, 2, error_feedback=True)`` measured them at 64 Ki
+#: and 4 Mi elements on the 2-core development machine (2026-12-07, rounded; the payloads are the
+#: codecs' own: 2, 1 + 4/64, 0.5 + 4/64 bytes per element, top-k 1 % about 5.2 bytes a kept
+#: value with its delta-coded index). A prior, not a measurement of this machine: once a rung of
+#: a key has run, :meth:`AdaptiveController.load_factor` scales every unrun rung by how much
+#: slower than this the job ran it, and a rung's own figures replace its prior. PowerSGD's payload
+#: follows the shapes (the model sizes its factors); its seconds are priced per element.
+PRIOR_SPEEDS: dict[str, CodecSpeed] = {
+    json.dumps(get_codec(c).get_config(), sort_keys=True): CodecSpeed(*v)
+    for c, v in (  # encode s + s/element, decode s + s/element, payload bytes + bytes/element
+        ({"id": "fp16"}, (0.5e-3, 2.0e-9, 0.0, 0.5e-9, 128.0, 2.0)),
+        ({"id": "uniform", "bits": 8}, (0.5e-3, 3.5e-9, 0.5e-3, 3.5e-9, 212.0, 1.0625)),
+        ({"id": "uniform", "bits": 4}, (0.5e-3, 3.5e-9, 0.5e-3, 4.0e-9, 212.0, 0.5625)),
+        ({"id": "topk", "ratio": 0.01}, (1.0e-3, 1.5e-9, 1.0e-3, 0.8e-9, 232.0, 0.052)),
+        ({"id": "powersgd", "rank": 2}, (0.0, 3.5e-9, 0.0, 1.2e-9, 0.0, 0.0)),
+    )
+}
 
 _EMA = 0.3  # weight of the newest measurement (payload bytes, telemetry)
 _WINDOW = 5  # seconds are the median of this many latest samples
@@ -89,6 +119,23 @@ def _median_window(m: dict[str, Any], field: str, value: float) -> float:
     return float(np.median(last))
 
 
+def _given_link(link: Any) -> LinkFit:
+    """A link given to the controller (``link=``) as the :class:`LinkFit` a probe would have set."""
+    if isinstance(link, LinkFit):
+        return link
+    if isinstance(link, Link):
+        return LinkFit(link, 0, (), 0.0, "given")
+    if isinstance(link, Mapping):
+        try:
+            bw, lat = float(link["bandwidth_bps"]), float(link.get("latency_s", 50e-6))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"link={dict(link)!r}: needs bandwidth_bps (and latency_s), as advise writes it") from e
+        if not (math.isfinite(bw) and bw > 0 and math.isfinite(lat) and lat >= 0):
+            raise ConfigError(f"link={dict(link)!r}: bandwidth_bps must be positive and latency_s not negative")
+        return LinkFit(Link(bw, lat), int(link.get("workers", 0) or 0), (), 0.0, str(link.get("transport", "given")))
+    raise ConfigError(f"link must be a mapping (gcodec advise's link), a Link or a LinkFit, not {type(link).__name__}")
+
+
 class AdaptiveController:
     """Chooses each key's rung of ``ladder`` (module docstring); pass it to ``Router``.
 
@@ -98,7 +145,10 @@ class AdaptiveController:
         latency_s: alpha of the cost model, seconds per message.
         interval: steps between decisions of a key (each costs one small allreduce).
         warmup_steps: steps on ``start`` before the first decision (or, with ``warmup_rungs``,
-            steps restricted to the light rungs).
+            steps restricted to the light rungs). 0 (the default): a key's first step is a
+            decision among every rung, so a job starts compressed where the cost model says it
+            pays, with error feedback from its first step (docs/convergence.md has the evidence
+            that no dense warm-up is needed).
         start: the rung keys start on (index into ``ladder``).
         warmup_rungs: warm-up as a decision: the controller decides at a key's first step too, among
             the first ``warmup_rungs`` rungs of the ladder only (the default ladder's 3: none, fp16,
@@ -127,9 +177,21 @@ class AdaptiveController:
             per size, alpha and beta fitted as ``gcodec advise --probe`` does), instead of
             trusting the exchanges' own communication seconds alone: on a fast link those are
             mostly a rank waiting for its peers (measured on the 2-core loopback: fp16's
-            all-gather priced the link 2-3x slower than a dense allreduce runs). Sizes stop
-            growing once one takes over :data:`PROBE_MAX_S`, so a slow link pays about a second.
+            all-gather priced the link 2-3x slower than a dense allreduce runs). After two sizes
+            it takes a larger one only when that one's four allreduces would take under
+            :data:`PROBE_MAX_S` (priced by the last size's time), so a slow link pays about 0.2 s.
             False, or a probe whose times do not grow with the size: the exchanges' seconds.
+        link: the link as already measured, instead of probing it again: what ``gcodec advise
+            --probe`` found (the ``link`` object of its ``--json`` output, a mapping with
+            ``bandwidth_bps`` and ``latency_s``), or a :class:`gcodec.advise.Link` or
+            :class:`~gcodec.advise.LinkFit`. Priced as a probed link (the job's measured excess
+            over the model counts), unlike a declared ``bandwidth``.
+        calibration: where the codec seconds of rungs not run yet come from. ``"steps"`` (the
+            default): :data:`PRIOR_SPEEDS`, scaled by the job's own first compressed steps
+            (:meth:`load_factor`); a rung with no prior is timed on this machine at its first
+            decision. ``"setup"``: every rung timed through the protocol when a router takes the
+            controller (:meth:`calibrate`; about 1.3 s on the 2-core machine, and 2.8 s of the
+            link benchmark's set-up).
     """
 
     def __init__(
@@ -139,7 +201,7 @@ class AdaptiveController:
         bandwidth: str | float | None = None,
         latency_s: float = 50e-6,
         interval: int = 20,
-        warmup_steps: int = 5,
+        warmup_steps: int = 0,
         start: int = 0,
         min_norm_ratio: float = 0.9,
         max_residual_ratio: float = 20.0,
@@ -149,6 +211,8 @@ class AdaptiveController:
         warmup_rungs: int | None = None,
         trial_steps: int | None = 3,
         prior_load: float = 2.0,
+        link: Any = None,
+        calibration: str = "steps",
     ) -> None:
         if not ladder:
             raise ConfigError("the ladder needs at least one rung")
@@ -169,6 +233,9 @@ class AdaptiveController:
         if not (math.isfinite(prior_load) and prior_load > 0):
             raise ConfigError(f"prior_load={prior_load} must be a positive number")
         self.prior_load = float(prior_load)
+        if calibration not in ("steps", "setup"):
+            raise ConfigError(f"calibration={calibration!r}: use 'steps' or 'setup'")
+        self.calibration = calibration
         self.bandwidth_bps = None if bandwidth is None else parse_bandwidth(bandwidth)
         self.latency_s, self.interval, self.warmup_steps, self.start = latency_s, interval, warmup_steps, start
         self.min_norm_ratio, self.max_residual_ratio, self.hysteresis = min_norm_ratio, max_residual_ratio, hysteresis
@@ -188,6 +255,10 @@ class AdaptiveController:
         #: the link the probe measured (:class:`gcodec.advise.LinkFit`), None before or without one
         self.probed: Any = None
         self._probe_done = False
+        if link is not None:
+            self.probed = _given_link(link)
+            self.latency_s = self.probed.link.latency_s
+            self._probe_done = True
         #: every decision: key, step, from and to rung, predicted seconds per rung (inf: out of bounds)
         self.decisions: list[dict[str, Any]] = []
 
@@ -283,8 +354,15 @@ class AdaptiveController:
         m["exchange_spb"] = self._link_spb()  # the link the exchange seconds were measured on
 
     def _speed(self, rung: int) -> CodecSpeed:
+        """Rung ``rung``'s codec seconds and payload before the job has run it: as given
+        (``speeds``) or timed here, else its prior (:data:`PRIOR_SPEEDS`, with
+        ``calibration="steps"``), else timed here now, once."""
         k = self._keys[rung]
         s = self._speeds.get(k)
+        if s is None and self.calibration == "steps" and self.ladder[rung] is None:
+            return measure_protocol_speed(None)  # dense: nothing to time
+        if s is None and self.calibration == "steps" and k in PRIOR_SPEEDS:
+            return PRIOR_SPEEDS[k]
         if s is None:
             # through the protocol a job's step runs, with its error feedback and mode, at 64 Ki and
             # 4 Mi elements: past the caches, where a gradient's codec work runs from memory (a line
@@ -295,22 +373,26 @@ class AdaptiveController:
         return s
 
     def calibrate(self, *, error_feedback: bool = False, mode: str = "auto") -> None:
-        """Time every rung through the transports' protocol on this machine now (those not given as
-        ``speeds`` and not timed yet), with the engine's error feedback and mode, as the job's steps
-        record them (:func:`gcodec.advise.measure_protocol_speed`: the residual's passes and the
-        decode of the peers' payloads included, which the codec's own encode and decode leave out).
-        The router calls it once, when it is built with this controller (``controller=``), so an
-        engine's setup pays it, as a job pays its kernels' compilation or autotuning, before the
-        first step rather than inside one; and the kernels a rung's first step calls are loaded
-        by then (docs/telemetry.md has what both cost). Local: no collectives."""
+        """Take the engine's error feedback and mode for any timing of a rung on this machine; the
+        router calls it once, when it is built with this controller (``controller=``). With
+        ``calibration="setup"`` it also times every rung now (those not given as ``speeds`` and
+        not timed yet) through the transports' protocol (:func:`gcodec.advise.measure_protocol_speed`:
+        the residual's passes and the decode of the peers' payloads included, which the codec's
+        own encode and decode leave out), so that the engine's setup pays it, and the kernels a
+        rung's first step calls are loaded by then (docs/telemetry.md has what both cost). With
+        ``"steps"`` (the default) nothing is timed here: the rungs are priced from their priors
+        until the job's own steps measured them. Local: no collectives."""
         self._cal_ef, self._cal_mode = bool(error_feedback), mode
-        for r in range(len(self.ladder)):
-            self._speed(r)
+        if self.calibration == "setup":
+            for r in range(len(self.ladder)):
+                self._speed(r)
 
     def load_factor(self, key: str, numel: int) -> float:
         """How much slower than its calibration the codec work of ``key`` runs in the job: the
         median over the rungs ``key`` has run of measured (encode + decode) seconds over the
-        calibrated ones at ``numel`` elements; ``prior_load`` before any was measured. The
+        calibrated (or prior) ones at ``numel`` elements; ``prior_load`` before any was measured.
+        So the job's first compressed steps calibrate every rung it has not run: a machine twice
+        as slow as the one :data:`PRIOR_SPEEDS` were measured on prices them twice as dear. The
         calibration times one codec on an otherwise idle rank; in the job the kernels share the
         cores with the backward pass and the peers (measured on 2 cores: fp16's encode 3-5x its
         calibration, uniform 8's decode of the peers' payloads 10x), and a rung priced on the bare
@@ -441,7 +523,7 @@ class AdaptiveController:
         sets :attr:`probed` and the latency, or leaves them when the fit fails."""
         self._probe_done = True
         samples = []
-        for n in PROBE_SIZES:
+        for i, n in enumerate(PROBE_SIZES):
             buf = np.ones(n, np.float32)
             yield comm.allreduce(buf, "sum")  # untimed: connections, buffers, and the ranks in step
             ts = []
@@ -452,7 +534,9 @@ class AdaptiveController:
             med = np.array([float(np.median(ts))])
             yield comm.allreduce(med, "max")
             samples.append((buf.nbytes, float(med[0])))
-            if med[0] > PROBE_MAX_S and len(samples) >= 2:
+            last = i + 1 == len(PROBE_SIZES)
+            # the next size's four allreduces, priced at this one's median scaled by the bytes
+            if last or (len(samples) >= 2 and 4 * med[0] * PROBE_SIZES[i + 1] / n > PROBE_MAX_S):
                 break
         try:
             self.probed = fit_link(samples, comm.size, "controller")

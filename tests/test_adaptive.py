@@ -362,6 +362,10 @@ def test_controller_state_round_trips() -> None:
         {"trial_steps": 1},
         {"prior_load": 0.0},
         {"prior_load": float("nan")},
+        {"calibration": "never"},
+        {"link": {"latency_s": 1e-4}},
+        {"link": {"bandwidth_bps": 0.0}},
+        {"link": 1e9},
     ],
 )
 def test_bad_settings_are_config_errors(kw) -> None:
@@ -473,10 +477,72 @@ def test_the_probe_measures_the_link_once_and_prices_the_decision_with_it() -> N
 
 def test_a_slow_link_stops_the_probe_after_two_sizes() -> None:
     ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
-    comm = TimedComm(2, 0.0, 1e-6)  # 16 KB take 16 ms, 256 KB 0.26 s: over PROBE_MAX_S
+    comm = TimedComm(2, 0.0, 1e-6)  # 16 KB take 16 ms, 256 KB 0.26 s: 4 MB would take 4 x 4.2 s
     run_blocking(ctl.select(comm, Router(controller=ctl), "w", SHAPE, 0))
     assert ctl.probed is not None and len(ctl.probed.samples) == 2
     assert 0.7 * 8e6 < ctl.probed.link.bandwidth_bps < 1.3 * 8e6
+
+
+def test_a_fast_link_takes_every_probe_size() -> None:
+    """At 1e-11 s per byte (800 Gbit/s) the 256 KB allreduce takes 2.6 us of link (plus sleep's
+    overshoot, under a millisecond on a loaded machine): 16 x that, four times, stays under
+    PROBE_MAX_S (0.1 s) unless one sample overshoots by over 1.5 ms, so the probe goes on to 4 MB."""
+    from gcodec.adaptive import PROBE_SIZES
+
+    ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
+    run_blocking(ctl.select(TimedComm(2, 0.0, 1e-11), Router(controller=ctl), "w", SHAPE, 0))
+    assert [b for b, _ in (ctl.probed.samples if ctl.probed else [])] == [4 * n for n in PROBE_SIZES]
+
+
+def test_a_given_link_is_not_probed_again_and_is_priced_as_a_probed_one() -> None:
+    """``link=`` (what gcodec advise --probe measured, as its JSON writes it) replaces the probe:
+    the first decision runs one allreduce (the figures), not the probe's dozen, prices the rung on
+    that link, and decides as a controller that had probed the same link."""
+    link = {"bandwidth_bps": 3e8, "latency_s": 2e-4}
+    given = AdaptiveController(speeds=SPEEDS, interval=10, prior_load=1.0, link=link)
+    assert given.latency_s == 2e-4
+    comm = TimedComm(2, 1e-3, 4e-9)
+    got = run_blocking(given.select(comm, Router(controller=given), "w", SHAPE, 0))
+    assert comm.reductions == 1 and given.figures("w", 1000)[-1] == -8.0 / 3e8
+    probed = _probed(3e8, latency_s=2e-4)
+    assert got == run_blocking(probed.select(FakeComm(2), Router(controller=probed), "w", SHAPE, 0))
+    assert given.decisions[0]["predicted_s"] == pytest.approx(probed.decisions[0]["predicted_s"])
+    from gcodec.advise import Link
+
+    assert AdaptiveController(link=Link(1e9, 1e-4)).probed.link == Link(1e9, 1e-4)
+
+
+def test_by_default_a_key_starts_on_the_rung_the_model_picks_and_times_it_on_trial() -> None:
+    """The defaults decide at a key's first step among every rung (no warm-up on dense or a light
+    rung): at 100 Mbit/s on 4 ranks the 25 M-element key starts on top-k 1 %, which no rank has
+    run, so it decides again 3 steps later from what those steps measured."""
+    ctl = AdaptiveController(bandwidth="100Mbit", speeds=SPEEDS, prior_load=1.0)
+    ps = Router(controller=ctl)
+    got = run_blocking(ctl.select(FakeComm(4), ps, "w", SHAPE, 0))
+    assert got == ctl.ladder[4] and ctl.decisions[0]["step"] == 0 and ctl.next_decision["w"] == 3
+
+
+def test_the_first_compressed_steps_calibrate_the_priors_of_the_rungs_not_run() -> None:
+    """Without speeds, an unrun rung costs its prior (PRIOR_SPEEDS) times the prior load (2); once
+    uniform 8 ran at 3 times its prior (its first step, 10 times, not counted), every unrun rung
+    is priced at 3 times its prior: the job's own steps are the calibration."""
+    import gcodec.adaptive as adaptive
+
+    ctl = AdaptiveController(bandwidth="1Gbit")
+    n, nr = 1 << 22, len(ctl.ladder)
+    prior = [adaptive.PRIOR_SPEEDS.get(k) for k in ctl._keys]
+    figs = ctl.figures("w", n)
+    assert figs[4] == pytest.approx(2 * prior[4].encode_seconds(n))
+    assert figs[nr + 4] == pytest.approx(2 * prior[4].decode_seconds(n))
+    for step, f in ((0, 10.0), (1, 3.0), (2, 3.0)):
+        rec = {"codec": ctl.ladder[2], "step": step, "encode_s": f * prior[2].encode_seconds(n)}
+        rec.update(decode_s=f * prior[2].decode_seconds(n), payload_bytes=1.07 * n, wire_bytes=1.07 * n, comm_s=0.01)
+        ctl.observe("w", rec, error_feedback=True)
+    assert ctl.load_factor("w", n) == pytest.approx(3.0)
+    figs = ctl.figures("w", n)
+    for r in (1, 3, 4, 5):
+        assert figs[r] == pytest.approx(3 * prior[r].encode_seconds(n)), r
+        assert figs[nr + r] == pytest.approx(3 * prior[r].decode_seconds(n)), r
 
 
 def test_a_probe_that_cannot_fit_leaves_the_exchanges_measure() -> None:
@@ -487,25 +553,76 @@ def test_a_probe_that_cannot_fit_leaves_the_exchanges_measure() -> None:
 
 
 def test_the_router_calibrates_a_controller_when_it_is_installed(monkeypatch) -> None:
-    """The codecs are timed once, through the transports' protocol with the engine's error
-    feedback and mode, when an engine's router takes the controller (its setup), not at the first
-    decision inside a training step; installing it again times nothing more."""
+    """With ``calibration="setup"`` the codecs are timed once, through the transports' protocol
+    with the engine's error feedback and mode, when an engine's router takes the controller (its
+    setup), not at the first decision inside a training step; installing it again times nothing
+    more."""
     import gcodec.adaptive as adaptive
     from gcodec.transports.router import Router
 
     timed: list = []
 
-    def fake(codec, workers, **kw):
-        timed.append((codec, workers, kw["error_feedback"], kw["mode"]))
+    def fake(codec, workers=2, **kw):
+        if codec is not None:
+            timed.append((codec, workers, kw["error_feedback"], kw["mode"]))
         return CodecSpeed(0.0, 1e-9, 0.0, 1e-9, 0.0, 1.0)
 
     monkeypatch.setattr(adaptive, "measure_protocol_speed", fake)
-    ctl = AdaptiveController(ladder=[None, "fp16", {"id": "uniform", "bits": 8}])
+    ctl = AdaptiveController(ladder=[None, "fp16", {"id": "uniform", "bits": 8}], calibration="setup")
     assert timed == []
     Router(controller=ctl, error_feedback=True, mode="gather")
-    assert timed == [(c, 2, True, "gather") for c in ctl.ladder]  # every rung once, in ladder order
+    assert timed == [(c, 2, True, "gather") for c in ctl.ladder[1:]]  # every codec once, in ladder order
     Router(controller=ctl)
-    assert len(timed) == 3
+    assert len(timed) == 2
+
+
+def test_by_default_nothing_is_timed_and_a_rung_without_a_prior_is_timed_at_its_first_decision(monkeypatch) -> None:
+    """The default calibration ("steps"): a router that takes the controller times nothing; the
+    default ladder's rungs are priced from PRIOR_SPEEDS (times the prior load); a rung of one's own
+    with no prior (uniform 2 bits) is timed once, with the engine's error feedback and mode, when
+    a decision first prices it."""
+    import gcodec.adaptive as adaptive
+
+    timed: list = []
+
+    def fake(codec, workers=2, **kw):
+        if codec is not None:
+            timed.append((codec, kw["error_feedback"], kw["mode"]))
+        return CodecSpeed(0.0, 1e-9, 0.0, 1e-9, 0.0, 0.75)
+
+    monkeypatch.setattr(adaptive, "measure_protocol_speed", fake)
+    two = get_codec({"id": "uniform", "bits": 2}).get_config()
+    ctl = AdaptiveController(ladder=[None, "fp16", two], bandwidth="1Gbit")
+    ps = Router(controller=ctl, error_feedback=True, mode="gather")
+    assert timed == []
+    n = 1 << 20
+    figs = ctl.figures("w", n)
+    assert timed == [(two, True, "gather")]
+    prior = adaptive.PRIOR_SPEEDS[ctl._keys[1]]
+    assert figs[1] == pytest.approx(2.0 * prior.encode_seconds(n)) and figs[3 + 1] == pytest.approx(
+        2.0 * prior.decode_seconds(n)
+    )
+    assert figs[6 + 1] == pytest.approx(prior.payload_bytes(n)) and figs[6 + 2] == pytest.approx(0.75 * n)
+    run_blocking(ctl.select(FakeComm(2), ps, "w", (n,), 0))
+    assert len(timed) == 1  # once per rung
+
+
+def test_the_priors_cover_the_default_ladder_and_match_the_codecs_payloads() -> None:
+    """Every codec of DEFAULT_LADDER has a prior, and the prior's payload per element is the
+    codec's own (as the protocol's statistics count it, within 2 % at 1 Mi elements: top-k's delta
+    coded indices vary with the data); PowerSGD's payload follows the shapes (0 here)."""
+    import gcodec.adaptive as adaptive
+    from gcodec.advise import measure_protocol_speed
+
+    ctl = AdaptiveController()
+    for k, cfg in zip(ctl._keys[1:], ctl.ladder[1:]):
+        prior = adaptive.PRIOR_SPEEDS[k]
+        if cfg["id"] == "powersgd":
+            assert prior.payload_per_element == 0.0
+            continue
+        got = measure_protocol_speed(cfg, 2, error_feedback=True, sizes=(1 << 12, 1 << 20), repeats=1)
+        n = 1 << 20
+        assert prior.payload_bytes(n) == pytest.approx(got.payload_bytes(n), rel=0.02), cfg
 
 
 def test_the_protocol_calibration_reads_the_steps_own_figures() -> None:

@@ -188,7 +188,7 @@ def test_the_adaptive_contender_is_compared_with_wall_times_where_both_sides_hav
         "1.05x the uncompressed run's wall time (6.0 s)"
     )
     res["rows"][3]["rates"]["unlimited"]["setup_s"] = 0.6  # its calibration, before the first step
-    assert link.adaptive_lines(res)[1].endswith("; its setup (DDP and the calibration) 0.60 s, 1.15x with it")
+    assert link.adaptive_lines(res)[1].endswith("; its setup (DDP and the hook's kernels) 0.60 s, 1.15x with it")
     assert link.adaptive_lines({"rates": res["rates"], "rows": res["rows"][:3]}) == []
 
 
@@ -290,3 +290,20 @@ def test_advise_check_adds_advises_exchange_to_the_compute_floor_and_flags_a_slo
     assert chk["verdicts"]["1gbit"]["slower"] is False and chk["verdicts"]["unlimited"]["slower"] is True
     lines = link.advise_check_lines(chk)
     assert any("unlimited: advise picks gcodec uniform 4" in x and "SLOWER" in x for x in lines)
+
+
+def test_the_adaptive_contender_is_given_the_link_its_rate_probed():
+    """The controller of a rate's whole runs is handed the link ``gcodec advise --probe`` measured
+    there (so it does not probe again), as a mapping the controller accepts; a contender without
+    a controller, a rate without a probe, or a controller with a link of its own is left alone."""
+    from gcodec.adaptive import AdaptiveController
+
+    probed = {"bandwidth_bps": 4.8e7, "latency_s": 1.1e-3, "gather": {"bandwidth_bps": 4.7e7}, "measured": {}}
+    ad = next(c for c in link.CONTENDERS if c["label"] == link.ADAPTIVE)
+    got = link.with_link(ad, probed)
+    assert got["adaptive"]["link"] == {"bandwidth_bps": 4.8e7, "latency_s": 1.1e-3} and "link" not in ad["adaptive"]
+    ctl = AdaptiveController(**got["adaptive"])
+    assert ctl.probed.link.bandwidth_bps == 4.8e7 and ctl.latency_s == 1.1e-3
+    assert link.with_link(ad, None) is ad and link.with_link(link.CONTENDERS[0], probed) is link.CONTENDERS[0]
+    own = {**ad, "adaptive": {"bandwidth": "1Gbit"}}
+    assert link.with_link(own, probed) is own
