@@ -693,10 +693,11 @@ def run(
             with namespace(rate) as prefix:
                 runs = run_job(deciding, base, args.workers, prefix=prefix, env=env)
             whole[rate] = {r["label"]: r for r in runs["runs"]}
+    local = {q: _ok_step_ms(timed[q].get(LOCAL["label"])) for q in args.rates}
     rows = []
     for c in contenders:
         if follows_link(c):
-            rows.append(_whole_row(c, whole, args.rates, target))
+            rows.append(_whole_row(c, whole, args.rates, target, local))
             continue
         a = info.get(c["label"])
         n = a["steps_to_target"] if a else None
@@ -724,7 +725,15 @@ def run(
             if n is not None and step_ms is not None and dense is not None:
                 w = min(n, c.get("start_iter", base.start_iter))  # the contender's own warm-up
                 tta = (w * dense + (n - w) * step_ms) / 1e3
-            row["rates"][rate] = {"step_ms": step_ms, "time_to_target_s": tta, "error": t.get("error")}
+            held = t.get("held_ms") if t.get("ok") else None
+            row["rates"][rate] = {
+                "step_ms": step_ms,
+                "time_to_target_s": tta,
+                "bound_s": zero_comm_bound(n, local[rate]),
+                "held_ms": held,
+                "hidden": hidden_share(step_ms, held, local[rate]),
+                "error": t.get("error"),
+            }
         if a and a.get("wall_to_target_s") is not None:
             # the accuracy run went through the last rate's link: its wall time there, to compare
             # like with like with a contender whose time is a whole run's wall time
@@ -744,30 +753,63 @@ def run(
         ),
         "links": links,
         "unlimited_bps": getattr(args, "unlimited_bps", UNLIMITED_BPS),
-        "local_step_ms": {q: _ok_step_ms(timed[q].get(LOCAL["label"])) for q in args.rates},
+        "local_step_ms": local,
     }
     res["advise_check"] = advise_check(res, contenders)
     return res
+
+
+def hidden_share(step_ms: float | None, held_ms: float | None, local_ms: float | None) -> float | None:
+    """The share of a step's exchange hidden behind the backward pass: the exchange (``held_ms``,
+    the seconds gcodec's hook held the gradients in a step: every bucket's encode, communication,
+    decode and planning, from its step report) less what the step took beyond the compute-only
+    step (``local_ms``, :data:`LOCAL` at the same rate), over the exchange. 1: the exchange cost
+    the step nothing; 0: the step paid all of it; below 0: the step took longer than compute and
+    exchange one after the other (the ranks' threads and the backward pass slowing each other on
+    shared cores). None where a figure is missing (torch's hooks and plain DDP have no hook
+    statistics)."""
+    if step_ms is None or held_ms is None or local_ms is None or held_ms <= 0:
+        return None
+    return (local_ms + held_ms - step_ms) / held_ms
+
+
+def zero_comm_bound(steps: int | None, local_ms: float | None) -> float | None:
+    """The zero-communication bound of a contender's time to target: its steps to the target x the
+    compute-only step at the rate (:data:`LOCAL`), in seconds; what no exchange, however hidden,
+    gets under. None where either is missing."""
+    return None if steps is None or local_ms is None else steps * local_ms / 1e3
 
 
 def _ok_step_ms(run: dict[str, Any] | None) -> float | None:
     return run["step_ms"] if run and run.get("ok") else None
 
 
-def _whole_row(c: dict[str, Any], whole: dict[str, dict[str, Any]], rates: list[str], target: float) -> dict[str, Any]:
+def _whole_row(
+    c: dict[str, Any],
+    whole: dict[str, dict[str, Any]],
+    rates: list[str],
+    target: float,
+    local: dict[str, float | None] | None = None,
+) -> dict[str, Any]:
     """The row of a contender that trained the whole schedule at every rate: per rate its steps to
-    the target, the wall time of its training steps up to there (first-call costs, its probe and
-    its calibration included), its median step and its rung changes; the row's accuracy, steps
-    and bytes are the last rate's."""
+    the target, the wall time of its training steps up to there (first-call costs and its
+    decisions included), its median step, the share of its exchange hidden behind the backward
+    pass (:func:`hidden_share`, with ``local``: the compute-only step per rate) and its rung
+    changes; the row's accuracy, steps and bytes are the last rate's."""
     row: dict[str, Any] = {"label": c["label"], "codec": c["codec"], "hook": c["hook"], "rates": {}}
     for rate in rates:
         a = whole.get(rate, {}).get(c["label"], {})
         n, tta = None, None
         if a.get("ok"):
             n, tta = steps_to(a["curve"], target), wall_to(a["curve"], target)
+        step_ms = a.get("step_ms") if a.get("ok") else None
+        held = a.get("held_ms") if a.get("ok") else None
         row["rates"][rate] = {
-            "step_ms": a.get("step_ms") if a.get("ok") else None,
+            "step_ms": step_ms,
+            "held_ms": held,
+            "hidden": hidden_share(step_ms, held, (local or {}).get(rate)),
             "time_to_target_s": tta,
+            "bound_s": zero_comm_bound(n, (local or {}).get(rate)),
             "steps_to_target": n,
             "bytes_per_step": a.get("bytes_per_step"),
             "decisions": a.get("decisions"),
@@ -789,6 +831,10 @@ def _whole_row(c: dict[str, Any], whole: dict[str, dict[str, Any]], rates: list[
 
 def _fmt_s(v: float | None) -> str:
     return "not reached" if v is None else f"{v:.1f} s"
+
+
+def _fmt_share(v: float | None) -> str:
+    return "" if v is None else f"{100 * v:.0f} %"
 
 
 def _fmt_bps(v: float) -> str:
@@ -876,10 +922,35 @@ def adaptive_lines(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def bound_lines(res: dict[str, Any]) -> list[str]:
+    """A table beside the main one: per contender and rate, its time to target over its
+    zero-communication bound (:func:`zero_comm_bound`), the bound in brackets: the distance to
+    shrink next. Empty where no rate has a bound (a run before the compute-only step was timed)."""
+    rates = res["rates"]
+    if not any(r["rates"][q].get("bound_s") for r in res["rows"] for q in rates):
+        return []
+    out = [
+        "",
+        "Time to target over the zero-communication bound (steps to the target x the compute-only step at "
+        "that rate, in brackets):",
+        "",
+        "| contender | " + " | ".join(f"@ {q}" for q in rates) + " |",
+        "|---" + "|---:" * len(rates) + "|",
+    ]
+    for r in res["rows"]:
+        cells = []
+        for q in rates:
+            t, b = r["rates"][q]["time_to_target_s"], r["rates"][q].get("bound_s")
+            cells.append("" if t is None or not b else f"{t / b:.2f}x ({b:.1f} s)")
+        out.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    return out
+
+
 def markdown(res: dict[str, Any]) -> str:
     rates = res["rates"]
     head = ["contender", "bits/el", "final acc", "steps to target"]
     head += [f"step ms @ {r}" for r in rates] + [f"time to target @ {r}" for r in rates]
+    head += [f"hidden @ {r}" for r in rates]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for r in res["rows"]:
         cells = [
@@ -890,6 +961,7 @@ def markdown(res: dict[str, Any]) -> str:
         ]
         cells += ["" if r["rates"][q]["step_ms"] is None else f"{r['rates'][q]['step_ms']:.0f}" for q in rates]
         cells += [_fmt_s(r["rates"][q]["time_to_target_s"]) for q in rates]
+        cells += [_fmt_share(r["rates"][q].get("hidden")) for q in rates]
         lines.append("| " + " | ".join(cells) + " |")
     best = []
     for q in rates:
@@ -906,7 +978,17 @@ def markdown(res: dict[str, Any]) -> str:
                 f"- {q}: best gcodec {g['label']} {tta(g):.1f} s, best torch hook {t['label']} {tta(t):.1f} s "
                 f"({tta(g) / tta(t):.2f}x)"
             )
+    local = res.get("local_step_ms") or {}
+    if any(r["rates"][q].get("hidden") is not None for r in res["rows"] for q in rates):
+        best.append(
+            "- hidden @ rate: the share of gcodec's exchange (the seconds its hook held the gradients a step, "
+            "median) hidden behind the backward pass, (compute-only step + exchange - step) / exchange, the "
+            "compute-only step being DDP with a hook that sends nothing ("
+            + ", ".join(f"{local[q]:.0f} ms @ {q}" for q in rates if local.get(q) is not None)
+            + "); torch's hooks and plain DDP keep no such statistics"
+        )
     best += adaptive_lines(res)
+    best += bound_lines(res)
     base = res["rows"][0]
     cross = [
         f"- {r['label']}: measured, stops paying {measured_crossover(r, base, rates)}"
@@ -938,8 +1020,7 @@ def markdown(res: dict[str, Any]) -> str:
             )
         cross.append(
             f"- {r['label']}: trained the whole schedule at every rate (its codecs follow the link; its time "
-            "to target is the wall time of its steps up to the target, probe and calibration included); "
-            + "; ".join(parts)
+            "to target is the wall time of its steps up to the target, its decisions included); " + "; ".join(parts)
         )
     chk = advise_check_lines(res.get("advise_check"))
     if chk:

@@ -307,3 +307,47 @@ def test_the_adaptive_contender_is_given_the_link_its_rate_probed():
     assert link.with_link(ad, None) is ad and link.with_link(link.CONTENDERS[0], probed) is link.CONTENDERS[0]
     own = {**ad, "adaptive": {"bandwidth": "1Gbit"}}
     assert link.with_link(own, probed) is own
+
+
+def test_the_hidden_share_is_the_exchange_the_step_does_not_show_over_the_exchange():
+    """A compute-only step of 40 ms and an exchange (the hook's held seconds) of 20 ms: a 50 ms
+    step hid 10 of the 20 ms (50 %), a 40 ms step all of it, a 60 ms step none, a 70 ms step less
+    than none (-50 %: compute and exchange slowed each other); a missing figure gives None. The
+    table shows it per rate, blank where a contender has none."""
+    assert link.hidden_share(50.0, 20.0, 40.0) == 0.5
+    assert link.hidden_share(40.0, 20.0, 40.0) == 1.0
+    assert link.hidden_share(60.0, 20.0, 40.0) == 0.0
+    assert link.hidden_share(70.0, 20.0, 40.0) == -0.5
+    assert link.hidden_share(None, 20.0, 40.0) is None and link.hidden_share(50.0, None, 40.0) is None
+    assert link.hidden_share(50.0, 20.0, None) is None
+
+    def row(label, hook, step_ms, held_ms):
+        rates = {"1gbit": {"step_ms": step_ms, "time_to_target_s": 5.0, "held_ms": held_ms}}
+        rates["1gbit"]["hidden"] = link.hidden_share(step_ms, held_ms, 40.0)
+        return {"label": label, "hook": hook, "codec": None, "bits_per_element": 1.0, "accuracy": 0.97}, rates
+
+    rows = []
+    for label, hook, step, held in (("ddp", "none", 45.0, None), ("gcodec x", "gcodec", 50.0, 20.0)):
+        r, rates = row(label, hook, step, held)
+        rows.append({**r, "steps_to_target": 10, "rates": rates, "advise_break_even_bps": None})
+    res = {"model": "MLP 64-8-10", "params": 1, "workers": 2, "target": 0.97, "elapsed_s": 60.0}
+    res.update(rates=["1gbit"], rows=rows, local_step_ms={"1gbit": 40.0})
+    md = link.markdown(res)
+    table = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert table[0].endswith("| hidden @ 1gbit |")
+    assert table[1].endswith("|  |") and table[2].endswith("| 50 % |")
+    assert "compute-only step being DDP with a hook that sends nothing (40 ms @ 1gbit)" in md
+
+
+def test_the_zero_communication_bound_is_steps_times_the_compute_only_step():
+    """121 steps to the target at a compute-only step of 40 ms: 4.84 s, which a contender that took
+    6.05 s is 1.25x of; the table beside the main one says so per rate, blank without a bound."""
+    assert link.zero_comm_bound(121, 40.0) == pytest.approx(4.84)
+    assert link.zero_comm_bound(None, 40.0) is None and link.zero_comm_bound(121, None) is None
+    rates = {"1gbit": {"time_to_target_s": 6.05, "bound_s": link.zero_comm_bound(121, 40.0)}}
+    rates["unlimited"] = {"time_to_target_s": 5.0, "bound_s": None}
+    res = {"rates": ["1gbit", "unlimited"], "rows": [{"label": "gcodec x", "rates": rates}]}
+    lines = link.bound_lines(res)
+    assert lines[-1] == "| gcodec x | 1.25x (4.8 s) |  |"
+    rates["1gbit"]["bound_s"] = None
+    assert link.bound_lines(res) == []

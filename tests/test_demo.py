@@ -206,3 +206,24 @@ def test_the_local_hook_passes_torchs_hook_checks_and_reports_no_bytes(small_job
     assert r.get("ok"), r
     assert r["steps"] == 6 and r["bytes_per_step"] == 0
     assert len(r["first_steps_ms"]) == 6 and all(t > 0 for t in r["first_steps_ms"])
+
+
+def test_an_adaptive_run_reports_its_moves_and_every_gcodec_run_the_seconds_its_hook_held() -> None:
+    """bench/link.py's adaptive contender through the demo worker: the controller (a declared 1
+    Mbit/s link, so that the 32-wide MLP's bucket leaves dense at its first decision, step 0) is
+    read for the run's rung changes, and a gcodec run reports the median seconds its hook held the
+    gradients a step (what the link benchmark's hidden share sets against the step), where a run
+    without gcodec's hook reports none."""
+    from gcodec.demo.launch import run_job
+    from gcodec.demo.runs import Settings, run_spec
+
+    s = Settings(hidden=[32], epochs=1, evals_per_epoch=0, start_iter=0, max_steps=6, min_numel=64)
+    runs = [
+        {**run_spec("adaptive", {"id": "fp16"}, True), "adaptive": {"bandwidth": "1Mbit", "interval": 10}},
+        run_spec("local", None, False, hook="local"),
+    ]
+    got = {r["label"]: r for r in run_job(runs, s, 2)["runs"]}
+    assert all(r.get("ok") for r in got.values()), got
+    moves = got["adaptive"]["decisions"]
+    assert moves and moves[0]["step"] == 0 and moves[0]["from"] == 0 and moves[0]["to"] > 0, moves
+    assert got["adaptive"]["held_ms"] > 0 and got["local"]["held_ms"] is None

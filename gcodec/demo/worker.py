@@ -273,6 +273,10 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
     curve: list[dict[str, float]] = []
     step_times: list[float] = []
     codec_ms: list[tuple[float, float]] = []  # per compressed step: (encode s, decode s)
+    # per step: the seconds the hook held the gradients (its exchanges' encode, communication,
+    # decode and planning, every bucket summed: its step report's held_s), None where it has none
+    held: list[float | None] = []
+    reported = 0
     seen = _totals(state)
     losses: list[float] = []
     step = 0
@@ -304,6 +308,12 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
                 seen = now
             train_s += dt
             step_times.append(dt)
+            rep = state.step_report() if hasattr(state, "step_report") else None
+            if rep is not None and rep["steps"] > reported and rep["last"] is not None:
+                reported = rep["steps"]
+                held.append(float(rep["last"]["held_s"]))
+            else:
+                held.append(None)
             losses.append(float(loss.detach()))
             step += 1
             if i + 1 in evals:
@@ -335,7 +345,7 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
         # included, and the rungs it took
         rep = state.step_report()
         bytes_per_step = (rep["total"]["payload_bytes"] + rep["total"]["dense_bytes"]) / max(1, rep["steps"])
-        moves = [d for d in state.policy.decisions if d["from"] != d["to"]]
+        moves = [d for d in state.controller.decisions if d["from"] != d["to"]]
         decisions = [
             {"step": d["step"], "from": d["from"], "to": d["to"], "predicted_s": [float(t) for t in d["predicted_s"]]}
             for d in moves
@@ -349,7 +359,9 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
             ag_bytes = float(sum(v["total"]["payload_bytes"] for v in ag)) / max(1, step)
     modes = sorted({v["mode"] for v in state.stats().values()}) if state is not None else []
     # steady state: after the dense warm-up and two compressed steps (first-call costs)
-    warm = step_times[min(len(step_times) - 1, s.start_iter + 2) :] or step_times
+    first = min(len(step_times) - 1, s.start_iter + 2)
+    warm = step_times[first:] or step_times
+    warm_held = [h for h in held[first:] if h is not None]
     return {
         **run,
         "ok": True,
@@ -366,6 +378,9 @@ def train_run(run: dict[str, Any], s: Settings, comm: _Comm, data: tuple, index:
         "decode_ms_mean": 1e3 * tot["decode_s"] / compressed,
         "comm_ms": 1e3 * tot["comm_s"] / compressed,
         "step_ms": 1e3 * float(np.median(warm)),
+        # the same steps' median of the seconds the hook held the gradients (None without a
+        # gcodec engine): what of it the step does not show was hidden behind the backward pass
+        "held_ms": 1e3 * float(np.median(warm_held)) if warm_held else None,
         # the dense warm-up steps (before start_iter), first step left out (DDP's bucket rebuild)
         "warmup_step_ms": 1e3 * float(np.median(step_times[1 : s.start_iter] or step_times)),
         "train_s": train_s,
