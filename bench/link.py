@@ -943,7 +943,7 @@ def bound_lines(res: dict[str, Any]) -> list[str]:
             t, b = r["rates"][q]["time_to_target_s"], r["rates"][q].get("bound_s")
             cells.append("" if t is None or not b else f"{t / b:.2f}x ({b:.1f} s)")
         out.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    return out
+    return [*out, ""]
 
 
 def markdown(res: dict[str, Any]) -> str:

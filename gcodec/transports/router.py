@@ -144,7 +144,7 @@ class Router:
         #: the adaptive controller (None: the chooser decides alone)
         self.controller = controller
         self.policy = chooser
-        if controller is not None:  # times its codecs as this engine runs them, at setup, not in a step
+        if controller is not None:  # its rungs timed as this engine runs them (all now with calibration="setup")
             controller.calibrate(error_feedback=self.error_feedback, mode=self.mode)
         self.num_threads, self.telemetry = num_threads, telemetry
         self.decay = float(decay)
