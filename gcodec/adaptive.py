@@ -84,6 +84,9 @@ PROBE_SIZES = (1 << 12, 1 << 16, 1 << 20)
 #: benchmark's loopback a 4 MB allreduce takes 0.7 s: the probe stops at 256 KB and costs about
 #: 0.2 s, where taking every size cost 3.2 s (bench/controller_cost.py)
 PROBE_MAX_S = 0.1
+#: ... unless the last size took less than this many times the smallest one: its time is still the
+#: latency, not the bytes (see :meth:`AdaptiveController._probe_link`)
+PROBE_GROWTH = 4.0
 
 
 #: What a rung of the default ladder is taken to cost before the job has run it: the transports'
@@ -179,7 +182,9 @@ class AdaptiveController:
             mostly a rank waiting for its peers (measured on the 2-core loopback: fp16's
             all-gather priced the link 2-3x slower than a dense allreduce runs). After two sizes
             it takes a larger one only when that one's four allreduces would take under
-            :data:`PROBE_MAX_S` (priced by the last size's time), so a slow link pays about 0.2 s.
+            :data:`PROBE_MAX_S` (priced by the last size's time), or the last size's time is not
+            yet :data:`PROBE_GROWTH` times the smallest one's (latency, not bytes), so a slow
+            link pays about 0.2 s.
             False, or a probe whose times do not grow with the size: the exchanges' seconds.
         link: the link as already measured, instead of probing it again: what ``gcodec advise
             --probe`` found (the ``link`` object of its ``--json`` output, a mapping with
@@ -534,9 +539,15 @@ class AdaptiveController:
             med = np.array([float(np.median(ts))])
             yield comm.allreduce(med, "max")
             samples.append((buf.nbytes, float(med[0])))
-            last = i + 1 == len(PROBE_SIZES)
-            # the next size's four allreduces, priced at this one's median scaled by the bytes
-            if last or (len(samples) >= 2 and 4 * med[0] * PROBE_SIZES[i + 1] / n > PROBE_MAX_S):
+            if i + 1 == len(PROBE_SIZES):
+                break
+            # The next size's four allreduces, priced at this one's median scaled by the bytes, are
+            # skipped when dear, but only once the bytes show: this size took PROBE_GROWTH times the
+            # smallest one. Until then the times are the latency (gloo on the loopback moves 256 KB
+            # about as fast as 16 KB), a line through them says nothing of the bandwidth, and one
+            # under load priced the unlimited loopback slow enough to take top-k over dense.
+            dear = 4 * med[0] * PROBE_SIZES[i + 1] / n > PROBE_MAX_S
+            if len(samples) >= 2 and dear and med[0] >= PROBE_GROWTH * samples[0][1]:
                 break
         try:
             self.probed = fit_link(samples, comm.size, "controller")

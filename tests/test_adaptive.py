@@ -494,6 +494,16 @@ def test_a_fast_link_takes_every_probe_size() -> None:
     assert [b for b, _ in (ctl.probed.samples if ctl.probed else [])] == [4 * n for n in PROBE_SIZES]
 
 
+def test_a_probe_whose_times_are_still_the_latency_takes_the_next_size_even_when_dear() -> None:
+    """3 ms a message and 1e-10 s a byte: 16 KB and 256 KB both take about 3 ms (the latency), so
+    the bandwidth does not show yet; the 4 MB size, priced at 4 x 16 x 3 ms = 0.19 s (over
+    PROBE_MAX_S), is taken anyway. (time.sleep overshoots by up to about a millisecond on a loaded
+    machine: 256 KB could read up to 4 ms against 16 KB's 3, under PROBE_GROWTH's 4 times.)"""
+    ctl = AdaptiveController(speeds=SPEEDS, interval=10, warmup_steps=0)
+    run_blocking(ctl.select(TimedComm(2, 3e-3, 1e-10), Router(controller=ctl), "w", SHAPE, 0))
+    assert ctl.probed is not None and len(ctl.probed.samples) == 3
+
+
 def test_a_given_link_is_not_probed_again_and_is_priced_as_a_probed_one() -> None:
     """``link=`` (what gcodec advise --probe measured, as its JSON writes it) replaces the probe:
     the first decision runs one allreduce (the figures), not the probe's dozen, prices the rung on
