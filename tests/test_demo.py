@@ -172,8 +172,9 @@ def test_the_progress_bar_keeps_compiling_and_start_up_out_of_its_estimate() -> 
 
 @pytest.fixture(scope="module")
 def small_job() -> dict[str, dict[str, Any]]:
-    """One 2-worker job of three 6-step runs for the tests below (a job's cost is mostly its two
-    workers starting): the settings' 1 warm-up step, a run asking for 4, and the local hook."""
+    """One 2-worker job of four 6-step runs for the tests below (a job's cost is mostly its two
+    workers starting): the settings' 1 warm-up step, a run asking for 4, the local hook, and the
+    adaptive controller from step 0."""
     from gcodec.demo.launch import run_job
     from gcodec.demo.runs import Settings, run_spec
 
@@ -182,6 +183,11 @@ def small_job() -> dict[str, dict[str, Any]]:
         run_spec("fp16", {"id": "fp16"}, False),
         {**run_spec("fp16, 4 warm-up", {"id": "fp16"}, False), "start_iter": 4},
         run_spec("local", None, False, hook="local"),
+        {
+            **run_spec("adaptive", {"id": "fp16"}, True),
+            "adaptive": {"bandwidth": "1Mbit", "interval": 10},
+            "start_iter": 0,
+        },
     ]
     return {r["label"]: r for r in run_job(runs, s, 2)["runs"]}
 
@@ -208,22 +214,16 @@ def test_the_local_hook_passes_torchs_hook_checks_and_reports_no_bytes(small_job
     assert len(r["first_steps_ms"]) == 6 and all(t > 0 for t in r["first_steps_ms"])
 
 
-def test_an_adaptive_run_reports_its_moves_and_every_gcodec_run_the_seconds_its_hook_held() -> None:
+def test_an_adaptive_run_reports_its_moves_and_every_gcodec_run_the_seconds_its_hook_held(
+    small_job: dict[str, dict[str, Any]],
+) -> None:
     """bench/link.py's adaptive contender through the demo worker: the controller (a declared 1
     Mbit/s link, so that the 32-wide MLP's bucket leaves dense at its first decision, step 0) is
     read for the run's rung changes, and a gcodec run reports the median seconds its hook held the
     gradients a step (what the link benchmark's hidden share sets against the step), where a run
     without gcodec's hook reports none."""
-    from gcodec.demo.launch import run_job
-    from gcodec.demo.runs import Settings, run_spec
-
-    s = Settings(hidden=[32], epochs=1, evals_per_epoch=0, start_iter=0, max_steps=6, min_numel=64)
-    runs = [
-        {**run_spec("adaptive", {"id": "fp16"}, True), "adaptive": {"bandwidth": "1Mbit", "interval": 10}},
-        run_spec("local", None, False, hook="local"),
-    ]
-    got = {r["label"]: r for r in run_job(runs, s, 2)["runs"]}
-    assert all(r.get("ok") for r in got.values()), got
+    got = small_job
+    assert got["adaptive"].get("ok") and got["local"].get("ok"), got
     moves = got["adaptive"]["decisions"]
     assert moves and moves[0]["step"] == 0 and moves[0]["from"] == 0 and moves[0]["to"] > 0, moves
     assert got["adaptive"]["held_ms"] > 0 and got["local"]["held_ms"] is None
