@@ -58,6 +58,15 @@ class FakeComm(Communicator):
         raise AssertionError("not used")
 
 
+def _observe_loaded(ctl: AdaptiveController, rung: int, speed: CodecSpeed, n: int, payload: float) -> None:
+    """Three steps of ``rung`` at ``n`` elements whose codec work took 10, 3 and 3 times ``speed``'s
+    (the first step, which loads kernels, is not counted: the load factor becomes 3)."""
+    for step, f in ((0, 10.0), (1, 3.0), (2, 3.0)):
+        rec = {"codec": ctl.ladder[rung], "step": step, "encode_s": f * speed.encode_seconds(n)}
+        rec.update(decode_s=f * speed.decode_seconds(n), payload_bytes=payload, wire_bytes=payload, comm_s=0.01)
+        ctl.observe("w", rec, error_feedback=True)
+
+
 def _ctl(bandwidth: str, **kw) -> AdaptiveController:
     # prior_load=1: SPEEDS are the job's own figures here (the prior: its own test)
     settings = {"interval": 10, "warmup_steps": 0, "prior_load": 1.0, **kw}
@@ -321,10 +330,7 @@ def test_unmeasured_codec_seconds_are_the_calibration_times_the_prior_load_until
         assert figs[r] == pytest.approx(2 * sp[r].encode_seconds(n)) and figs[nr + r] == pytest.approx(
             2 * sp[r].decode_seconds(n)
         )
-    for step, f in ((0, 10.0), (1, 3.0), (2, 3.0)):
-        rec = {"codec": ctl.ladder[1], "step": step, "encode_s": f * sp[1].encode_seconds(n)}
-        rec.update(decode_s=f * sp[1].decode_seconds(n), payload_bytes=2 * n, wire_bytes=2 * n, comm_s=0.01)
-        ctl.observe("w", rec, error_feedback=True)
+    _observe_loaded(ctl, 1, sp[1], n, 2 * n)
     assert ctl.load_factor("w", n) == pytest.approx(3.0)
     figs = ctl.figures("w", n)
     assert figs[1] == pytest.approx(3 * sp[1].encode_seconds(n))  # fp16's own (measured) seconds
@@ -544,10 +550,7 @@ def test_the_first_compressed_steps_calibrate_the_priors_of_the_rungs_not_run() 
     figs = ctl.figures("w", n)
     assert figs[4] == pytest.approx(2 * prior[4].encode_seconds(n))
     assert figs[nr + 4] == pytest.approx(2 * prior[4].decode_seconds(n))
-    for step, f in ((0, 10.0), (1, 3.0), (2, 3.0)):
-        rec = {"codec": ctl.ladder[2], "step": step, "encode_s": f * prior[2].encode_seconds(n)}
-        rec.update(decode_s=f * prior[2].decode_seconds(n), payload_bytes=1.07 * n, wire_bytes=1.07 * n, comm_s=0.01)
-        ctl.observe("w", rec, error_feedback=True)
+    _observe_loaded(ctl, 2, prior[2], n, 1.07 * n)
     assert ctl.load_factor("w", n) == pytest.approx(3.0)
     figs = ctl.figures("w", n)
     for r in (1, 3, 4, 5):
