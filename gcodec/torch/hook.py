@@ -506,9 +506,7 @@ def _prepare(state: HookState, buf: torch.Tensor, plan: Plan, g: Group, it: int)
     x = span if span is not None else xp.concat([xp.flat(as_array(grads[i])) for i in idx], as_array(grads[idx[0]]))
     if g.flush is not None and g.flush[0] is not None:  # no feedback in this codec: send it now
         xp.add(x, g.flush[0])
-    step = ts.next_step(g.key)
-    sample_quality(ts, g.key, step, x)
-    g.stats = StepStats(g.key, step, g.mode, x.nbytes)
+    g.begin(x)
     out = x if span is not None else xp.empty(x, x.shape[0], x.dtype)
     g.scatter = span is None
     # a codec that reads shapes has a group of one tensor, sent in that tensor's shape
@@ -521,10 +519,8 @@ def _record_rung(router: Router, ckey: str, rung: Codec, plan: Plan, held_s: flo
     record (its rung's seconds and bytes, the seconds the bucket was held for them, and the
     telemetry when it sampled a group)."""
     quality = None
-    for g in plan.groups:
-        q = g.state.telemetry.records().get(g.key) if g.state.telemetry is not None else None
-        if q is not None and g.stats is not None and q["step"] == g.stats.step:
-            quality = q
+    for g in plan.groups:  # the last group sampled at this step
+        quality = g.quality() or quality
     parts = [g.stats for g in plan.groups if g.stats is not None]
     router.record_step(ckey, rung, plan.groups[0].mode, parts, quality, held_s)
 

@@ -44,7 +44,9 @@ from typing import Any
 
 from ..codecs import Codec
 from .handshake import Agreement, fingerprint
+from .quality import sample_quality
 from .state import TransportState, resolve_mode, shares_flat_group
+from .stats import StepStats
 
 __all__ = ["Group", "Item", "Piece", "Plan", "plan", "policy_chooser"]
 
@@ -129,6 +131,19 @@ class Group:
     out: Any = None
     scatter: bool = False
     items: list[Any] = field(default_factory=list)
+
+    def begin(self, x: Any) -> None:
+        """This step's exchange of the group starts on ``x`` (its items joined, with what they owe):
+        the group's step taken from its state, telemetry sampled, its statistics opened."""
+        step = self.state.next_step(self.key)
+        sample_quality(self.state, self.key, step, x)
+        self.stats = StepStats(self.key, step, self.mode, int(x.nbytes))
+
+    def quality(self) -> dict[str, Any] | None:
+        """The telemetry record sampled for the group at this step's exchange, or None."""
+        tel = self.state.telemetry
+        q = tel.records().get(self.key) if tel is not None else None
+        return q if q is not None and self.stats is not None and q["step"] == self.stats.step else None
 
 
 @dataclass(eq=False)

@@ -54,7 +54,6 @@ from .comm import Communicator, Protocol
 from .control import Exchange, failed_exchange
 from .plan import Group, Item, Piece, Plan, plan
 from .protocol_helpers import work_dtype
-from .quality import sample_quality
 from .run import dense as run_dense
 from .run import joined, run, scatter
 from .state import TransportState, check_mode
@@ -652,11 +651,8 @@ class Router:
             outs = [items[i][2] for i in g.idx]
             if len(g.idx) > 1:
                 scatter(outs, xp.flat(g.out))
-            q = g.state.telemetry.records().get(g.key) if g.state.telemetry is not None else None
-            quality = q if q is not None and q["step"] == g.stats.step else None
-            self._record_keys(
-                g.stats, g.codec, [(names[i], steps[i], items[i][1]) for i in g.idx], held / total, quality
-            )
+            keys = [(names[i], steps[i], items[i][1]) for i in g.idx]
+            self._record_keys(g.stats, g.codec, keys, held / total, g.quality())
         if buf is not None:
             scatter([items[i][2] for i in pl.dense], buf)
             if ride:  # in the first group's collectives: its bytes, none of its seconds
@@ -705,7 +701,6 @@ class Router:
     @staticmethod
     def _prepare(g: Group, items: Sequence[tuple[str, Any, Any]]) -> None:
         """Group ``g``'s input (its keys joined, with what it must send now), output and statistics."""
-        ts = g.state
         xs = [items[i][1] for i in g.idx]
         if len(xs) == 1:  # alone, in its shape; a copy only to add what it owes
             x, out = xs[0], items[g.idx[0]][2]
@@ -718,9 +713,7 @@ class Router:
             if g.flush is not None and g.flush[0] is not None:
                 xp.add(x, g.flush[0])
             out = xp.empty(x, x.shape[0], x.dtype)
-        step = ts.next_step(g.key)
-        sample_quality(ts, g.key, step, x)
-        g.stats = StepStats(g.key, step, g.mode, int(x.nbytes))
+        g.begin(x)
         g.x, g.out = x, out
 
     def _record_keys(
