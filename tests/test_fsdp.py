@@ -144,3 +144,20 @@ def test_fp16_takes_the_values_path_with_the_same_bytes_on_the_wire(job: tuple[i
     for v in comp.values():
         assert v["payload_bytes"] == v["raw_bytes"] // 2  # float32 input, 2 bytes a value
         assert v["wire_bytes"] == v["payload_bytes"] * (world - 1) // world
+
+
+def test_gcodec_torch_imports_fsdp2s_modules_only_when_asked() -> None:
+    """``import gcodec.torch`` leaves FSDP2's modules (torch.distributed.fsdp, torch.fx, sympy: about
+    1.5 CPU-seconds of every rank's start) to the first use of an FSDP name; then they resolve to
+    gcodec.torch.fsdp's objects, ``from gcodec.torch import *`` included."""
+    code = (
+        "import sys, gcodec.torch as gt\n"
+        "print('torch.distributed.fsdp' in sys.modules, 'sympy' in sys.modules)\n"
+        "import gcodec.torch.fsdp as f\n"
+        "print(all(getattr(gt, n) is getattr(f, n) for n in gt._FSDP_NAMES), gt._FSDP_NAMES <= set(gt.__all__))\n"
+        "ns = {}\n"
+        "exec('from gcodec.torch import *', ns)\n"
+        "print(ns['FSDPState'] is f.FSDPState)\n"
+    )
+    out = run([sys.executable, "-c", code], 120, cwd=ROOT, check=True)
+    assert out.stdout.split() == ["False", "False", "True", "True", "True"], out.stdout

@@ -35,6 +35,7 @@ PRELOAD = [
     "torch.nn.parallel",
     "gcodec",
     "gcodec.torch",
+    "gcodec.torch.fsdp",  # imported on first use by gcodec.torch (FSDP2's modules): once here
     "tests.procs",
     "tests.transport_ranks.torch_program",
     "tests.transport_ranks.faults_torch",

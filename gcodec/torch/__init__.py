@@ -13,7 +13,8 @@ same handshake and error agreement as :mod:`gcodec.mpi`, on CPU tensors of any p
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,8 +32,10 @@ from .convert import as_array
 from .convert import to_numpy as to_numpy
 from .convert import to_tensor as to_tensor
 from .diloco import DiLoCo
-from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 from .hook import HookNotCalledWarning, HookState, TensorChooser, comm_hook
+
+if TYPE_CHECKING:
+    from .fsdp import FSDPState, QuantizedAllGather, ReduceScatter, compress_fsdp, reshard_state_dicts
 
 __all__ = [
     "AllReduceWork",
@@ -53,7 +56,20 @@ __all__ = [
     "synchronize",
 ]
 
-__getattr__ = renamed_names("gcodec.torch", {"Policy": ("TensorChooser", TensorChooser)})
+#: Names of gcodec.torch.fsdp, imported when first asked for: FSDP2's interfaces bring
+#: torch.distributed.fsdp, torch.fx and sympy (about 640 modules and 1.5 CPU-seconds), which a DDP
+#: job, a DiLoCo job or an all_reduce never uses, and every rank pays at start-up.
+_FSDP_NAMES = frozenset({"FSDPState", "QuantizedAllGather", "ReduceScatter", "compress_fsdp", "reshard_state_dicts"})
+_renamed = renamed_names("gcodec.torch", {"Policy": ("TensorChooser", TensorChooser)})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FSDP_NAMES:
+        value = getattr(importlib.import_module(".fsdp", __name__), name)
+        globals()[name] = value
+        return value
+    return _renamed(name)
+
 
 #: What ``all_reduce(..., async_op=True)`` returns, like torch's ``Work``.
 AllReduceWork = FutureWork
