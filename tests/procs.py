@@ -52,6 +52,8 @@ PULSE_ENV = "GCODEC_TEST_PULSE_DIR"
 RANK_ENV = "GCODEC_TEST_RANK"
 #: ``0``: start every rank program as a fresh interpreter instead of from the fork server
 FORKSERVER_ENV = "GCODEC_TEST_FORKSERVER"
+#: modules a fork server imports besides its own list (tests/zygote.py), comma-separated
+PRELOAD_ENV = "GCODEC_TEST_PRELOAD"
 #: seconds a job may go without progress before it is stopped (times the scale)
 STALL_S = 60.0
 #: CPU seconds of progress that reset the stall clock
@@ -424,14 +426,29 @@ def _wait_watched(
         raise Stalled(watch.report(why, stacks, texts()))
 
 
-def start_program(module: str, args: Sequence[str], log: Path) -> subprocess.Popen:
+def start_program(
+    module: str, args: Sequence[str], log: Path, *, preload: Sequence[str] = (), slot: int = 0
+) -> subprocess.Popen | Forked:
     """Start ``python -m module *args`` on its own (a test that kills, stops or restarts it), its
-    output to ``log``, one kernel thread; the caller waits for it and kills it at its deadline.
-    The path holds this checkout, then whatever the test's own ``PYTHONPATH`` held (where an
-    optional extra such as torchft may have been installed). Faulthandler is on: SIGABRT makes it
-    print every thread's stack to ``log`` (what :func:`abort_for_stacks` asks of a hung one)."""
+    output appended to ``log``, one kernel thread; the caller waits for it and kills it at its
+    deadline. The path holds this checkout, then whatever the test's own ``PYTHONPATH`` held (where
+    an optional extra such as torchft may have been installed). Faulthandler is on: SIGABRT makes it
+    print every thread's stack to ``log`` (what :func:`abort_for_stacks` asks of a hung one).
+
+    With ``preload`` (modules the program imports, e.g. torchft's), the program is forked from a
+    fork server (tests/zygote.py) that imported them and its usual modules once, instead of a fresh
+    interpreter paying seconds of imports at every start; ``slot`` picks the server, as a rank
+    number does for :func:`run_ranks` (programs that talk to each other come from different
+    servers: their string hash seeds differ, as separate interpreters' do). The result then has the
+    :class:`subprocess.Popen` methods a test uses (``pid``, ``poll``, ``wait``, ``returncode``,
+    ``send_signal``, ``kill``)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    if preload:
+        env[PRELOAD_ENV] = ",".join(preload)
+        server = _forkserver(env, slot)
+        if server is not None:
+            return server.start(module, args, env, log, append=True)
     with open(log, "a") as f:
         cmd = [sys.executable, "-m", module, *args]
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
@@ -472,7 +489,7 @@ class _Popen(_Rank):
         return self.proc.poll()
 
 
-def abort_for_stacks(procs: Iterable[subprocess.Popen | None], wait_s: float = 3.0) -> None:
+def abort_for_stacks(procs: Iterable[subprocess.Popen | Forked | None], wait_s: float = 3.0) -> None:
     """Send SIGABRT to those of ``procs`` still running (started with faulthandler on, as by
     :func:`start_program`: each prints every thread's stack to its output and dies), and give them
     ``wait_s`` seconds to do so: for a test's report of a job that did not finish in time."""
@@ -740,11 +757,10 @@ class _Server:
                     continue
                 return msg
 
-    def start(self, module: str, argv: Sequence[str], env: dict[str, str], log: Path) -> _Rank:
-        msg = self._ask(
-            {"op": "start", "module": module, "argv": list(argv), "env": env, "cwd": str(ROOT), "log": str(log)}
-        )
-        return _Forked(self, int(msg["pid"]))
+    def start(self, module: str, argv: Sequence[str], env: dict[str, str], log: Path, append: bool = False) -> Forked:
+        req = {"op": "start", "module": module, "argv": list(argv), "env": env, "cwd": str(ROOT), "log": str(log)}
+        msg = self._ask({**req, "append": append})
+        return Forked(self, int(msg["pid"]))
 
     def code(self, pid: int) -> int | None:
         if pid not in self.codes:
@@ -755,12 +771,25 @@ class _Server:
         return self.proc.poll() is None
 
 
-class _Forked(_Rank):
+class Forked(_Rank):
+    """A child of a fork server, with the :class:`subprocess.Popen` methods the tests use."""
+
     def __init__(self, server: _Server, pid: int) -> None:
         self.server, self.pid = server, pid
 
     def poll(self) -> int | None:
         return self.server.code(self.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # never a pid that ended (and may have been given to another)
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 _SERVERS: dict[tuple[tuple, int], _Server] = {}

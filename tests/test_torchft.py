@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import abort_for_stacks, free_port, machine_slowdown, start_program, timeout_scale
+from tests.procs import Forked, abort_for_stacks, free_port, machine_slowdown, start_program, timeout_scale
 
 pytestmark = pytest.mark.torch
 
@@ -37,6 +37,9 @@ TIMEOUT_S = 10
 #: waits this long for stragglers to join.
 HEARTBEAT_MS = 2000
 JOIN_MS = 2000
+#: what the lighthouse and the replicas import (torch, torchft, gcodec's manager: ~4 CPU-seconds a
+#: process): imported once by the fork servers they start from (tests/procs.py start_program)
+PRELOAD = ("torchft", "torchft.coordination", "torchft.local_sgd", "torchft.optim", "gcodec.torch.torchft")
 
 
 class Job:
@@ -44,9 +47,9 @@ class Job:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, subprocess.Popen | Forked] = {}
         self.lives: dict[int, int] = {}
-        self.lighthouse: subprocess.Popen | None = None
+        self.lighthouse: subprocess.Popen | Forked | None = None
         self.addr = ""
 
     def start_lighthouse(self, min_replicas: int) -> None:
@@ -55,6 +58,7 @@ class Job:
             "tests.transport_ranks.torchft_lighthouse",
             [str(port), str(min_replicas), str(JOIN_MS), str(HEARTBEAT_MS)],
             self.tmp / "lighthouse.log",
+            preload=PRELOAD,
         )
         self.addr = f"http://localhost:{port}"
         self.wait(lambda: _listening(port), 60, "the lighthouse to listen")
@@ -66,6 +70,8 @@ class Job:
             "tests.transport_ranks.torchft_replica",
             [str(self.tmp), str(index), self.addr, codec, str(TIMEOUT_S), str(life), str(stop_at), algo],
             self.tmp / f"replica{index}.log",
+            preload=PRELOAD,
+            slot=index,
         )
 
     def progress(self, index: int) -> dict:

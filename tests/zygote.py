@@ -12,7 +12,8 @@ before a fork, so that every child starts from the state a fresh interpreter has
 imports.
 
 Protocol, one JSON object a line: on stdin the requests ``{"op": "start", "module", "argv", "env",
-"cwd", "log"}`` (answered ``{"pid": N}``) and ``{"op": "reap"}`` (answered by one ``{"exited": pid,
+"cwd", "log", "append"}`` (answered ``{"pid": N}``; the output replaces ``log``, or is appended with
+``append``) and ``{"op": "reap"}`` (answered by one ``{"exited": pid,
 "code": returncode}`` per child that ended since, then ``{"ok": true}``); the server first writes
 ``{"ready": true}``, and ends when its stdin closes.
 """
@@ -26,8 +27,9 @@ import os
 import runpy
 import sys
 
-#: what the rank programs import (their own modules bring the rest); a module that fails to import
-#: here is imported by the rank that needs it, as before
+#: what the rank programs import (their own modules bring the rest), and the comma-separated modules
+#: of ``GCODEC_TEST_PRELOAD`` (tests/procs.py start_program's ``preload``); a module that fails to
+#: import here is imported by the rank that needs it, as before
 PRELOAD = [
     "numpy",
     "torch",
@@ -58,7 +60,7 @@ def _send(obj: dict) -> None:
 def _child(req: dict) -> None:
     """In the forked child: become the rank program; returns only by raising SystemExit."""
     os.setpgid(0, 0)  # its own process group: the launcher can end it and whatever it starts
-    fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | (os.O_APPEND if req.get("append") else os.O_TRUNC), 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -77,7 +79,8 @@ def _child(req: dict) -> None:
 
 
 def serve() -> None:
-    for name in PRELOAD:
+    extra = [m for m in os.environ.get("GCODEC_TEST_PRELOAD", "").split(",") if m]  # tests/procs.py PRELOAD_ENV
+    for name in [*PRELOAD, *extra]:
         try:
             importlib.import_module(name)
         except Exception as e:  # the rank that needs it imports it (and reports what fails)
