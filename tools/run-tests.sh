@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
 # The test command of the README: one fresh (or reused) virtual environment, lint, types, tests.
-source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" test
 # pytest-xdist workers: one more than the cores (at most 4), each test module whole on one worker
 # (its module-scoped jobs run once), in the order tests/conftest.py gives them (longest first). Many tests wait on other processes (ranks, watchdogs, a
 # stopped peer's timeout): with a worker per core a core idles in those waits, and one spare
@@ -13,19 +12,32 @@ xdist=()
 
 # Numba's kernel cache, filled once before the tests, in one process per core: otherwise the
 # workers (and the ranks of every multi-process test) each compile the common kernels they first
-# meet at the same time. Seconds with a filled cache; minutes of CPU on a fresh clone. It runs
-# beside the lint steps, which use one core. (A session in one process warms the cache in the
-# background instead, on the core it leaves idle: tests/conftest.py.)
+# meet at the same time. Seconds with a filled cache; minutes of CPU on a fresh clone. It starts as
+# soon as NumPy and Numba are installed (tools/_venv.sh with_core), on the core that pip leaves
+# idle while it installs torch and the other extras, and goes on beside the lint steps, which use
+# one core. (A session in one process warms the cache in the background instead, on the core it
+# leaves idle: tests/conftest.py.)
 warm_log="$(mktemp)"
 warm_pid=""
-# its own process group (setsid), so that a failed lint step stops its pool processes too
-trap '[ -n "$warm_pid" ] && { kill -- "-$warm_pid" || kill "$warm_pid"; } 2>/dev/null; rm -f "$warm_log"' EXIT
-if [ "$workers" -gt 1 ]; then
+stop_warmup() {
+    # its own process group (setsid), so that its pool processes stop too
+    [ -n "$warm_pid" ] && { kill -- "-$warm_pid" || kill "$warm_pid"; } 2>/dev/null
+    [ -n "$warm_pid" ] && { wait "$warm_pid" || true; }
+    warm_pid=""
+}
+start_warmup() {
+    [ "$workers" -gt 1 ] || return 0
     group=()
     command -v setsid >/dev/null && group=(setsid --wait)
-    "${group[@]}" python -m gcodec warmup --jobs "$cores" >"$warm_log" 2>&1 &
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "${group[@]}" "$VENV/bin/python" -m gcodec warmup --jobs "$cores" \
+        >"$warm_log" 2>&1 &
     warm_pid=$!
-fi
+}
+with_core() { start_warmup; }
+core_unpinned() { stop_warmup; }
+trap 'stop_warmup; rm -f "$warm_log"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" test
+[ -n "$warm_pid" ] || start_warmup
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy
 echo "== import contract"; lint-imports --no-cache
