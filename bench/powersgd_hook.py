@@ -166,7 +166,7 @@ def _rank(rank: int, port: int, args: argparse.Namespace, model_name: str, threa
     if rank == 0:
         res: dict[str, Any] = {"median_ms": {n: 1e3 * statistics.median(t) for n, t in times.items()}}
         res["cpu_ms"] = {n: 1e3 * statistics.median(t) for n, t in cpu.items()}
-        buckets = {"torch": lambda st: len(st.p_memory_dict), "gcodec": lambda st: len(st._plans)}
+        buckets = {"torch": lambda st: len(st.p_memory_dict), "gcodec": lambda st: len(st.router.plans)}
         res["buckets"] = {n: buckets[n](c[2]) for n, c in contenders.items() if n in buckets}
         st = contenders.get("gcodec", (None, None, None))[2]
         if st is not None:

@@ -126,18 +126,37 @@ def test_a_rung_obeys_the_size_rules_and_a_policy_decides_alone() -> None:
     assert pl.dense == [1] and pl.groups[0].codec == gcodec.get_codec(U8)
 
 
-def test_the_fingerprint_is_kept_while_the_plan_does_not_change() -> None:
+def test_an_agreed_plan_is_kept_while_it_follows_from_the_same_and_no_residual_moves() -> None:
     r = Router(as_policy({"*": U8}, min_numel=0))
     items = _items(("w", (8,), "float32"), ("v", (4,), "float32"))
-    cache: dict = {}  # type: ignore[type-arg]
-    a = _plan(r, items)
-    a.agree_on(ef=True, cache=cache, slot=0, bucket=0)
-    b = _plan(r, items)
-    b.agree_on(ef=True, cache=cache, slot=0, bucket=0)
+    a = _plan(r, items, agree={"ef": True, "bucket": 0})
+    asked: list[str] = []
+    chooser = policy_chooser(r, 0)
+
+    def counting(item: Item):  # type: ignore[no-untyped-def]
+        asked.append(item.name)
+        return chooser(item)
+
+    again = _items(("w", (8,), "float32"), ("v", (4,), "float32"))
+    b = plan(r, again, counting, size=2, agree={"ef": True, "bucket": 0})
+    assert asked == ["w", "v"]  # the chooser is asked every time: its answer is part of the key
     assert b.text is a.text and b.fingerprint["groups"] == [a.groups[0].key]
-    c = _plan(r, items)
-    c.agree_on(ef=False, cache=cache, slot=0, bucket=0)  # another configuration: written again
+    assert b.items[0] is again[0] and b.groups[0] is not a.groups[0] and b.groups[0].idx == a.groups[0].idx
+    r.configure(codec=FP16)  # a default the policy does not use: {"*": U8} still decides
+    assert _plan(r, items, agree={"ef": True, "bucket": 0}).text is a.text
+    c = _plan(r, items, agree={"ef": False, "bucket": 0})  # another configuration: written again
     assert c.text != a.text and c.fingerprint["ef"] is False
-    d = _plan(r, _items(("w", (8,), "float32"), ("v", (5,), "float32")))
-    d.agree_on(ef=True, cache=cache, slot=0, bucket=0)
+    e = _plan(r, items, agree={"ef": True, "bucket": 0}, derived=lambda pl: {"groups_seen": len(pl.groups)})
+    assert e.text != a.text and e.fingerprint["groups_seen"] == 1  # derived fields are the plan's
+    assert _plan(r, items, agree={"ef": True, "bucket": 0}).text is a.text  # each kept under its own
+    d = _plan(r, _items(("w", (8,), "float32"), ("v", (5,), "float32")), agree={"ef": True, "bucket": 0})
     assert d.fingerprint["tensors"] == [[["w", [8], "float32"], ["v", [5], "float32"]]]
+    assert [q.text for q in r.plans.values()] == [d.text]  # its residuals moved: the others forgotten
+    r.policy = {"*": FP16}  # another codec for the same items: planned again
+    f = _plan(r, items, agree={"ef": True, "bucket": 0})
+    assert f.groups[0].codec == gcodec.get_codec(FP16) and f.text != a.text
+    assert r.plans  # a residual that moves in the router forgets every kept plan
+    r.hold({"w[0:8]": np.ones(8, np.float32)})
+    assert not r.plans
+    g = _plan(r, items, agree={"ef": True, "bucket": 0})
+    assert g.text == f.text and g.text is not f.text

@@ -478,16 +478,8 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             layout = self._layout(n // p, p)
             x = as_array(input_tensor).reshape(p, n // p)  # the tensors' memory, host or device
             out = xp.flat(as_array(output_tensor))
-            plan, groups = self._groups(layout, it, x, rung)
-            plan.agree_on(
-                ef=st.error_feedback,
-                module=self.name,
-                numel=n,
-                segments=[g.segments for g in groups],
-                dtype=str(input_tensor.dtype),
-                op=opname,
-                size=p,
-            )
+            agree = {"ef": st.error_feedback, "module": self.name, "numel": n, "dtype": str(input_tensor.dtype)}
+            plan, groups = self._groups(layout, it, x, rung, {**agree, "op": opname, "size": p})
         except Exception as e:  # take part, so that the peers raise too instead of waiting
             queue_for(group).run(failed_exchange(comm, e, f"compressed reduce-scatter of {self.name!r}"))
             raise
@@ -497,11 +489,14 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         queue_for(group).run(proto)  # FSDP2 waits for it anyway
         return None
 
-    def _groups(self, layout: _Layout, it: int, x: np.ndarray, rung: Codec | None) -> tuple[Plan, list[RSGroup]]:
+    def _groups(
+        self, layout: _Layout, it: int, x: np.ndarray, rung: Codec | None, agree: dict[str, Any]
+    ) -> tuple[Plan, list[RSGroup]]:
         """The module's plan (:func:`gcodec.transports.plan.plan`: its parameters as items whose
-        pieces are the chunks each destination's row carries) and the reduce-scatter's groups of
-        columns, the dense one first; residuals owed by a parameter that left a codec (or by a
-        codec without feedback) are added into the input's columns here."""
+        pieces are the chunks each destination's row carries, agreed on with ``agree`` and the
+        groups' column segments) and the reduce-scatter's groups of columns, the dense one first;
+        residuals owed by a parameter that left a codec (or by a codec without feedback) are added
+        into the input's columns here."""
         st = self.state
         p = layout.p
         items = []
@@ -514,17 +509,6 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             # a parameter sharded on another dim is no flat element range: never compressed
             return None if "#shard" in item.name else st.codec_for(item.name, item.shape, it, rung)
 
-        plan = make_plan(
-            st.router,
-            items,
-            choose,
-            size=p,
-            collective="reduce_scatter",
-            prefix=f"{self.name}:",
-            salt=(p,),
-            like=lambda i: x,
-        )
-
         def segs(idx: list[int]) -> list[tuple[int, int]]:
             out: list[tuple[int, int]] = []
             for i in idx:
@@ -534,6 +518,19 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
                 else:
                     out.append((a, a + clen))
             return out
+
+        plan = make_plan(
+            st.router,
+            items,
+            choose,
+            size=p,
+            collective="reduce_scatter",
+            prefix=f"{self.name}:",
+            salt=(p,),
+            like=lambda i: x,
+            agree=agree,
+            derived=lambda pl: {"segments": ([segs(pl.dense)] if pl.dense else []) + [segs(g.idx) for g in pl.groups]},
+        )
 
         def add_rows(idx: list[int], vals: list[Any] | None) -> None:
             """Add residuals laid out as the rows of ``idx`` into the input's columns of ``idx``."""

@@ -254,8 +254,6 @@ class HookState(EngineState):
         #: DDP re-raises it from ``backward()`` as a ``RuntimeError`` with its message only
         #: (``except RuntimeError: raise state.last_error``). Its message starts with its class.
         self.last_error: BaseException | None = None
-        # bucket index -> (what its compressed plan followed from, the fingerprint, its JSON)
-        self._plans: dict[int, tuple[Any, dict[str, Any], str]] = {}
         self.warmup_codec = self.router.codec(warmup_codec)
         self._warned: set[str] = set()  # codec configs warned about for not shrinking their input
         #: seconds the kernels' warm-up took at construction (0.0 without ``warm``)
@@ -543,16 +541,18 @@ def _plan(state: HookState, bucket: dist.GradBucket, it: int, p: int, rung: Code
     grads = bucket.gradients()
     device = str(buf.device)
     items = [Item(n, tuple(g.shape), str(g.dtype), device, tensor=g) for n, g in zip(names, grads)]
-    chooser = policy_chooser(router, it, rung)
-    plan = make_plan(
-        router, items, chooser, size=p, mode=state.mode, exact_groups=True, like=lambda i: as_array(grads[i])
+    return make_plan(
+        router,
+        items,
+        policy_chooser(router, it, rung),
+        size=p,
+        mode=state.mode,
+        exact_groups=True,
+        like=lambda i: as_array(grads[i]),
+        agree={"ef": state.error_feedback, "phase": "compressed", **common},
+        # the dense tensors ride with the first group (see _bucket_protocol)
+        derived=lambda pl: {"carrier": pl.groups[0].key if pl.dense and pl.groups else None},
     )
-    # the dense tensors ride with the first group (see _bucket_protocol)
-    carrier = plan.groups[0].key if plan.dense and plan.groups else None
-    plan.agree_on(
-        ef=state.error_feedback, cache=state._plans, slot=bucket.index(), phase="compressed", carrier=carrier, **common
-    )
-    return plan
 
 
 def _span(buf: torch.Tensor, grads: list[torch.Tensor], idx: list[int]) -> np.ndarray | None:

@@ -26,8 +26,9 @@ parameters of a module's reduce-scatter, each with its per-destination *pieces*;
   through the router's store (:meth:`~gcodec.transports.router.Router.place`), in the form its
   protocol keeps them; what a codec without error feedback, or a dense item, still owes comes back
   to be sent with this step (:attr:`Group.flush`, :attr:`Plan.carried`);
-* **the fingerprint** the ranks agree on before anything travels (:meth:`Plan.agree_on`), kept
-  from the last step when the plan is the same.
+* **the fingerprint** the ranks agree on before anything travels (:meth:`Plan.agree_on`); an
+  agreed plan is kept in the router and reused, fingerprint included, while it follows from the
+  same items, codecs and settings and no residual moves (a steady job plans each exchange once).
 
 The plan is local and deterministic: every rank that holds the same items under the same
 configuration plans the same groups, and the exchange that runs it agrees on the fingerprint
@@ -38,8 +39,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Hashable, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..codecs import Codec
@@ -168,33 +169,11 @@ class Plan:
         for g in self.groups:
             g.state.agreed_on(g.key, agreement.local_ranks)
 
-    def agree_on(
-        self,
-        *,
-        ef: Any,
-        cache: MutableMapping[Any, Any] | None = None,
-        slot: Hashable = None,
-        **fields: Any,
-    ) -> None:
+    def agree_on(self, *, ef: Any, **fields: Any) -> None:
         """Build the fingerprint: error feedback, the dense items, and per group its codec, mode,
         key and tensors (one field per property, each a list over the groups, so a difference names
-        what differs), with the engine's own ``fields``. With a ``cache``, a plan that is the one
-        of the last exchange under ``slot`` (every step of a steady job) reuses its fingerprint and
-        JSON instead of writing them again; its ``fields`` must then be hashable."""
+        what differs), with the engine's own ``fields``."""
         items = self.items
-        same_as: Any = None
-        if cache is not None:
-            same_as = (
-                tuple((it.name, it.shape, it.dtype) for it in items),
-                tuple(self.dense),
-                tuple((g.key, g.mode, g.codec.config_key, tuple(g.idx)) for g in self.groups),
-                ef,
-                tuple(sorted(fields.items())),
-            )
-            kept = cache.get(slot)
-            if kept is not None and kept[0] == same_as:
-                self.fingerprint, self.text = kept[1], kept[2]
-                return
         self.fingerprint = fingerprint(
             ef=ef,
             dense=[[items[i].name, items[i].numel] for i in self.dense],
@@ -205,8 +184,12 @@ class Plan:
             **fields,
         )
         self.text = json.dumps(self.fingerprint, sort_keys=True)
-        if cache is not None:
-            cache[slot] = (same_as, self.fingerprint, self.text)
+
+    def reused(self, items: list[Item]) -> Plan:
+        """This kept plan for this step's ``items`` (the same names, shapes and memories): its own
+        groups, to be filled by this step's run."""
+        groups = [replace(g, stats=None, x=None, out=None, scatter=False, items=[]) for g in self.groups]
+        return Plan(items, self.dense, groups, None, self.fingerprint, self.text)
 
 
 def _in_rows(items: Sequence[Item]) -> bool:
@@ -237,6 +220,8 @@ def plan(
     exact_groups: bool = False,
     alone_by_name: bool = False,
     like: Callable[[int], Any] | None = None,
+    agree: Mapping[str, Any] | None = None,
+    derived: Callable[[Plan], Mapping[str, Any]] | None = None,
 ) -> Plan:
     """Plan one exchange of ``items`` on ``size`` ranks (module docstring): each item's codec from
     ``chooser`` (called once per item, in order), the groups, their modes, keys and residuals.
@@ -254,8 +239,41 @@ def plan(
     one item takes the item's name as key and is sent in the item's shape, as a single tensor's
     exchange is. ``like(i)``: an array in the memory of item ``i``, where its group's residuals are
     placed (default: the item's ``tensor``).
+
+    ``agree``: the engine's fields of the fingerprint (``ef`` among them), given when the plan is
+    to be agreed on (:meth:`Plan.agree_on`, with ``derived(plan)``'s fields, which follow from the
+    plan). The agreed plan is then kept in the router (``router.plans``) under everything it
+    followed from (the arguments, the items' names, shapes, memories and pieces, each one's codec
+    and ``agree``), and the next call that follows from the same reuses it, fingerprint and JSON
+    included, instead of grouping, placing and writing them again (every step of a steady job): the
+    chooser is still asked for every item. A plan is kept only while nothing is owed (no
+    :attr:`Plan.carried`, no :attr:`Group.flush`) and until a residual moves in the router
+    (:meth:`~gcodec.transports.router.Router.place`, ``take``, ``hold``, ``clear_residuals``
+    forget every kept plan).
     """
     items = list(items)
+    chosen = [chooser(item) for item in items]
+    sig: Any = None
+    if agree is not None:
+        sig = (
+            size,
+            collective,
+            mode,
+            prefix,
+            tuple(salt),
+            join_lowrank,
+            exact_groups,
+            alone_by_name,
+            _frozen(agree),
+            getattr(derived, "__code__", derived),  # the engine's own fields follow from the plan by this code
+            tuple(
+                (it.name, it.shape, it.dtype, it.device, it.pieces, None if c is None else c.config_key)
+                for it, c in zip(items, chosen)
+            ),
+        )
+        kept = router.plans.get(sig)
+        if kept is not None:
+            return kept.reused(items)
     like = like or (lambda i: items[i].tensor)
     rows = _in_rows(items)
     out = Plan(items)
@@ -263,7 +281,7 @@ def plan(
     members: dict[Any, list[int]] = {}
     codecs: dict[Any, Codec] = {}
     for i, item in enumerate(items):
-        codec = chooser(item)
+        codec = chosen[i]
         if codec is None:
             out.dense.append(i)
             continue
@@ -314,6 +332,18 @@ def plan(
             router.place(ts, key, form, vectors, shapes, like(idx[0]))
         out.groups.append(Group(key, codec, ts, gmode, idx, form, shape, flush))
     if out.dense:
-        taken = router.take(out.dense_vectors(), like(out.dense[0]))
-        out.carried = taken
+        out.carried = router.take(out.dense_vectors(), like(out.dense[0]))
+    if agree is not None:
+        out.agree_on(**agree, **(derived(out) if derived is not None else {}))
+        if out.carried is None and all(g.flush is None for g in out.groups):  # nothing owed: steady
+            router.plans[sig] = out.reused([replace(it, tensor=None) for it in out.items])
     return out
+
+
+def _frozen(v: Any) -> Any:
+    """``v`` (fingerprint fields: dicts, lists, scalars) as a hashable value."""
+    if isinstance(v, Mapping):
+        return tuple(sorted((k, _frozen(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    return v

@@ -37,7 +37,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -159,8 +159,9 @@ class Router:
         self._owner: dict[str, tuple[str | None, str]] = {}  # parameter -> the store holding its residual
         #: per-round totals of the keys this router exchanged one call at a time (:meth:`step_report`)
         self.reports = KeyRounds()
-        #: protocol_many's plans by key set and codecs, while no residual moves
-        self._plans: dict[Any, tuple[Plan, dict[str, Any], str | None]] = {}
+        #: the engines' agreed plans by what they follow from, while no residual moves
+        #: (:func:`gcodec.transports.plan.plan`)
+        self.plans: dict[Any, Plan] = {}
 
     # ---- the policy --------------------------------------------------------------------------
     @property
@@ -460,7 +461,7 @@ class Router:
         same = store is not None and store.vectors == layout and store.shape == (shape if form != "lowrank" else None)
         if same and all(self._owner.get(n) == sid for n in names):
             return
-        self._plans.clear()  # a kept plan (protocol_many) placed residuals that moved now
+        self.plans.clear()  # a kept plan placed residuals that move now
         got = self._read_names(names)
         fresh = _Store(sid[0], key, form, layout, shape if form != "lowrank" else None)
         for n in names:
@@ -495,7 +496,7 @@ class Router:
         names = {pc.name for v in vectors for pc in v}
         if not any(n in self._owner for n in names):
             return None
-        self._plans.clear()  # a kept plan (protocol_many) placed residuals that moved now
+        self.plans.clear()  # a kept plan placed residuals that move now
         got = self._read_names(names)
         for n in names:
             self._owner.pop(n, None)
@@ -505,7 +506,7 @@ class Router:
 
     def clear_residuals(self) -> None:
         """Forget every pending residual (every codec's and the held ones)."""
-        self._plans.clear()  # a kept plan (protocol_many) placed residuals that moved now
+        self.plans.clear()  # a kept plan placed residuals that move now
         for ts in self.states.values():
             if ts.worker is not None:
                 ts.worker.reset()
@@ -538,7 +539,7 @@ class Router:
                 raise ConfigError(f"residual {k!r} has {arr.shape[0]} values, not {b - a}")
             pieces.append(Piece(name, a, b, b - a))
             vals.append(arr)
-        self._plans.clear()  # a kept plan (protocol_many) placed residuals that moved now
+        self.plans.clear()  # a kept plan placed residuals that move now
         for i, (pc, v) in enumerate(zip(pieces, vals)):
             sid = (None, f"held:{pc.name}[{pc.start}:{pc.stop}]#{i}")
             self._stores[sid] = _Store(None, sid[1], "rows", ((pc,),), held=[v])
@@ -664,39 +665,29 @@ class Router:
     def _plan(
         self, comm: Communicator, items: Sequence[tuple[str, Any, Any]], chosen: list[Codec | None], op: str
     ) -> Plan:
-        """The plan of ``items`` under the codecs ``chosen``: kept for the next call of the same keys,
-        shapes, dtypes, memories and codecs, until a residual moves (:meth:`place`, :meth:`take`,
-        :meth:`hold`, :meth:`clear_residuals`), or built (:func:`gcodec.transports.plan.plan`)."""
-        sig = (
-            comm.size,
-            op,
-            tuple(
-                (k, tuple(x.shape), dtype_name(x.dtype), xp.backend(x), None if c is None else c.config_key)
-                for (k, x, _), c in zip(items, chosen)
-            ),
-        )
-        kept = self._plans.get(sig)
-        if kept is not None:
-            return Plan(kept[0].items, kept[0].dense, [replace(g) for g in kept[0].groups], None, kept[1], kept[2])
+        """The plan of ``items`` under the codecs ``chosen`` (:func:`gcodec.transports.plan.plan`,
+        kept for the next call of the same keys, shapes, dtypes, memories and codecs until a
+        residual moves)."""
         xs = [x for _, x, _ in items]
         its = [Item(k, tuple(x.shape), dtype_name(x.dtype), xp.backend(x)) for k, x, _ in items]
-        codecs = dict(zip((it.name for it in its), chosen))
-        pl = plan(
+        by_item = {id(it): c for it, c in zip(its, chosen)}
+
+        def dense_dtype(pl: Plan) -> dict[str, Any]:
+            wdt = np.result_type(*[work_dtype(xs[i].dtype) for i in pl.dense]) if pl.dense else None
+            return {"dense_dtype": None if wdt is None else str(wdt)}
+
+        ef: Any = {"decay": self.decay} if self.error_feedback and self.decay != 1.0 else self.error_feedback
+        return plan(
             self,
             its,
-            lambda it: codecs[it.name],
+            lambda it: by_item[id(it)],
             size=comm.size,
             join_lowrank=False,
             alone_by_name=True,
             like=lambda i: xs[i],
+            agree={"ef": ef, "op": op, "size": comm.size},
+            derived=dense_dtype,
         )
-        wdt = np.result_type(*[work_dtype(xs[i].dtype) for i in pl.dense]) if pl.dense else None
-        ef: Any = {"decay": self.decay} if self.error_feedback and self.decay != 1.0 else self.error_feedback
-        pl.agree_on(ef=ef, op=op, size=comm.size, dense_dtype=None if wdt is None else str(wdt))
-        if pl.carried is None and all(g.flush is None for g in pl.groups):  # nothing owed: steady
-            groups = [replace(g, stats=None, x=None, out=None) for g in pl.groups]
-            self._plans[sig] = (Plan(pl.items, pl.dense, groups), pl.fingerprint, pl.text)
-        return pl
 
     @staticmethod
     def _prepare(g: Group, items: Sequence[tuple[str, Any, Any]]) -> None:
