@@ -82,3 +82,32 @@ def test_the_warm_up_names_every_configured_codec() -> None:
     ctl = AdaptiveController(probe=False)
     ids = {gcodec.get_codec(c).codec_id for c in _configured_codecs(u8, None, None, ctl)}
     assert len(ids) >= 3 and "fp16" in ids
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_steady_job_plans_each_bucket_once_and_plans_again_when_the_codec_changes() -> None:
+    """The hook's plan of a bucket (groups, placed residuals, fingerprint) is kept in the router
+    and reused while the bucket's tensors and codecs stay the same; a new codec plans again, and
+    moving the residuals into its groups forgets the old plan."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10))
+    st = gcodec.torch.HookState({"id": "uniform", "bits": 8}, start_iter=0, min_numel=16, module=model)
+    ddp = DDP(model)
+    ddp.register_comm_hook(st, gcodec.torch.comm_hook)
+    x = torch.randn(8, 256)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            ddp(x).sum().backward()
+        gcodec.torch.synchronize()
+
+    steps(3)  # past DDP's bucket rebuild after the first iteration
+    kept = dict(st.router.plans)
+    assert len(kept) == 1  # one bucket
+    steps(3)
+    assert st.router.plans.keys() == kept.keys()
+    assert all(st.router.plans[k] is v for k, v in kept.items())  # reused, not planned again
+    st.configure(codec={"id": "uniform", "bits": 4})
+    steps(2)
+    (now,) = st.router.plans.values()  # the residuals moved to the new groups: the old plan forgotten
+    assert [g.codec.params["bits"] for g in now.groups] == [4] * len(now.groups) and now.groups
+    assert now.text != next(iter(kept.values())).text

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,6 +44,7 @@ from ..transports.handshake import Agreement, fingerprint
 from ..transports.plan import Item, Piece, Plan, policy_chooser
 from ..transports.plan import plan as make_plan
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
+from ..transports.router import parse_range
 from ..transports.stats import Stats, StepStats, scatter_bytes
 from .comm import FutureWork, TorchCommunicator, comm_for, queue_for
 from .convert import as_array
@@ -62,7 +62,6 @@ except ImportError:  # pragma: no cover - older torch: duck typing is enough
 
 __getattr__ = renamed_names("gcodec.torch.fsdp", {"Policy": ("TensorChooser", TensorChooser)})
 
-_RANGE = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
 FORMAT = "gcodec.fsdp/1"
 #: Key prefix of :meth:`FSDPState.dcp_state_dict` (``"gcodec.fsdp.rank3/fc1.weight[0:2048]"``).
 DCP_PREFIX = "gcodec.fsdp.rank"
@@ -303,14 +302,17 @@ class FSDPState(EngineState):
         self.load_state_dict(sds[0] if len(saved) == world else reshard_state_dicts(sds, world)[me])
 
 
+def _chunk(shape: Sequence[int], p: int) -> int:
+    """Elements of one owner's chunk of a parameter of ``shape`` sharded on dim 0 over ``p`` ranks
+    (FSDP pads dim 0 to a multiple of ``p``)."""
+    return -(-(shape[0] if shape else 1) // p) * math.prod(shape[1:])
+
+
 def _assemble(residuals: Mapping[str, Any], shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
     """Full flat residual per FQN from ``"fqn[a:b]"`` pieces (zeros where none was saved)."""
     full: dict[str, np.ndarray] = {}
     for k, v in residuals.items():
-        m = _RANGE.match(str(k))
-        if m is None:
-            raise ConfigError(f"residual key {k!r} is not 'fqn[start:stop]'")
-        fqn, a, b = m.group(1), int(m.group(2)), int(m.group(3))
+        fqn, a, b = parse_range(str(k))
         numel = int(np.prod(shapes[fqn])) if fqn in shapes else b
         arr = full.get(fqn)
         if arr is None:
@@ -358,10 +360,7 @@ def reshard_state_dicts(state_dicts: Sequence[Mapping[str, Any]], world_size: in
         res: dict[str, torch.Tensor] = {}
         for fqn, arr in total.items():
             mean = arr / np.float32(n_old)
-            shape = shapes.get(fqn, (arr.shape[0],))
-            d0 = shape[0] if shape else 1
-            rowlen = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            clen = -(-d0 // world_size) * rowlen  # one owner's chunk of the dim-0 padded parameter
+            clen = _chunk(shapes.get(fqn, (arr.shape[0],)), world_size)
             for j in range(world_size):  # every range, as each rank sends a chunk to every owner
                 a, b = j * clen, min((j + 1) * clen, arr.shape[0])
                 if b > a:
@@ -427,9 +426,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             entries, pos = [], 0
             for fp in candidates:
                 shape = tuple(int(d) for d in fp._orig_size)
-                d0 = shape[0] if shape else 1
-                rowlen = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-                clen = -(-d0 // p) * rowlen
+                clen = _chunk(shape, p)
                 fqn = self.fqns.get(id(fp.sharded_param)) or getattr(fp, "_param_fqn", None) or f"param{len(entries)}"
                 if fp.fsdp_placement.dim != 0:
                     fqn = f"{fqn}#shard{fp.fsdp_placement.dim}"  # not a flat element range: never compressed

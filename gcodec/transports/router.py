@@ -531,7 +531,7 @@ class Router:
         pieces: list[Piece] = []
         vals: list[np.ndarray | None] = []
         for k, v in ranges.items():
-            name, a, b = _parse_range(k)
+            name, a, b = parse_range(k)
             arr = np.asarray(v).reshape(-1)
             if arr.dtype not in (np.float32, np.float64):
                 raise ConfigError(f"residual {k!r} has dtype {arr.dtype}; expected float32 or float64")
@@ -789,7 +789,8 @@ def _host(v: Any) -> np.ndarray:
     return np.asarray(v) if isinstance(v, np.ndarray) else v.copy_to_host()
 
 
-def _parse_range(k: str) -> tuple[str, int, int]:
+def parse_range(k: str) -> tuple[str, int, int]:
+    """``(name, start, stop)`` of a residual's key ``"name[start:stop]"`` (:meth:`Router.ranges`)."""
     if not k.endswith("]") or "[" not in k:
         raise ConfigError(f"residual key {k!r} is not 'name[start:stop]'")
     name, _, rng = k[:-1].rpartition("[")
