@@ -288,6 +288,13 @@ class Policy:
         why = size_rule(shape, c, min_numel=0, dense_1d=False)  # the size rules ran above, before the rules
         return Decision(codec, reason) if why is None else Decision(None, f"{reason}: {why}")
 
+    @property
+    def settled_step(self) -> int:
+        """The step from which :meth:`decide` no longer depends on the step (the warm-up and every
+        rule's step range behind it): from there on, a tensor's codec follows from its name and shape."""
+        bounds = [r.from_step or 0 for r in self.rules] + [r.until_step or 0 for r in self.rules]
+        return max([self.warmup_steps, *bounds])
+
     def codec_for(self, name: str, shape: Sequence[int], step: int = 0, tensor: Any = None) -> Codec | None:
         """Like :meth:`decide`, as a codec object (one instance per config, so stateful codecs keep
         their state in it) or None for dense. ``tensor`` (the engine's gradient) is not consulted."""
@@ -416,6 +423,12 @@ class Rules:
         codec = self._codec(choice, f"policy for {name!r}")
         why = size_rule(shape, codec, min_numel=self.min_numel, dense_1d=self.dense_1d, named=reason != "default")
         return (codec, reason) if why is None else (None, f"{reason}: {why}" if why.startswith(codec.codec_id) else why)
+
+    @property
+    def settled_step(self) -> int | None:
+        """0: a pattern dict's or the default codec's choice follows from the name and shape at every
+        step; None: a callable's may follow from anything (it is asked every time)."""
+        return None if callable(self.policy) else 0
 
     def decide(self, name: str, shape: Sequence[int], step: int = 0, tensor: Any = None) -> Decision:
         codec, reason = self._decide(name, shape, tensor)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 import gcodec
-from gcodec.policy import as_policy
+from gcodec.policy import Policy, as_policy
 from gcodec.transports import Router
-from gcodec.transports.plan import Item, Piece, plan, policy_chooser
+from gcodec.transports.plan import Choice, Item, Piece, plan, policy_chooser
 
 U8 = {"id": "uniform", "bits": 8}
 FP16 = {"id": "fp16"}
@@ -129,7 +129,6 @@ def test_a_rung_obeys_the_size_rules_and_a_policy_decides_alone() -> None:
 def test_an_agreed_plan_is_kept_while_it_follows_from_the_same_and_no_residual_moves() -> None:
     r = Router(as_policy({"*": U8}, min_numel=0))
     items = _items(("w", (8,), "float32"), ("v", (4,), "float32"))
-    a = _plan(r, items, agree={"ef": True, "bucket": 0})
     asked: list[str] = []
     chooser = policy_chooser(r, 0)
 
@@ -137,13 +136,18 @@ def test_an_agreed_plan_is_kept_while_it_follows_from_the_same_and_no_residual_m
         asked.append(item.name)
         return chooser(item)
 
+    a = plan(r, items, counting, size=2, agree={"ef": True, "bucket": 0})
     again = _items(("w", (8,), "float32"), ("v", (4,), "float32"))
     b = plan(r, again, counting, size=2, agree={"ef": True, "bucket": 0})
-    assert asked == ["w", "v"]  # the chooser is asked every time: its answer is part of the key
+    assert asked == ["w", "v"] * 2  # a chooser that does not say it is settled is asked every time
     assert b.text is a.text and b.fingerprint["groups"] == [a.groups[0].key]
     assert b.items[0] is again[0] and b.groups[0] is not a.groups[0] and b.groups[0].idx == a.groups[0].idx
-    r.configure(codec=FP16)  # a default the policy does not use: {"*": U8} still decides
-    assert _plan(r, items, agree={"ef": True, "bucket": 0}).text is a.text
+    a = _plan(r, items, agree={"ef": True, "bucket": 0})  # settled: kept under what the policy follows from
+    assert a.text == b.text and a.text is not b.text and _plan(r, items, agree={"ef": True, "bucket": 0}).text is a.text
+    r.configure(codec=FP16)  # a new chooser: planned again, to the same plan ({"*": U8} still decides)
+    a2 = _plan(r, items, agree={"ef": True, "bucket": 0})
+    assert a2.text == a.text and a2.text is not a.text
+    a = a2
     c = _plan(r, items, agree={"ef": False, "bucket": 0})  # another configuration: written again
     assert c.text != a.text and c.fingerprint["ef"] is False
     e = _plan(r, items, agree={"ef": True, "bucket": 0}, derived=lambda pl: {"groups_seen": len(pl.groups)})
@@ -160,3 +164,29 @@ def test_an_agreed_plan_is_kept_while_it_follows_from_the_same_and_no_residual_m
     assert not r.plans
     g = _plan(r, items, agree={"ef": True, "bucket": 0})
     assert g.text == f.text and g.text is not f.text
+
+
+def test_a_settled_policy_is_not_asked_again_for_a_kept_plan_and_an_unsettled_one_is() -> None:
+    def asked_at(router: Router, step: int, items: list[Item]) -> int:
+        base = policy_chooser(router, step)
+        calls: list[str] = []
+
+        def counting(item: Item):  # type: ignore[no-untyped-def]
+            calls.append(item.name)
+            return base(item)
+
+        plan(router, items, Choice(counting, base.settled), size=2, agree={"ef": True})
+        return len(calls)
+
+    items = _items(("w", (64,), "float32"), ("v", (32,), "float32"))
+    rules = Policy([{"codec": U8, "from_step": 3}], default=None, min_numel=0, dense_1d=False)
+    assert rules.settled_step == 3
+    r = Router(rules)
+    assert [asked_at(r, step, items) for step in range(6)] == [2, 2, 2, 2, 0, 0]  # step 3 plans the kept one
+    r.policy = Policy([{"codec": FP16}], default=None, min_numel=0, dense_1d=False)  # a new policy: asked again
+    assert [asked_at(r, step, items) for step in range(2)] == [2, 0]
+    assert plan(r, items, policy_chooser(r, 5), size=2, agree={"ef": True}).groups[0].codec == gcodec.get_codec(FP16)
+    called = Router(as_policy(lambda name, t: U8, min_numel=0))  # a callable may answer anything: always asked
+    assert policy_chooser(called, 9).settled is None
+    assert [asked_at(called, step, items) for step in range(3)] == [2, 2, 2]
+    assert policy_chooser(Router(as_policy({"w": U8}, min_numel=0)), 0).settled is not None  # patterns: from step 0

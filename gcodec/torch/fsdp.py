@@ -41,7 +41,7 @@ from ..policy import Policy as CodecPolicy
 from ..transports.control import Exchange, failed_exchange
 from ..transports.gather import allgather_protocol
 from ..transports.handshake import Agreement, fingerprint
-from ..transports.plan import Item, Piece, Plan, policy_chooser
+from ..transports.plan import Choice, Item, Piece, Plan, policy_chooser
 from ..transports.plan import plan as make_plan
 from ..transports.reduce_scatter import RSGroup, reduce_scatter_protocol
 from ..transports.router import parse_range
@@ -506,6 +506,8 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
             # a parameter sharded on another dim is no flat element range: never compressed
             return None if "#shard" in item.name else st.codec_for(item.name, item.shape, it, rung)
 
+        settled = policy_chooser(st.router, it, rung).settled
+
         def segs(idx: list[int]) -> list[tuple[int, int]]:
             out: list[tuple[int, int]] = []
             for i in idx:
@@ -519,7 +521,7 @@ class ReduceScatter(_RSBase):  # type: ignore[misc,valid-type]
         plan = make_plan(
             st.router,
             items,
-            choose,
+            Choice(choose, settled),
             size=p,
             collective="reduce_scatter",
             prefix=f"{self.name}:",

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,7 +49,7 @@ from .quality import sample_quality
 from .state import TransportState, resolve_mode, shares_flat_group
 from .stats import StepStats
 
-__all__ = ["Group", "Item", "Piece", "Plan", "plan", "policy_chooser"]
+__all__ = ["Choice", "Group", "Item", "Piece", "Plan", "plan", "policy_chooser"]
 
 
 @dataclass(frozen=True)
@@ -99,14 +99,30 @@ class Item:
 Chooser = Callable[[Item], "Codec | None"]
 
 
-def policy_chooser(router: Any, step: int, rung: Codec | None = None) -> Chooser:
+@dataclass(frozen=True)
+class Choice:
+    """A chooser that says what its answers follow from: with ``settled`` (not None), each item's
+    codec follows from its name and shape and from ``settled``, so that :func:`plan` may reuse a
+    kept plan without asking again; None: ask for every item at every call."""
+
+    choose: Chooser
+    settled: Hashable = None
+
+    def __call__(self, item: Item) -> Codec | None:
+        return self.choose(item)
+
+
+def policy_chooser(router: Any, step: int, rung: Codec | None = None) -> Choice:
     """The chooser of an engine's ``step``: the router's policy for each item, or, when a rung is
     given (a controller's choice for the whole exchange, a compressed warm-up's codec) or a
     controller decides (no rung: everything dense), that rung for every item the size rules do not
-    keep dense."""
+    keep dense. Settled (:class:`Choice`) under a rung, and under a policy whose choice no longer
+    depends on the step (:meth:`~gcodec.transports.router.Router.settled`); either way until the
+    router's chooser changes (``configure``, a new policy)."""
     if rung is None and not router.adaptive:
-        return lambda item: router.choose(item.name, item.shape, step, item.tensor)
-    return lambda item: router.rung_for(item.shape, rung)
+        settled = ("policy", router.version) if router.settled(step) else None
+        return Choice(lambda item: router.choose(item.name, item.shape, step, item.tensor), settled)
+    return Choice(lambda item: router.rung_for(item.shape, rung), ("rung", rung and rung.config_key, router.version))
 
 
 @dataclass(eq=False)
@@ -243,19 +259,22 @@ def plan(
     ``agree``: the engine's fields of the fingerprint (``ef`` among them), given when the plan is
     to be agreed on (:meth:`Plan.agree_on`, with ``derived(plan)``'s fields, which follow from the
     plan). The agreed plan is then kept in the router (``router.plans``) under everything it
-    followed from (the arguments, the items' names, shapes, memories and pieces, each one's codec
-    and ``agree``), and the next call that follows from the same reuses it, fingerprint and JSON
-    included, instead of grouping, placing and writing them again (every step of a steady job): the
-    chooser is still asked for every item. A plan is kept only while nothing is owed (no
+    followed from (the arguments, the items' names, shapes, memories and pieces, ``agree``, and
+    each item's codec, or, for a settled :class:`Choice`, what its choices follow from), and the
+    next call that follows from the same reuses it, fingerprint and JSON included, instead of
+    grouping, placing and writing them again (every step of a steady job); a chooser that is not
+    settled is still asked for every item. A plan is kept only while nothing is owed (no
     :attr:`Plan.carried`, no :attr:`Group.flush`) and until a residual moves in the router
     (:meth:`~gcodec.transports.router.Router.place`, ``take``, ``hold``, ``clear_residuals``
     forget every kept plan).
     """
     items = list(items)
-    chosen = [chooser(item) for item in items]
+    settled = getattr(chooser, "settled", None)
+    chosen = [chooser(item) for item in items] if settled is None or agree is None else None
     sig: Any = None
     if agree is not None:
         sig = (
+            settled,
             size,
             collective,
             mode,
@@ -266,14 +285,14 @@ def plan(
             alone_by_name,
             _frozen(agree),
             getattr(derived, "__code__", derived),  # the engine's own fields follow from the plan by this code
-            tuple(
-                (it.name, it.shape, it.dtype, it.device, it.pieces, None if c is None else c.config_key)
-                for it, c in zip(items, chosen)
-            ),
+            tuple((it.name, it.shape, it.dtype, it.device, it.pieces) for it in items),
+            None if chosen is None else tuple(None if c is None else c.config_key for c in chosen),
         )
         kept = router.plans.get(sig)
         if kept is not None:
             return kept.reused(items)
+    if chosen is None:
+        chosen = [chooser(item) for item in items]
     like = like or (lambda i: items[i].tensor)
     rows = _in_rows(items)
     out = Plan(items)

@@ -177,6 +177,8 @@ class Router:
             raise ConfigError("an adaptive controller is given when the engine is built (controller=), not as a policy")
         self.chooser = as_policy(value, **self._shorthand)
         self._policy = value
+        #: changes with every new chooser: what a kept plan's choices followed from (:meth:`settled`)
+        self.version = getattr(self, "version", 0) + 1
 
     def configure(self, **shorthand: Any) -> None:
         """Change the shorthand's ``codec``, ``min_numel`` or ``dense_1d`` (see :class:`Router`)."""
@@ -222,6 +224,13 @@ class Router:
         rules = self._shorthand
         keep = size_rule(shape, rung, min_numel=int(rules["min_numel"]), dense_1d=bool(rules["dense_1d"]))
         return rung if keep is None else None
+
+    def settled(self, step: int) -> bool:
+        """Whether the policy's choice at ``step`` follows from a tensor's name and shape alone (a
+        Policy past its warm-up and step ranges, a pattern dict, the default codec; never a callable
+        or another chooser that does not say, :attr:`gcodec.policy.Policy.settled_step`)."""
+        at = getattr(self.chooser, "settled_step", None)
+        return at is not None and step >= at
 
     def choose(self, name: str, shape: Sequence[int], step: int, tensor: Any = None) -> Codec | None:
         """The policy's codec for parameter ``name`` at ``step`` (None: dense). Not for a controller,
