@@ -20,9 +20,11 @@ xdist=()
 warm_log="$(mktemp)"
 warm_pid=""
 stop_warmup() {
-    # its own process group (setsid), so that its pool processes stop too
-    [ -n "$warm_pid" ] && { kill -- "-$warm_pid" || kill "$warm_pid"; } 2>/dev/null
-    [ -n "$warm_pid" ] && { wait "$warm_pid" || true; }
+    # its own process group (setsid), so that its pool processes stop too; it may have ended already
+    if [ -n "$warm_pid" ]; then
+        kill -- "-$warm_pid" 2>/dev/null || kill "$warm_pid" 2>/dev/null || true
+        wait "$warm_pid" 2>/dev/null || true
+    fi
     warm_pid=""
 }
 start_warmup() {
