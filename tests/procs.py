@@ -758,8 +758,17 @@ class _Server:
                 return msg
 
     def start(self, module: str, argv: Sequence[str], env: dict[str, str], log: Path, append: bool = False) -> Forked:
-        req = {"op": "start", "module": module, "argv": list(argv), "env": env, "cwd": str(ROOT), "log": str(log)}
-        msg = self._ask({**req, "append": append})
+        msg = self._ask(
+            {
+                "op": "start",
+                "module": module,
+                "argv": list(argv),
+                "env": env,
+                "cwd": str(ROOT),
+                "log": str(log),
+                "append": append,
+            }
+        )
         return Forked(self, int(msg["pid"]))
 
     def code(self, pid: int) -> int | None:

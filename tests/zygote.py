@@ -79,7 +79,9 @@ def _child(req: dict) -> None:
 
 
 def serve() -> None:
-    extra = [m for m in os.environ.get("GCODEC_TEST_PRELOAD", "").split(",") if m]  # tests/procs.py PRELOAD_ENV
+    from tests.procs import PRELOAD_ENV  # one of the preloads anyway
+
+    extra = [m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m]
     for name in [*PRELOAD, *extra]:
         try:
             importlib.import_module(name)

@@ -142,6 +142,8 @@ class Router:
         chooser, controller = split_controller(chooser, controller)
         #: the adaptive controller (None: the chooser decides alone)
         self.controller = controller
+        #: changes with every new chooser: what a kept plan's choices followed from (:meth:`settled`)
+        self.version = 0
         self.policy = chooser
         if controller is not None:  # its rungs timed as this engine runs them (all now with calibration="setup")
             controller.calibrate(error_feedback=self.error_feedback, mode=self.mode)
@@ -177,8 +179,7 @@ class Router:
             raise ConfigError("an adaptive controller is given when the engine is built (controller=), not as a policy")
         self.chooser = as_policy(value, **self._shorthand)
         self._policy = value
-        #: changes with every new chooser: what a kept plan's choices followed from (:meth:`settled`)
-        self.version = getattr(self, "version", 0) + 1
+        self.version += 1
 
     def configure(self, **shorthand: Any) -> None:
         """Change the shorthand's ``codec``, ``min_numel`` or ``dense_1d`` (see :class:`Router`)."""
